@@ -1,0 +1,75 @@
+"""The one Celery application builder, with the queue and route table.
+
+The web, the workers and Flower each call `make_celery(settings)`; nothing creates a Celery
+app at import time. Tasks are declared with `shared_task` in `tasks/` and bound to whichever
+app is current, and the web publishes by task name, so it never imports `tasks/` (or torch).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from app.settings import Settings
+
+ACOUSTIC_QUEUE = "acoustic"
+VOCODER_QUEUE = "vocoder"
+QUEUES = (ACOUSTIC_QUEUE, VOCODER_QUEUE)
+
+ACOUSTIC_TASK = "voxfarm.acoustic.synthesize"
+VOCODER_TASK = "voxfarm.vocoder.render"
+
+TASK_ROUTES = {
+    "voxfarm.acoustic.*": {"queue": ACOUSTIC_QUEUE},
+    "voxfarm.vocoder.*": {"queue": VOCODER_QUEUE},
+}
+
+
+def celery_config(settings: Settings) -> dict:
+    return {
+        "broker_url": settings.broker,
+        "result_backend": settings.result_backend,
+        # JSON only: a pickled message from the broker would be code execution.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        # The job store holds what a task produces; nobody waits on Celery results.
+        "task_ignore_result": True,
+        "result_expires": 3600,
+        # At-least-once delivery: a task is acked after it ran, and a worker process that
+        # dies mid-task puts its message back. Every task is idempotent, so a rerun is safe.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        # Segment tasks are long next to a broker hop: reserve one at a time so an idle
+        # process never watches another's backlog.
+        "worker_prefetch_multiplier": 1,
+        "broker_transport_options": {
+            # An unacked message goes back to the queue after this long: longer than the
+            # longest task, or a slow task would run twice at once.
+            "visibility_timeout": settings.visibility_timeout,
+            # Fail fast on a dead broker socket instead of hanging a request or a worker.
+            "socket_timeout": 30,
+            "socket_connect_timeout": 5,
+        },
+        "redis_socket_timeout": 30,
+        "redis_socket_connect_timeout": 5,
+        "broker_connection_retry_on_startup": True,
+        "task_time_limit": settings.task_time_limit,
+        "task_soft_time_limit": max(1, settings.task_time_limit - 10),
+        "task_queues": [Queue(name, routing_key=name) for name in QUEUES],
+        "task_routes": TASK_ROUTES,
+        "task_default_queue": ACOUSTIC_QUEUE,
+        "task_create_missing_queues": False,
+        # Flower and monitoring read task events.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+    }
+
+
+def make_celery(settings: Settings | None = None) -> Celery:
+    settings = settings or Settings.from_env()
+    celery = Celery("voxfarm")
+    celery.conf.update(celery_config(settings))
+    celery.voxfarm_settings = settings
+    celery.set_default()
+    return celery

@@ -1,0 +1,220 @@
+"""The `voxfarm` command: run the farm, one of its pools, or speak through a running farm.
+
+    voxfarm up [--port N]              the whole farm on one machine (what `make run` starts)
+    voxfarm worker acoustic|vocoder    one worker pool
+    voxfarm flower                     Flower against the farm's broker
+    voxfarm say "text" -o out.wav      synthesize through a farm's HTTP API
+
+Subcommands import what they run lazily: `say` needs neither Celery workers nor torch.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import wave
+from pathlib import Path
+
+import click
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@click.group()
+def main() -> None:
+    """voxfarm: a text-to-speech synthesis farm."""
+
+
+# -- voxfarm up ----------------------------------------------------------------------------
+
+
+class Supervisor:
+    """Starts child processes with prefixed output; stops them all together."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._stopping = False
+
+    def spawn(self, name: str, args: list[str], env: dict) -> None:
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs[name] = proc
+        threading.Thread(target=self._pump, args=(name, proc), daemon=True).start()
+
+    @staticmethod
+    def _pump(name: str, proc: subprocess.Popen) -> None:
+        for line in iter(proc.stdout.readline, b""):
+            sys.stdout.write(f"{name:>9} | {line.decode(errors='replace')}")
+            sys.stdout.flush()
+
+    def wait_any(self) -> str | None:
+        while not self._stopping:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    return name
+            time.sleep(0.2)
+        return None
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        self._stopping = True
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--web-workers", default=2, show_default=True, type=int)
+@click.option("--var", "var_dir", default="var", show_default=True,
+              help="Where the embedded Redis and the artifact store keep their data.")
+def up(host: str, port: int, web_workers: int, var_dir: str) -> None:
+    """Start the whole farm: Redis (embedded unless configured), web, acoustic, vocoder."""
+    from app.embedded_redis import EmbeddedRedis
+
+    env = dict(os.environ)
+    redis_server = None
+    if not (env.get("VOXFARM_REDIS_URL") or env.get("REDIS_URL")):
+        redis_server = EmbeddedRedis(Path(var_dir) / "redis").start()
+        env["VOXFARM_REDIS_URL"] = redis_server.url
+        click.echo(f"embedded Redis on {redis_server.url} (data in {var_dir}/redis)")
+    env.setdefault("VOXFARM_STORE", str(Path(var_dir) / "store"))
+    py = sys.executable
+    sup = Supervisor()
+    stopping = threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        stopping.set()
+        sup._stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        sup.spawn("web", [py, "-m", "gunicorn", "-c", str(ROOT / "ops" / "gunicorn.conf.py"),
+                          "--bind", f"{host}:{port}", "--workers", str(web_workers),
+                          "web.wsgi:app"], env)
+        sup.spawn("acoustic", [py, "-m", "app.cli", "worker", "acoustic"], env)
+        sup.spawn("vocoder", [py, "-m", "app.cli", "worker", "vocoder"], env)
+        click.echo(f"voxfarm on http://{host}:{port}  (Ctrl-C stops everything)")
+        died = sup.wait_any()
+        if died and not stopping.is_set():
+            click.echo(f"{died} exited with {sup.procs[died].returncode}; stopping the farm",
+                       err=True)
+    finally:
+        sup.stop()
+        if redis_server:
+            redis_server.stop()
+        click.echo("voxfarm stopped")
+
+
+# -- voxfarm worker / flower ---------------------------------------------------------------
+
+
+@main.command()
+@click.argument("queue", type=click.Choice(["acoustic", "vocoder"]))
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N")
+@click.option("--concurrency", default=1, show_default=True, type=int,
+              help="Worker processes; one per GPU is the rule for a CUDA device.")
+@click.option("--pool", default="prefork", show_default=True,
+              type=click.Choice(["prefork", "solo", "threads"]))
+@click.option("--loglevel", default="INFO", show_default=True)
+@click.option("--name", default=None, help="Worker node name (default QUEUE-DEVICE@host).")
+def worker(queue: str, device: str, concurrency: int, pool: str, loglevel: str,
+           name: str | None) -> None:
+    """Run one worker pool on its queue."""
+    from workers.main import run_worker
+
+    run_worker(queue, device=device, concurrency=concurrency, pool=pool, loglevel=loglevel,
+               name=name)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--port", default=5555, show_default=True, type=int)
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def flower(port: int, extra: tuple[str, ...]) -> None:
+    """Run Flower against the farm's broker."""
+    from workers.main import build_worker_app
+
+    build_worker_app().start(["celery", "flower", f"--port={port}", *extra])
+
+
+# -- voxfarm say ---------------------------------------------------------------------------
+
+
+def _api_error(resp) -> str:
+    try:
+        err = resp.json()["error"]
+        return f"{resp.status_code} {err['code']}: {err['message']}"
+    except Exception:
+        return f"{resp.status_code} {resp.text[:200]}"
+
+
+@main.command()
+@click.argument("text")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Output file; the extension picks the format (wav, flac, mp3, ogg).")
+@click.option("--voice", default="en-us", show_default=True)
+@click.option("--speed", default=1.0, show_default=True, type=float)
+@click.option("--server", default=os.environ.get("VOXFARM_SERVER", "http://127.0.0.1:8000"),
+              show_default=True)
+def say(text: str, output: str, voice: str, speed: float, server: str) -> None:
+    """Synthesize TEXT through a running farm and write it to OUTPUT."""
+    import requests
+
+    fmt = Path(output).suffix.lstrip(".").lower() or "wav"
+    server = server.rstrip("/")
+    resp = requests.post(f"{server}/v1/jobs", json={"text": text, "voice": voice,
+                                                     "speed": speed, "format": fmt}, timeout=60)
+    if resp.status_code != 202:
+        raise click.ClickException(_api_error(resp))
+    job = resp.json()
+    after, pcm, rate = -1, [], 22050
+    with click.progressbar(length=job["segments"]["total"], label="segments") as bar:
+        while True:
+            r = requests.get(f"{server}/v1/jobs/{job['id']}/chunks",
+                             params={"after": after, "wait": 30}, timeout=90)
+            if r.status_code == 204:
+                continue
+            if r.status_code != 200:
+                raise click.ClickException(_api_error(r))
+            page = r.json()
+            for c in page["chunks"]:
+                with wave.open(io.BytesIO(base64.b64decode(c["audio"]))) as w:
+                    pcm.append(w.readframes(w.getnframes()))
+                    rate = w.getframerate()
+            bar.update(len(page["chunks"]))
+            after = page["next_after"]
+            if page["end"]:
+                break
+    if page["state"] != "done":
+        raise click.ClickException(f"job {job['id']} ended {page['state']}")
+    if fmt == "wav":
+        import numpy as np
+
+        from models.encode import wav_bytes
+
+        Path(output).write_bytes(wav_bytes(np.frombuffer(b"".join(pcm), dtype="<i2"), rate))
+    else:
+        r = requests.get(f"{server}/v1/jobs/{job['id']}/audio", params={"format": fmt},
+                         timeout=120)
+        if r.status_code != 200:
+            raise click.ClickException(_api_error(r))
+        Path(output).write_bytes(r.content)
+    click.echo(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main()

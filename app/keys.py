@@ -1,0 +1,47 @@
+"""Every Redis key the farm writes, in one place.
+
+Layout (prefix `vf` by default):
+
+    {p}:job:{id}          hash   the job record (state, progress, timestamps, error)
+    {p}:job:{id}:chunks   hash   segment index -> 16-bit PCM of that segment
+    {p}:job:{id}:done     set    indices whose chunk is stored (counts each segment once)
+    {p}:job:{id}:events   stream wake-ups for long-polls and streams (chunk, state)
+    {p}:mel:{hash}        string a cached mel spectrogram (TTL)
+    {p}:stats             hash   farm-wide counters (mel cache hits and misses, ...)
+    {p}:workers:{queue}   zset   worker name -> last heartbeat (live workers per pool)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "vf"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}"
+
+    def chunks(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}:chunks"
+
+    def done(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}:done"
+
+    def events(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}:events"
+
+    def job_keys(self, job_id: str) -> list[str]:
+        """The four keys of a job, in the order the Lua scripts take them."""
+        return [self.job(job_id), self.chunks(job_id), self.done(job_id), self.events(job_id)]
+
+    def mel(self, digest: str) -> str:
+        return f"{self.prefix}:mel:{digest}"
+
+    def workers(self, queue: str) -> str:
+        return f"{self.prefix}:workers:{queue}"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.prefix}:stats"

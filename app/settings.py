@@ -1,0 +1,87 @@
+"""Settings from the environment (12-factor), read once into a frozen dataclass.
+
+Every knob is a `VOXFARM_*` variable; `Settings.from_env()` is the only reader, so a test
+builds the exact settings it needs and passes them to `create_app()` / `make_celery()`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"VOXFARM_{name}", default)
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Redis: one URL for everything unless split. The broker wants AOF and noeviction, the
+    # mel cache an LRU policy, so production deployments may point them at different servers.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    broker_url: str = ""
+    result_url: str = ""
+    cache_url: str = ""
+    # Prefix of every key this farm writes, so several farms (or test runs) share one server.
+    key_prefix: str = "vf"
+
+    acoustic_model: str = "espeak"
+    vocoder: str = "griffinlim"
+    default_voice: str = "en-us"
+
+    mel_cache_ttl: int = 300
+    # Interactive jobs keep their audio in Redis this long after their last write.
+    job_ttl: int = 3600
+    max_text_chars: int = 20_000
+    # Past this many segments waiting on the acoustic queue the farm answers 503.
+    max_queue_depth: int = 5_000
+    retry_after_s: int = 5
+    max_wait_s: int = 60
+
+    # Longer than the longest task: an unacked message is redelivered only after this long.
+    visibility_timeout: int = 3600
+    task_time_limit: int = 300
+    max_retries: int = 5
+
+    store_dir: str = "var/store"
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @property
+    def result_backend(self) -> str:
+        return self.result_url or self.redis_url
+
+    @property
+    def cache(self) -> str:
+        return self.cache_url or self.redis_url
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        d = cls()
+        return cls(
+            redis_url=os.environ.get("VOXFARM_REDIS_URL")
+            or os.environ.get("REDIS_URL")
+            or d.redis_url,
+            broker_url=_env("BROKER_URL", ""),
+            result_url=_env("RESULT_URL", ""),
+            cache_url=_env("CACHE_URL", ""),
+            key_prefix=_env("KEY_PREFIX", d.key_prefix),
+            acoustic_model=_env("ACOUSTIC_MODEL", d.acoustic_model),
+            vocoder=_env("VOCODER", d.vocoder),
+            default_voice=_env("DEFAULT_VOICE", d.default_voice),
+            mel_cache_ttl=int(_env("MEL_CACHE_TTL", str(d.mel_cache_ttl))),
+            job_ttl=int(_env("JOB_TTL", str(d.job_ttl))),
+            max_text_chars=int(_env("MAX_TEXT_CHARS", str(d.max_text_chars))),
+            max_queue_depth=int(_env("MAX_QUEUE_DEPTH", str(d.max_queue_depth))),
+            retry_after_s=int(_env("RETRY_AFTER_S", str(d.retry_after_s))),
+            max_wait_s=int(_env("MAX_WAIT_S", str(d.max_wait_s))),
+            visibility_timeout=int(_env("VISIBILITY_TIMEOUT", str(d.visibility_timeout))),
+            task_time_limit=int(_env("TASK_TIME_LIMIT", str(d.task_time_limit))),
+            max_retries=int(_env("MAX_RETRIES", str(d.max_retries))),
+            store_dir=_env("STORE", d.store_dir),
+        )
+
+    def with_(self, **changes) -> Settings:
+        return replace(self, **changes)

@@ -1,0 +1,104 @@
+"""The two stages of a segment: acoustic (phonemes -> cached mel) and vocoder (mel -> chunk).
+
+Both are thin: they take the small segment spec, call `models/` and the stores, and return a
+key or an index. Both are idempotent, so at-least-once delivery never loses or duplicates a
+segment: the mel cache is keyed by content, and a chunk is stored by its index.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from celery import Task, shared_task
+from celery.exceptions import Ignore
+
+from app.celery_app import ACOUSTIC_TASK, VOCODER_TASK
+from app.jobs import CANCELED, FAILED
+from app.melcache import mel_cache_key
+from models.errors import SpeechError
+from tasks import runtime
+
+log = logging.getLogger("voxfarm.tasks")
+
+# A mel that expired between the stages is recomputed by re-running the segment's chain;
+# past this many regenerations the cache TTL is too short for the queue and the job fails.
+MAX_REGENERATIONS = 3
+
+
+class SegmentTask(Task):
+    """Shared behaviour: retry policy, and failing the job when a segment cannot be made.
+
+    Business errors (SpeechError: unknown voice, nothing speakable) are final at once;
+    anything else (Redis blip, a model crash, a lost worker's retry) retries with bounded
+    exponential backoff, and the job fails only when the retries run out.
+    """
+
+    abstract = True
+    autoretry_for = (Exception,)
+    dont_autoretry_for = (SpeechError, Ignore)
+    retry_backoff = 1
+    retry_backoff_max = 30
+    retry_jitter = True
+
+    @property
+    def farm(self):
+        return runtime.farm(self.app)
+
+    @property
+    def max_retries(self) -> int:  # type: ignore[override]
+        return self.farm.settings.max_retries
+
+    def on_failure(self, exc, task_id, args, kwargs, einfo) -> None:
+        spec = args[-1] if args else kwargs.get("spec")
+        if isinstance(spec, dict) and "job_id" in spec:
+            message = f"segment {spec['index']}: {exc.__class__.__name__}: {exc}"
+            self.farm.jobs.fail(spec["job_id"], message)
+            log.error("job %s failed at %s", spec["job_id"], message)
+
+
+@shared_task(name=ACOUSTIC_TASK, base=SegmentTask, bind=True)
+def synthesize(self: SegmentTask, spec: dict, **_: object) -> str:
+    """Phonemes -> mel in the cache. Returns the cache key for the vocoder."""
+    farm = self.farm
+    state = farm.jobs.mark_running(spec["job_id"])
+    if state in (None, CANCELED, FAILED):
+        raise Ignore()  # canceled, failed or expired: the rest of the chain never runs
+    model = runtime.acoustic_model()
+    digest = mel_cache_key(model.model_id, spec["phonemes"], spec["voice"], spec["speed"])
+    hit = farm.mel_cache.touch(digest)
+    if not hit:
+        from models.mel import mel_to_bytes
+
+        mel = model.synthesize(spec["phonemes"], spec["voice"], spec["speed"])
+        farm.mel_cache.put(digest, mel_to_bytes(mel))
+    farm.mel_cache.count(hit)
+    farm.jobs.count_cache(spec["job_id"], hit)
+    return digest
+
+
+@shared_task(name=VOCODER_TASK, base=SegmentTask, bind=True)
+def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
+           **_: object) -> int:
+    """Mel from the cache -> 16-bit PCM chunk `spec['index']` of the job."""
+    farm = self.farm
+    if farm.jobs.state(spec["job_id"]) in (None, CANCELED, FAILED):
+        raise Ignore()
+    blob = farm.mel_cache.get(mel_key)
+    if blob is None:
+        if regenerations >= MAX_REGENERATIONS:
+            raise SpeechError("the mel expired from the cache before the vocoder ran")
+        retry = farm.segment_chain(spec)
+        retry.tasks[-1].kwargs["regenerations"] = regenerations + 1
+        retry.apply_async()
+        raise Ignore()
+    from models.encode import pcm16
+    from models.mel import mel_from_bytes
+
+    vocoder = runtime.vocoder()
+    mel = mel_from_bytes(blob).to(vocoder.device)
+    audio = vocoder.vocode([mel])[0].float().cpu().numpy()
+    pause = np.zeros(int(vocoder.sample_rate * spec["pause_ms"] / 1000), dtype=np.float32)
+    pcm = pcm16(np.concatenate([audio, pause]))
+    farm.jobs.store_chunk(spec["job_id"], spec["index"], pcm.tobytes())
+    return spec["index"]

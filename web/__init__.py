@@ -1,0 +1,25 @@
+"""The web front-end: a Flask app factory. Dependencies come in as arguments."""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from app.farm import Farm
+from app.settings import Settings
+from web.errors import register_error_handlers
+
+
+def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Flask:
+    settings = settings or Settings.from_env()
+    app = Flask(__name__)
+    # A JSON body holds at most max_text_chars characters of up to 4 UTF-8 bytes each,
+    # plus the other fields; anything bigger is refused before it is read.
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_text_chars * 4 + 64 * 1024
+    app.json.sort_keys = False
+    app.extensions["voxfarm"] = farm or Farm(settings)
+    register_error_handlers(app, settings.retry_after_s)
+
+    from web.api import api
+
+    app.register_blueprint(api)
+    return app

@@ -1,0 +1,200 @@
+"""The REST API, v1: jobs, their chunks and audio, voices, stats, health.
+
+Thin on purpose: validate, call one function of the farm or the frontend, shape the JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime
+
+import numpy as np
+from flask import Blueprint, Response, current_app, jsonify, request, url_for
+from models.frontend import prepare
+
+from app.farm import Farm, Overloaded
+from app.jobs import DONE
+from models.encode import CONTENT_TYPES, encode, wav_bytes
+from models.errors import NoSpeakableText, UnknownVoice
+from models.espeak import SAMPLE_RATE
+from models.voices import get_voice, list_voices
+from web import validation as v
+from web.blocking import offload
+from web.errors import ApiError
+
+api = Blueprint("api", __name__)
+
+# Chunks returned by one long-poll answer, at most; the client asks again for the rest.
+MAX_CHUNKS_PER_POLL = 32
+
+
+def farm() -> Farm:
+    return current_app.extensions["voxfarm"]
+
+
+def _iso(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat() if ts else None
+
+
+def job_view(job: dict) -> dict:
+    jid = job["id"]
+    return {
+        "id": jid,
+        "state": job["state"],
+        "segments": {"done": job["done"], "total": job["total"]},
+        "voice": job["voice"],
+        "speed": job["speed"],
+        "format": job["format"],
+        "audio_seconds": job["audio_seconds"],
+        "created_at": _iso(job["created_at"]),
+        "started_at": _iso(job["started_at"]),
+        "finished_at": _iso(job["finished_at"]),
+        "error": job["error"],
+        "mel_cache": {"hits": job["cache_hits"], "misses": job["cache_misses"]},
+        "links": {
+            "self": url_for("api.get_job", job_id=jid),
+            "chunks": url_for("api.get_chunks", job_id=jid),
+            "audio": url_for("api.get_audio", job_id=jid),
+        },
+    }
+
+
+def _job_or_404(job_id: str) -> dict:
+    job = farm().jobs.get(job_id)
+    if job is None:
+        raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
+    return job
+
+
+@api.post("/v1/jobs")
+def create_job():
+    settings = farm().settings
+    body = v.json_body(request)
+    text = v.text_field(body, settings.max_text_chars)
+    voice_name = body.get("voice", settings.default_voice)
+    if not isinstance(voice_name, str):
+        raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
+    speed = v.speed_field(body)
+    fmt = v.format_value(body.get("format", "wav"))
+    try:
+        voice = get_voice(voice_name)
+        segments = offload("frontend", prepare, text, voice.name)
+    except UnknownVoice as exc:
+        raise ApiError(422, "unknown_voice", f"unknown voice '{voice_name}'", field="voice",
+                       valid=exc.valid) from None
+    except NoSpeakableText:
+        raise ApiError(422, "no_speakable_text", "the text has nothing that can be spoken",
+                       field="text") from None
+    try:
+        job = farm().submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=len(text),
+                            sample_rate=SAMPLE_RATE,
+                            request_id=request.headers.get("X-Request-ID", ""))
+    except Overloaded as exc:
+        raise ApiError(503, "overloaded", f"the farm is busy ({exc.depth} segments waiting)",
+                       headers={"Retry-After": exc.retry_after_s}) from None
+    resp = jsonify(job_view(job))
+    resp.status_code = 202
+    resp.headers["Location"] = url_for("api.get_job", job_id=job["id"])
+    return resp
+
+
+@api.get("/v1/jobs/<job_id>")
+def get_job(job_id: str):
+    return jsonify(job_view(_job_or_404(job_id)))
+
+
+@api.delete("/v1/jobs/<job_id>")
+def cancel_job(job_id: str):
+    job = _job_or_404(job_id)
+    state = farm().jobs.cancel(job_id)
+    if state != "canceled":
+        raise ApiError(409, "job_finished", f"the job is already {state}", state=state)
+    return jsonify(job_view(farm().jobs.get(job_id) or job))
+
+
+def _chunk_wav(pcm: bytes) -> bytes:
+    return wav_bytes(np.frombuffer(pcm, dtype="<i2"), SAMPLE_RATE)
+
+
+@api.get("/v1/jobs/<job_id>/chunks")
+def get_chunks(job_id: str):
+    """Long-poll for the chunks after cursor `after` (-1: from the start)."""
+    _job_or_404(job_id)
+    after = v.int_arg(request.args, "after", -1, -1, 10**9)
+    wait = v.int_arg(request.args, "wait", 0, 0, farm().settings.max_wait_s)
+    limit = v.int_arg(request.args, "max", MAX_CHUNKS_PER_POLL, 1, MAX_CHUNKS_PER_POLL)
+    job, chunks = farm().jobs.wait_for_chunks(job_id, after, wait, limit)
+    if job is None:
+        raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
+    cursor = chunks[-1].index if chunks else after
+    end = job["state"] == DONE and cursor >= job["total"] - 1
+    if not chunks and not end and job["state"] in ("failed", "canceled"):
+        end = True  # nothing more will come
+    if not chunks and not end:
+        resp = Response(status=204)
+        resp.headers["X-Next-After"] = str(cursor)
+        return resp
+    return jsonify({
+        "job_id": job_id,
+        "state": job["state"],
+        "total": job["total"],
+        "chunks": [{
+            "index": c.index,
+            "format": "wav",
+            "sample_rate": SAMPLE_RATE,
+            "duration_s": round(len(c.pcm) / 2 / SAMPLE_RATE, 3),
+            "audio": base64.b64encode(_chunk_wav(c.pcm)).decode(),
+        } for c in chunks],
+        "next_after": cursor,
+        "end": end,
+    })
+
+
+@api.get("/v1/jobs/<job_id>/audio")
+def get_audio(job_id: str):
+    job = _job_or_404(job_id)
+    fmt = v.format_value(request.args.get("format", job["format"]))
+    if job["state"] != DONE:
+        raise ApiError(409, "job_not_done",
+                       f"the job is {job['state']} ({job['done']}/{job['total']} segments); "
+                       "its audio exists once it is done", state=job["state"])
+    parts = farm().jobs.all_chunks(job_id, job["total"])
+    if any(p is None for p in parts):
+        raise ApiError(410, "audio_expired", "the job's audio has expired")
+    pcm = np.frombuffer(b"".join(parts), dtype="<i2")
+    data = wav_bytes(pcm, SAMPLE_RATE) if fmt == "wav" else offload(
+        "encode", encode, pcm, SAMPLE_RATE, fmt)
+    return Response(data, mimetype=CONTENT_TYPES[fmt], headers={
+        "Content-Disposition": f'attachment; filename="{job_id}.{fmt}"'})
+
+
+@api.get("/v1/voices")
+def voices():
+    return jsonify({"voices": [
+        {"name": vc.name, "language": vc.language, "display_name": vc.display_name,
+         "variant": vc.variant} for vc in list_voices()]})
+
+
+@api.get("/v1/stats")
+def stats():
+    f = farm()
+    return jsonify({
+        "mel_cache": f.mel_cache.stats(),
+        "queues": {q: {"depth": f.queue_depth(q), "workers": len(f.live_workers(q))}
+                   for q in ("acoustic", "vocoder")},
+    })
+
+
+@api.get("/healthz")
+def healthz():
+    return jsonify({"status": "ok"})
+
+
+@api.get("/readyz")
+def readyz():
+    report = farm().readiness()
+    resp = jsonify(report)
+    if not report["ready"]:
+        resp.status_code = 503
+        resp.headers["Retry-After"] = str(farm().settings.retry_after_s)
+    return resp

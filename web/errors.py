@@ -1,0 +1,69 @@
+"""The API's one error shape: `{"error": {"code", "message", "field"?, ...}}`.
+
+Every failure leaves through `ApiError` or one of the handlers below, so no request ever
+gets an HTML page or a bare 500.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from flask import Flask, jsonify
+from kombu.exceptions import OperationalError
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger("voxfarm.web")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, field: str | None = None,
+                 headers: dict | None = None, **extra: object) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+        self.headers = headers or {}
+        self.extra = extra
+
+    def body(self) -> dict:
+        err = {"code": self.code, "message": self.message}
+        if self.field:
+            err["field"] = self.field
+        err.update(self.extra)
+        return {"error": err}
+
+
+def error_response(err: ApiError):
+    resp = jsonify(err.body())
+    resp.status_code = err.status
+    for k, v in err.headers.items():
+        resp.headers[k] = str(v)
+    return resp
+
+
+# Werkzeug's own errors (404 route, 405 method, 413 body size) get codes by status.
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
+               413: "request_too_large", 415: "unsupported_media_type"}
+
+
+def register_error_handlers(app: Flask, retry_after_s: int) -> None:
+    @app.errorhandler(ApiError)
+    def _api(err: ApiError):
+        return error_response(err)
+
+    @app.errorhandler(HTTPException)
+    def _http(exc: HTTPException):
+        code = _HTTP_CODES.get(exc.code or 500, "http_error")
+        return error_response(ApiError(exc.code or 500, code, exc.description or exc.name))
+
+    @app.errorhandler(redis.RedisError)
+    @app.errorhandler(OperationalError)
+    def _redis(exc: Exception):
+        log.warning("Redis unavailable: %s", exc)
+        return error_response(ApiError(503, "redis_unavailable",
+                                       "the job store is unreachable; try again shortly",
+                                       headers={"Retry-After": retry_after_s}))
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        log.exception("unhandled error")
+        return error_response(ApiError(500, "internal_error", "an unexpected error occurred"))

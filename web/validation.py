@@ -1,0 +1,69 @@
+"""Request validation: each rule a clear 4xx with the field it is about."""
+
+from __future__ import annotations
+
+from flask import Request
+
+from web.errors import ApiError
+
+SPEED_MIN, SPEED_MAX = 0.5, 2.0
+AUDIO_FORMATS = ("wav", "flac", "mp3", "ogg")
+
+
+def json_body(request: Request) -> dict:
+    if not request.is_json:
+        raise ApiError(415, "unsupported_media_type",
+                       "send the request body as JSON (Content-Type: application/json)")
+    body = request.get_json(silent=True)
+    if body is None:
+        raise ApiError(400, "invalid_json", "the request body is not valid JSON")
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_json", "the request body must be a JSON object")
+    return body
+
+
+def text_field(body: dict, max_chars: int) -> str:
+    text = body.get("text")
+    if text is None:
+        raise ApiError(422, "missing_field", "'text' is required", field="text")
+    if not isinstance(text, str):
+        raise ApiError(422, "invalid_type", "'text' must be a string", field="text")
+    if not text.strip():
+        raise ApiError(422, "empty_text", "'text' is empty or only whitespace", field="text")
+    if len(text) > max_chars:
+        raise ApiError(413, "text_too_long",
+                       f"'text' has {len(text)} characters; the limit is {max_chars}",
+                       field="text", limit=max_chars)
+    return text
+
+
+def speed_field(body: dict) -> float:
+    speed = body.get("speed", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, int | float):
+        raise ApiError(422, "invalid_type", "'speed' must be a number", field="speed")
+    if not SPEED_MIN <= speed <= SPEED_MAX:
+        raise ApiError(422, "out_of_range",
+                       f"'speed' must be between {SPEED_MIN} and {SPEED_MAX}", field="speed")
+    return float(speed)
+
+
+def format_value(value: object, field: str = "format") -> str:
+    if not isinstance(value, str) or value.lower() not in AUDIO_FORMATS:
+        raise ApiError(422, "unsupported_format",
+                       f"'{field}' must be one of {', '.join(AUDIO_FORMATS)}", field=field,
+                       valid=list(AUDIO_FORMATS))
+    return value.lower()
+
+
+def int_arg(args, name: str, default: int, lo: int, hi: int) -> int:
+    raw = args.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(422, "invalid_type", f"'{name}' must be an integer", field=name) from None
+    if not lo <= value <= hi:
+        raise ApiError(422, "out_of_range", f"'{name}' must be between {lo} and {hi}",
+                       field=name)
+    return value

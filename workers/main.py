@@ -1,0 +1,83 @@
+"""Worker pool entrypoints: `voxfarm worker acoustic|vocoder`.
+
+A pool is a Celery worker consuming one queue. Models load after the fork, once per process,
+on the device the pool was started for; each worker heartbeats into Redis so /readyz knows
+which pools have someone alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+from celery import Celery, signals
+
+from app.celery_app import QUEUES, make_celery
+from app.settings import Settings
+from tasks import runtime
+
+log = logging.getLogger("voxfarm.workers")
+
+HEARTBEAT_EVERY_S = 3.0
+
+
+def build_worker_app(settings: Settings | None = None) -> Celery:
+    """The Celery app of a worker process, with the tasks registered."""
+    celery = make_celery(settings or Settings.from_env())
+    import tasks.segments  # noqa: F401  (registers the shared tasks on this app)
+
+    return celery
+
+
+class Heartbeat:
+    """Marks this worker live on its queue every few seconds, until shutdown."""
+
+    def __init__(self, celery: Celery, queue: str, name: str) -> None:
+        self.celery, self.queue, self.name = celery, queue, name
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="voxfarm-heartbeat", daemon=True).start()
+
+    def _run(self) -> None:
+        farm = runtime.farm(self.celery)
+        while not self._stop.is_set():
+            try:
+                farm.heartbeat(self.queue, self.name)
+            except Exception:  # Redis down: readiness already says so; keep trying
+                log.warning("heartbeat to Redis failed", exc_info=True)
+            self._stop.wait(HEARTBEAT_EVERY_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            runtime.farm(self.celery).worker_gone(self.queue, self.name)
+        except Exception:
+            log.warning("could not remove the heartbeat", exc_info=True)
+
+
+def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str = "prefork",
+               loglevel: str = "INFO", name: str | None = None) -> None:
+    if queue not in QUEUES:
+        raise SystemExit(f"unknown queue {queue!r}; one of {', '.join(QUEUES)}")
+    runtime.configure(device)
+    celery = build_worker_app()
+    hostname = name or f"{queue}-{device.replace(':', '')}@{socket.gethostname()}"
+    heartbeat = Heartbeat(celery, queue, hostname)
+
+    def preload(**_: object) -> None:
+        # After the fork (prefork) or in the only process (solo): load the model this pool
+        # runs, so the first segment does not pay for it.
+        (runtime.acoustic_model if queue == "acoustic" else runtime.vocoder)()
+
+    signals.worker_process_init.connect(preload, weak=False)
+    if pool == "solo":
+        signals.worker_init.connect(preload, weak=False)
+    signals.worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
+    signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
+    celery.worker_main([
+        "worker", "--queues", queue, "--hostname", hostname, "--pool", pool,
+        "--concurrency", str(concurrency), "--loglevel", loglevel, "--without-gossip",
+        "--without-mingle", "--task-events",
+    ])
