@@ -1,0 +1,256 @@
+"""ctypes binding to libespeak-ng, as shipped by the ``espeakng-loader`` wheel.
+
+libespeak-ng keeps its voice, rate and output callback in process-wide globals, so the module
+holds exactly one :class:`Espeak` per process (:func:`get_engine`) and runs every library call
+under one lock: two threads must never be inside the library at once.
+
+No torch here: the web process imports this module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import NamedTuple
+
+import espeakng_loader
+import numpy as np
+
+SAMPLE_RATE = 22050
+DEFAULT_WPM = 175  # espeak's own default rate; speed 1.0 means this
+MIN_WPM = 80  # espeak clamps below this anyway; clamping here keeps the maths honest
+MAX_WPM = 450  # espeakRATE_MAXIMUM in speak_lib.h
+
+# speak_lib.h constants
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_ESPEAK_INITIALIZE_DONT_EXIT = 0x8000
+_POS_CHARACTER = 1
+_ESPEAK_CHARS_UTF8 = 1
+_ESPEAK_PHONEMES = 0x100  # honour [[...]] phoneme mnemonics in the input text
+_ESPEAK_RATE = 1
+_EE_OK = 0
+_PHONEMES_IPA = 0x02
+
+# int SynthCallback(short *wav, int numsamples, espeak_EVENT *events)
+_SYNTH_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
+)
+
+
+class _EspeakVoice(ctypes.Structure):
+    """``espeak_VOICE`` from speak_lib.h."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        # Pairs of (priority byte, NUL-terminated language), ending with a zero byte; a plain
+        # c_char_p would stop at the first language, which is all we need.
+        ("languages", ctypes.c_char_p),
+        ("identifier", ctypes.c_char_p),
+        ("gender", ctypes.c_ubyte),
+        ("age", ctypes.c_ubyte),
+        ("variant", ctypes.c_ubyte),
+        ("xx1", ctypes.c_ubyte),
+        ("score", ctypes.c_int),
+        ("spare", ctypes.c_void_p),
+    ]
+
+
+_GENDERS = {0: "none", 1: "male", 2: "female"}
+
+
+class RawVoice(NamedTuple):
+    """One entry of espeak's own voice list: a plain 3-tuple with names."""
+
+    name: str  # espeak's display name, e.g. "English_(America)"
+    language: str  # the language code espeak_SetVoiceByName accepts, e.g. "en-us"
+    gender: str  # "male", "female" or "none"
+
+
+class VoiceFile(NamedTuple):
+    """A voice as :meth:`Espeak.list_voice_files` reports it, with its file identifier."""
+
+    identifier: str  # path under espeak-ng-data/voices or lang, e.g. "gmw/en-US"
+    name: str
+    language: str
+    gender: str
+
+
+class EspeakError(RuntimeError):
+    """The library refused a call (bad voice name, failed synthesis)."""
+
+
+class Espeak:
+    """The process's libespeak-ng engine; every public method takes the one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lib = ctypes.CDLL(espeakng_loader.get_library_path())
+        self._declare_signatures()
+        data_path = espeakng_loader.get_data_path().encode()
+        rate = self._lib.espeak_Initialize(
+            _AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path, _ESPEAK_INITIALIZE_DONT_EXIT
+        )
+        if rate != SAMPLE_RATE:
+            raise EspeakError(f"espeak_Initialize returned {rate}, expected {SAMPLE_RATE}")
+        self._chunks: list[np.ndarray] = []
+        # The library only holds a raw pointer: keep the ctypes callback object alive here.
+        self._callback = _SYNTH_CALLBACK(self._on_audio)
+        self._lib.espeak_SetSynthCallback(self._callback)
+        self._voice: str | None = None
+
+    def _declare_signatures(self) -> None:
+        lib = self._lib
+        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.espeak_Initialize.restype = ctypes.c_int
+        lib.espeak_SetSynthCallback.argtypes = [_SYNTH_CALLBACK]
+        lib.espeak_SetSynthCallback.restype = None
+        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        lib.espeak_SetVoiceByName.restype = ctypes.c_int
+        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.espeak_SetParameter.restype = ctypes.c_int
+        lib.espeak_Synth.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_uint,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
+        lib.espeak_Synth.restype = ctypes.c_int
+        lib.espeak_Synchronize.argtypes = []
+        lib.espeak_Synchronize.restype = ctypes.c_int
+        lib.espeak_TextToPhonemes.argtypes = [
+            ctypes.POINTER(ctypes.c_char_p),
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
+        lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
+        lib.espeak_ListVoices.argtypes = [ctypes.c_void_p]
+        lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_EspeakVoice))
+
+    def _on_audio(self, wav, numsamples: int, _events) -> int:
+        if wav and numsamples > 0:
+            # Copy now: the buffer is reused by the library after we return.
+            self._chunks.append(np.ctypeslib.as_array(wav, shape=(numsamples,)).copy())
+        return 0  # 0 = carry on synthesising
+
+    def _set_voice(self, voice: str) -> None:
+        if voice == self._voice:
+            return
+        if self._lib.espeak_SetVoiceByName(voice.encode()) != _EE_OK:
+            self._voice = None
+            raise EspeakError(f"espeak has no voice {voice!r}")
+        self._voice = voice
+
+    def phonemize(self, text: str, voice: str, ipa: bool = False) -> str:
+        """Phonemes of the whole text, clauses joined by a space.
+
+        ``ipa=False`` gives espeak's mnemonics, which :meth:`synthesize` renders back when they
+        are wrapped as ``[[...]]``; ``ipa=True`` gives IPA for display.
+        """
+        mode = _PHONEMES_IPA if ipa else 0
+        clauses: list[str] = []
+        with self._lock:
+            self._set_voice(voice)
+            buffer = ctypes.create_string_buffer(text.encode("utf-8"))
+            pointer = ctypes.c_char_p(ctypes.addressof(buffer))
+            # One clause per call; the library advances the pointer and sets it NULL at the end.
+            while pointer.value:
+                result = self._lib.espeak_TextToPhonemes(
+                    ctypes.byref(pointer), _ESPEAK_CHARS_UTF8, mode
+                )
+                if result:
+                    clause = result.decode("utf-8", errors="replace").strip()
+                    if clause:
+                        clauses.append(clause)
+        return " ".join(clauses)
+
+    def synthesize(self, text: str, voice: str, speed: float = 1.0) -> np.ndarray:
+        """Mono int16 audio at :data:`SAMPLE_RATE`; ``speed`` scales the default 175 words/min.
+
+        Text may hold ``[[mnemonics]]`` from :meth:`phonemize`, rendered exactly.
+        """
+        if speed <= 0:
+            raise ValueError(f"speed must be positive, got {speed}")
+        wpm = int(round(min(max(DEFAULT_WPM * speed, MIN_WPM), MAX_WPM)))
+        data = text.encode("utf-8")
+        with self._lock:
+            self._set_voice(voice)
+            self._lib.espeak_SetParameter(_ESPEAK_RATE, wpm, 0)
+            self._chunks = []
+            try:
+                status = self._lib.espeak_Synth(
+                    data,
+                    len(data) + 1,
+                    0,
+                    _POS_CHARACTER,
+                    0,
+                    _ESPEAK_CHARS_UTF8 | _ESPEAK_PHONEMES,
+                    None,
+                    None,
+                )
+                if status != _EE_OK:
+                    raise EspeakError(f"espeak_Synth failed with status {status}")
+                self._lib.espeak_Synchronize()
+                chunks, self._chunks = self._chunks, []
+            finally:
+                self._chunks = []
+        if not chunks:
+            return np.zeros(0, dtype=np.int16)
+        return np.concatenate(chunks).astype(np.int16, copy=False)
+
+    def list_voices(self) -> list[RawVoice]:
+        """espeak's own voice list (variants excluded), as (name, language, gender)."""
+        return [RawVoice(v.name, v.language, v.gender) for v in self.list_voice_files()]
+
+    def list_voice_files(self) -> list[VoiceFile]:
+        """Like :meth:`list_voices`, plus each voice's file identifier.
+
+        The identifier's file name is what ``espeak_SetVoiceByName`` accepts; the language code
+        is not always (``en-gb`` is the language of the voice file ``en``).
+        """
+        voices: list[VoiceFile] = []
+        with self._lock:
+            array = self._lib.espeak_ListVoices(None)
+            i = 0
+            while array[i]:
+                entry = array[i].contents
+                # languages starts with a priority byte; the language name follows.
+                raw = entry.languages or b"\x05"
+                language = raw[1:].decode("utf-8", errors="replace")
+                voices.append(
+                    VoiceFile(
+                        identifier=(entry.identifier or b"").decode("utf-8", errors="replace"),
+                        name=(entry.name or b"").decode("utf-8", errors="replace"),
+                        language=language,
+                        gender=_GENDERS.get(entry.gender, "none"),
+                    )
+                )
+                i += 1
+        return voices
+
+
+_engine: Espeak | None = None
+_engine_lock = threading.Lock()
+
+
+def get_engine() -> Espeak:
+    """The process's one engine, created on first use (never at import)."""
+    global _engine
+    if _engine is None:
+        with _engine_lock:
+            if _engine is None:
+                _engine = Espeak()
+    return _engine
+
+
+def phonemize(text: str, voice: str, ipa: bool = False) -> str:
+    """Shortcut for ``get_engine().phonemize``."""
+    return get_engine().phonemize(text, voice, ipa)
+
+
+def synthesize(text: str, voice: str, speed: float = 1.0) -> np.ndarray:
+    """Shortcut for ``get_engine().synthesize``."""
+    return get_engine().synthesize(text, voice, speed)

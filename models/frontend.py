@@ -1,0 +1,270 @@
+"""Text frontend: pause tags, normalisation, segmentation and G2P, from user text to Segments.
+
+``prepare(text, voice)`` runs the whole pipeline:
+
+1. Pause tags. ``[break=300ms]``, ``[break=1.5s]``, ``[break=300]`` (milliseconds) and a bare
+   ``[break]`` (500 ms) end the current segment and set its ``pause_ms`` (capped at 10 s;
+   consecutive breaks add up; a break before any speech is dropped, there being no segment to
+   carry it). Tags are never spoken.
+   Any other bracketed span (``[laugh]``, ``[[phonemes]]``) is stripped, not read: a tag name
+   read aloud is worse than silence, and brackets must never reach espeak, which would take
+   ``[[...]]`` as raw phoneme input.
+2. Normalisation (:func:`normalize`): numbers, money, dates, times, abbreviations and units to
+   words -- ``models.text_en`` (num2words) and ``models.text_zh`` (cn2an).
+3. Segmentation (:func:`split_segments`): sentences; a sentence longer than the limit is cut at
+   clause punctuation, a clause still too long at word boundaries (spaces in English, jieba
+   words in Chinese); very short sentences are merged with a neighbour.
+4. G2P through libespeak-ng (English) or jieba + pypinyin + espeak (Mandarin, polyphones
+   resolved by word: see ``models.text_zh``). A segment whose phonemes exceed
+   :data:`MAX_SEGMENT_PHONEMES` is halved at a word boundary until it fits, so the bound holds
+   whatever the text.
+
+Everything is deterministic: same text and voice, same segments (the cache relies on it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from models.errors import NoSpeakableText
+from models.espeak import phonemize
+from models.text_en import normalize_en
+from models.text_zh import g2p_zh, normalize_zh, strip_language_switches
+from models.text_zh import words as zh_words
+from models.voices import get_voice
+
+# Bound on one segment's phoneme count, measured as espeak mnemonic characters (whitespace
+# excluded; an upper bound on the true phoneme count, since one phoneme takes 1-4 characters).
+# 400 is about 15-25 s of speech: long enough for any normal sentence, short enough for an
+# acoustic model's attention and a worker's time limit.
+MAX_SEGMENT_PHONEMES = 400
+# Character limits for segmentation, chosen so a segment's phonemes usually fit the bound at
+# the first try: English mnemonics run about one character per letter, Mandarin ones 6-10 per
+# Han character.
+DEFAULT_MAX_CHARS = {"en": 250, "zh": 36}
+# Sentences shorter than this are merged with a neighbour (when the result fits the limit).
+MIN_SEGMENT_CHARS = {"en": 24, "zh": 6}
+DEFAULT_BREAK_MS = 500
+MAX_BREAK_MS = 10_000
+LANGUAGES = ("en", "zh")
+
+_BREAK_TAG = re.compile(
+    r"\[\s*break(?:\s*=\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>ms|s)?)?\s*\]", re.IGNORECASE
+)
+_OTHER_TAG = re.compile(r"\[[^\[\]]*\]")
+_SENTENCE_END = {
+    "en": re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+|\n+"),
+    "zh": re.compile(r"(?<=[。！？!?…；;])[\"'”’」』）)]*\s*|(?<=[.])\s+|\n+"),
+}
+_CLAUSE_END = {
+    "en": re.compile(r"(?<=[,;:—–])\s+"),
+    "zh": re.compile(r"(?<=[，、；：,;:—])\s*"),
+}
+_JOINER = {"en": " ", "zh": ""}
+# Pause and boundary mnemonics: phonemes made only of these say nothing.
+_SILENT_PHONEMES = re.compile(r"_[|:!]?|['，,%=\s]")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One unit of synthesis.
+
+    ``text`` is the normalised text, ``phonemes`` the espeak mnemonics to render (the cache key
+    is built from these), ``ipa`` the same for display, ``pause_ms`` the silence to append after
+    the segment's audio (from break tags only).
+    """
+
+    index: int
+    text: str
+    phonemes: str
+    ipa: str
+    pause_ms: int
+
+
+def _check_language(language: str) -> None:
+    if language not in LANGUAGES:
+        raise ValueError(f"unsupported language {language!r}; expected one of {LANGUAGES}")
+
+
+def normalize(text: str, language: str) -> str:
+    """Spell out numbers, symbols and abbreviations as words; collapse whitespace."""
+    _check_language(language)
+    return normalize_en(text) if language == "en" else normalize_zh(text)
+
+
+def phoneme_count(phonemes: str) -> int:
+    """The measure :data:`MAX_SEGMENT_PHONEMES` bounds: mnemonic characters, whitespace excluded."""
+    return sum(1 for char in phonemes if not char.isspace())
+
+
+def _words(text: str, language: str) -> list[str]:
+    """Word-boundary tokens; joining them with the language's joiner gives the text back."""
+    if language == "en":
+        return text.split()
+    return [token for token in zh_words(text) if token]
+
+
+def _pack(units: list[str], limit: int, joiner: str) -> list[str]:
+    """Join consecutive units greedily while the result stays within ``limit`` characters."""
+    packed: list[str] = []
+    for unit in units:
+        if packed and len(packed[-1]) + len(joiner) + len(unit) <= limit:
+            packed[-1] = packed[-1] + joiner + unit
+        else:
+            packed.append(unit)
+    return packed
+
+
+def _split_words(text: str, language: str, limit: int) -> list[str]:
+    """Cut ``text`` at word boundaries into pieces of at most ``limit`` characters (a single word
+    longer than that is cut into character runs)."""
+    tokens: list[str] = []
+    for token in _words(text, language):
+        while len(token) > limit:
+            tokens.append(token[:limit])
+            token = token[limit:]
+        if token:
+            tokens.append(token)
+    return [piece.strip() for piece in _pack(tokens, limit, _JOINER[language]) if piece.strip()]
+
+
+def split_segments(text: str, language: str, max_chars: int | None = None) -> list[str]:
+    """Cut normalised ``text`` into sentence-sized pieces of at most ``max_chars`` characters.
+
+    Sentences first; a longer sentence is cut at clause punctuation and then at word
+    boundaries; sentences shorter than ``MIN_SEGMENT_CHARS`` are merged with a neighbour. No
+    word is lost or repeated: joining the pieces (with a space in English, nothing in Chinese)
+    gives the words of ``text`` in order.
+    """
+    _check_language(language)
+    limit = max_chars if max_chars is not None else DEFAULT_MAX_CHARS[language]
+    if limit < 1:
+        raise ValueError(f"max_chars must be positive, got {limit}")
+    joiner = _JOINER[language]
+    pieces: list[str] = []
+    for sentence in _SENTENCE_END[language].split(text):
+        sentence = sentence.strip()
+        if not sentence:
+            continue
+        if len(sentence) <= limit:
+            pieces.append(sentence)
+            continue
+        units: list[str] = []
+        for clause in _CLAUSE_END[language].split(sentence):
+            clause = clause.strip()
+            if not clause:
+                continue
+            units.extend(
+                [clause] if len(clause) <= limit else _split_words(clause, language, limit)
+            )
+        pieces.extend(_pack(units, limit, joiner))
+    return _merge_short(pieces, limit, joiner, MIN_SEGMENT_CHARS[language])
+
+
+def _merge_short(pieces: list[str], limit: int, joiner: str, shortest: int) -> list[str]:
+    merged: list[str] = []
+    for piece in pieces:
+        if (
+            merged
+            and (len(merged[-1]) < shortest or len(piece) < shortest)
+            and len(merged[-1]) + len(joiner) + len(piece) <= limit
+        ):
+            merged[-1] = merged[-1] + joiner + piece
+        else:
+            merged.append(piece)
+    return merged
+
+
+def _parse_breaks(text: str) -> list[tuple[str, int]]:
+    """Cut ``text`` at break tags: (text before the tag, pause in ms) pairs; the last has 0."""
+    chunks: list[tuple[str, int]] = []
+    position = 0
+    for match in _BREAK_TAG.finditer(text):
+        chunks.append((text[position : match.start()], _break_ms(match)))
+        position = match.end()
+    chunks.append((text[position:], 0))
+    return chunks
+
+
+def _break_ms(match: re.Match[str]) -> int:
+    value = match.group("value")
+    if value is None:
+        return DEFAULT_BREAK_MS
+    scale = 1000 if (match.group("unit") or "ms").lower() == "s" else 1
+    return min(int(round(float(value) * scale)), MAX_BREAK_MS)
+
+
+def _strip_tags(text: str) -> str:
+    """Remove unknown tags and any stray bracket (see the module docstring for why)."""
+    text = _OTHER_TAG.sub(" ", text)
+    return text.replace("[", " ").replace("]", " ")
+
+
+def _speakable(text: str) -> bool:
+    # Punctuation alone is not speech (espeak would otherwise name it: "exclamation").
+    return any(char.isalnum() for char in text)
+
+
+def _g2p(text: str, language: str, espeak_voice: str, ipa: bool) -> str:
+    if language == "zh":
+        return g2p_zh(text, ipa=ipa)
+    # A foreign word makes espeak emit "(fr)...(en)"; [[...]] rendering cannot switch language.
+    return strip_language_switches(phonemize(text, espeak_voice, ipa=ipa))
+
+
+def _bounded_g2p(text: str, language: str, espeak_voice: str) -> list[tuple[str, str]]:
+    """(text, phonemes) pieces of ``text``, each within :data:`MAX_SEGMENT_PHONEMES`.
+
+    A piece over the bound is halved at the word boundary nearest its middle and retried.
+    """
+    phonemes = _g2p(text, language, espeak_voice, ipa=False)
+    if phoneme_count(phonemes) <= MAX_SEGMENT_PHONEMES:
+        return [(text, phonemes)]
+    tokens = _words(text, language)
+    if len(tokens) < 2:  # one enormous word: cut it into characters instead
+        tokens = list(text)
+    joiner = _JOINER[language] if len(tokens) != len(text) else ""
+    middle = len(tokens) // 2
+    halves = (joiner.join(tokens[:middle]).strip(), joiner.join(tokens[middle:]).strip())
+    return [
+        piece for half in halves if half for piece in _bounded_g2p(half, language, espeak_voice)
+    ]
+
+
+def prepare(text: str, voice: str) -> list[Segment]:
+    """Normalise, segment and phonemise ``text`` for ``voice``.
+
+    Raises :class:`~models.errors.UnknownVoice` for a voice we do not offer and
+    :class:`~models.errors.NoSpeakableText` when nothing speakable remains.
+    """
+    spec = get_voice(voice)
+    language = spec.language
+    # Variants change timbre only; phonemising with the base voice lets variants share the
+    # phoneme cache.
+    espeak_voice = spec.base
+    drafts: list[tuple[str, str, int]] = []  # (text, phonemes, pause_ms)
+    for chunk, pause_ms in _parse_breaks(text):
+        normalized = normalize(_strip_tags(chunk), language)
+        for piece in split_segments(normalized, language):
+            if not _speakable(piece):
+                continue
+            for piece_text, phonemes in _bounded_g2p(piece, language, espeak_voice):
+                if _SILENT_PHONEMES.sub("", phonemes):
+                    drafts.append((piece_text, phonemes, 0))
+        if pause_ms and drafts:
+            # The pause follows the last segment spoken so far, so consecutive breaks add up.
+            last_text, last_phonemes, last_pause = drafts[-1]
+            drafts[-1] = (last_text, last_phonemes, min(last_pause + pause_ms, MAX_BREAK_MS))
+    if not drafts:
+        raise NoSpeakableText(f"no speakable text in {text[:80]!r}")
+    return [
+        Segment(
+            index=index,
+            text=segment_text,
+            phonemes=phonemes,
+            ipa=_g2p(segment_text, language, espeak_voice, ipa=True),
+            pause_ms=pause_ms,
+        )
+        for index, (segment_text, phonemes, pause_ms) in enumerate(drafts)
+    ]

@@ -1,0 +1,273 @@
+"""English text normalisation: numbers, money, dates, times, abbreviations and units to words.
+
+Rules run in a fixed order, most specific first (a date before its numbers, money before plain
+decimals), so each rule sees digits no earlier rule has claimed. Numbers become words through
+num2words.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from num2words import num2words
+
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
+           "September", "October", "November", "December")  # fmt: skip
+_MONTH_BY_PREFIX = {month[:3].lower(): month for month in _MONTHS}
+
+# Abbreviations that end in a dot: expanding them also removes a dot that would otherwise end
+# the sentence early in segmentation.
+# Titles expand only before a capitalised name, so "5 ms." stays milliseconds.
+_TITLES = {
+    "dr": "Doctor", "mr": "Mister", "mrs": "Missus", "ms": "Miz", "prof": "Professor",
+    "st": "Saint", "gen": "General", "capt": "Captain", "sgt": "Sergeant", "lt": "Lieutenant",
+    "col": "Colonel", "rev": "Reverend", "gov": "Governor", "sen": "Senator",
+    "rep": "Representative", "mt": "Mount",
+}  # fmt: skip
+_ABBREVIATIONS = {
+    "jr": "Junior", "sr": "Senior", "vs": "versus",
+    "etc": "et cetera", "approx": "approximately", "dept": "department", "est": "established",
+    "inc": "Incorporated", "ltd": "Limited", "co": "Company",
+    "corp": "Corporation", "ave": "Avenue", "blvd": "Boulevard", "fig": "figure",
+}  # fmt: skip
+_LATIN = {"e.g.": "for example", "i.e.": "that is", "a.m.": "a m", "p.m.": "p m"}
+
+# unit -> (singular, plural); matched only right after a number.
+_UNITS = {
+    "km": ("kilometer", "kilometers"), "m": ("meter", "meters"),
+    "cm": ("centimeter", "centimeters"),
+    "mm": ("millimeter", "millimeters"), "mi": ("mile", "miles"), "ft": ("foot", "feet"),
+    "kg": ("kilogram", "kilograms"), "g": ("gram", "grams"), "mg": ("milligram", "milligrams"),
+    "lb": ("pound", "pounds"), "lbs": ("pound", "pounds"), "oz": ("ounce", "ounces"),
+    "l": ("liter", "liters"), "ml": ("milliliter", "milliliters"),
+    "mph": ("mile per hour", "miles per hour"),
+    "km/h": ("kilometer per hour", "kilometers per hour"),
+    "kph": ("kilometer per hour", "kilometers per hour"),
+    "h": ("hour", "hours"), "hr": ("hour", "hours"), "hrs": ("hour", "hours"),
+    "min": ("minute", "minutes"), "s": ("second", "seconds"), "sec": ("second", "seconds"),
+    "ms": ("millisecond", "milliseconds"),
+    "kb": ("kilobyte", "kilobytes"), "mb": ("megabyte", "megabytes"),
+    "gb": ("gigabyte", "gigabytes"), "tb": ("terabyte", "terabytes"),
+    "hz": ("hertz", "hertz"), "khz": ("kilohertz", "kilohertz"), "mhz": ("megahertz", "megahertz"),
+    "ghz": ("gigahertz", "gigahertz"),
+    "°": ("degree", "degrees"), "°c": ("degree Celsius", "degrees Celsius"),
+    "°f": ("degree Fahrenheit", "degrees Fahrenheit"),
+}  # fmt: skip
+
+# currency symbol -> (major singular, major plural, minor singular, minor plural)
+_CURRENCIES = {
+    "$": ("dollar", "dollars", "cent", "cents"),
+    "£": ("pound", "pounds", "penny", "pence"),
+    "€": ("euro", "euros", "cent", "cents"),
+    "¥": ("yen", "yen", "sen", "sen"),
+}
+_SCALES = ("thousand", "million", "billion", "trillion")
+_YEAR_CUES = r"(?:in|since|by|from|until|till|before|after|of|year|circa|around|during)"
+_NUMBER = r"\d[\d,]*(?:\.\d+)?"
+
+
+def cardinal(number: str) -> str:
+    """Words for an unsigned integer or decimal in digits (commas allowed): '3.05' -> 'three
+    point zero five'. Digits after the point are read one by one, as people say them."""
+    number = number.replace(",", "")
+    whole, _, fraction = number.partition(".")
+    try:
+        words = num2words(int(whole or "0"))
+    except (OverflowError, ValueError):  # beyond num2words' range: read digit by digit
+        words = " ".join(num2words(int(digit)) for digit in whole)
+    if fraction:
+        words += " point " + " ".join(num2words(int(digit)) for digit in fraction)
+    return words
+
+
+def ordinal(number: int) -> str:
+    return num2words(number, to="ordinal")
+
+
+def year(number: int) -> str:
+    """'1999' -> 'nineteen ninety-nine', '2005' -> 'two thousand five' (no British 'and')."""
+    return num2words(number, to="year").replace(" and ", " ")
+
+
+def _plural_of_year(words: str) -> str:
+    # "nineteen ninety" -> "nineteen nineties", for decades written "1990s"
+    return words[:-1] + "ies" if words.endswith("y") else words + "s"
+
+
+def _money(match: re.Match[str]) -> str:
+    symbol, amount, scale = match.group("symbol"), match.group("amount"), match.group("scale")
+    major_one, major_many, minor_one, minor_many = _CURRENCIES[symbol]
+    if scale:  # "$5 million", "$2.5 billion"
+        return f"{cardinal(amount)} {scale.lower()} {major_many}"
+    whole, _, cents = amount.replace(",", "").partition(".")
+    whole_value = int(whole or "0")
+    parts = []
+    if whole_value or not cents:
+        parts.append(f"{cardinal(whole or '0')} {major_one if whole_value == 1 else major_many}")
+    if cents:
+        cents_value = int(cents[:2].ljust(2, "0"))
+        if cents_value:
+            parts.append(
+                f"{cardinal(str(cents_value))} {minor_one if cents_value == 1 else minor_many}"
+            )
+    return " and ".join(parts) if parts else f"zero {major_many}"
+
+
+def _day_month_year(day: int, month: int, year_value: int | None) -> str:
+    spoken = f"{_MONTHS[month - 1]} {ordinal(day)}"
+    return f"{spoken}, {year(year_value)}" if year_value is not None else spoken
+
+
+def _iso_date(match: re.Match[str]) -> str:
+    year_value, month, day = (int(part) for part in match.groups())
+    if not (1 <= month <= 12 and 1 <= day <= 31):
+        return match.group(0).replace("-", " ")
+    return _day_month_year(day, month, year_value)
+
+
+def _month_day(match: re.Match[str]) -> str:
+    month = _MONTH_BY_PREFIX[match.group("month")[:3].lower()]
+    day = int(match.group("day"))
+    year_text = match.group("year")
+    spoken = f"{month} {ordinal(day)}"
+    return f"{spoken}, {year(int(year_text))}" if year_text else spoken
+
+
+def _day_month(match: re.Match[str]) -> str:
+    month = _MONTH_BY_PREFIX[match.group("month")[:3].lower()]
+    day = int(match.group("day"))
+    year_text = match.group("year")
+    spoken = f"the {ordinal(day)} of {month}"
+    return f"{spoken}, {year(int(year_text))}" if year_text else spoken
+
+
+def _time(match: re.Match[str]) -> str:
+    hour, minute = int(match.group("hour")), int(match.group("minute"))
+    meridiem = (match.group("meridiem") or "").lower().replace(".", "")
+    if hour > 24 or minute > 59:
+        return f"{cardinal(str(hour))} {cardinal(str(minute))}"
+    if minute == 0:
+        spoken = f"{cardinal(str(hour))}" + ("" if meridiem else " o'clock")
+    elif minute < 10:
+        spoken = f"{cardinal(str(hour))} oh {cardinal(str(minute))}"
+    else:
+        spoken = f"{cardinal(str(hour))} {cardinal(str(minute))}"
+    if meridiem:
+        spoken += " " + " ".join(meridiem)  # "pm" -> "p m": spelt, as people say it
+    return spoken
+
+
+def _percent(match: re.Match[str]) -> str:
+    sign = "minus " if match.group("sign") else ""
+    return f"{sign}{cardinal(match.group('number'))} percent"
+
+
+def _ordinal(match: re.Match[str]) -> str:
+    return ordinal(int(match.group("number")))
+
+
+def _year(match: re.Match[str]) -> str:
+    words = year(int(match.group("year")))
+    return f"{match.group('cue')} {words}"
+
+
+def _decade(match: re.Match[str]) -> str:
+    return _plural_of_year(year(int(match.group("year"))))
+
+
+def _unit(match: re.Match[str]) -> str:
+    number = match.group("number")
+    singular, plural = _UNITS[match.group("unit").lower()]
+    sign = "minus " if match.group("sign") else ""
+    is_one = number.replace(",", "") in ("1", "1.0") and not sign
+    return f"{sign}{cardinal(number)} {singular if is_one else plural}"
+
+
+def _signed_number(match: re.Match[str]) -> str:
+    sign = "minus " if match.group("sign") else ""
+    return sign + cardinal(match.group("number"))
+
+
+def _abbreviation(match: re.Match[str]) -> str:
+    return _ABBREVIATIONS[match.group(1).lower()]
+
+
+def _title(match: re.Match[str]) -> str:
+    return _TITLES[match.group(1).lower()]
+
+
+# A minus sign counts only where a word could not end just before it ("-3", "(-3", but not the
+# hyphen of "2-3" or "COVID-19").
+_SIGN = r"(?P<sign>(?<![\w.])[-−])?"
+_UNIT_NAMES = "|".join(sorted((re.escape(unit) for unit in _UNITS), key=len, reverse=True))
+_MONTH_NAME = (
+    r"(?P<month>Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?"
+    r"|Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
+)
+
+_RULES: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
+    (
+        re.compile(r"(?<!\w)(e\.g\.|i\.e\.|a\.m\.|p\.m\.)", re.I),
+        lambda m: _LATIN[m.group(1).lower()],
+    ),
+    (re.compile(r"(?<!\d\s)\b(" + "|".join(_TITLES) + r")\.(?=\s+[A-Z])", re.I), _title),
+    (re.compile(r"\b(" + "|".join(_ABBREVIATIONS) + r")\.", re.I), _abbreviation),
+    (re.compile(r"\bNo\.\s*(?=\d)"), "number "),
+    (
+        re.compile(
+            r"(?P<symbol>[$£€¥])\s?(?P<amount>\d[\d,]*(?:\.\d+)?)"
+            r"(?:\s?(?P<scale>" + "|".join(_SCALES) + r")\b)?",
+            re.I,
+        ),
+        _money,
+    ),
+    (re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b"), _iso_date),
+    (
+        re.compile(
+            r"\b"
+            + _MONTH_NAME
+            + r"\s+(?P<day>\d{1,2})(?:st|nd|rd|th)?\b(?:,?\s+(?P<year>\d{4})\b)?"
+        ),
+        _month_day,
+    ),
+    (
+        re.compile(
+            r"\b(?P<day>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?"
+            + _MONTH_NAME
+            + r"(?:,?\s+(?P<year>\d{4})\b)?"
+        ),
+        _day_month,
+    ),
+    (
+        re.compile(
+            r"\b(?P<hour>\d{1,2}):(?P<minute>\d{2})(?::\d{2})?"
+            r"(?:\s*(?P<meridiem>[ap]\.?m\.?)(?!\w))?",
+            re.I,
+        ),
+        _time,
+    ),
+    (re.compile(_SIGN + r"(?P<number>" + _NUMBER + r")\s?%"), _percent),
+    (re.compile(r"\b(?P<number>\d+)(?:st|nd|rd|th)\b", re.I), _ordinal),
+    (re.compile(r"\b(?P<year>1\d\d0|20\d0)'?s\b"), _decade),
+    (re.compile(r"\b(?P<cue>" + _YEAR_CUES + r")\s+(?P<year>1[1-9]\d\d|20\d\d)\b", re.I), _year),
+    (
+        re.compile(
+            _SIGN + r"(?P<number>" + _NUMBER + r")\s?(?P<unit>" + _UNIT_NAMES + r")(?![\w/])", re.I
+        ),
+        _unit,
+    ),
+    (re.compile(r"(?<=\d)\s?[-–]\s?(?=\d)"), " to "),  # ranges: "2-3" -> "2 to 3"
+    (re.compile(_SIGN + r"(?P<number>" + _NUMBER + r")"), _signed_number),
+    (re.compile(r"\s*&\s*"), " and "),
+    (re.compile(r"\s*\+\s*"), " plus "),
+    (re.compile(r"\s*=\s*"), " equals "),
+    (re.compile(r"\s*@\s*"), " at "),
+]
+
+
+def normalize_en(text: str) -> str:
+    """Spell out the numbers, symbols and abbreviations of English ``text`` as words."""
+    for pattern, replacement in _RULES:
+        text = pattern.sub(replacement, text)
+    return re.sub(r"\s+", " ", text).strip()

@@ -1,0 +1,216 @@
+"""models.frontend: normalisation, segmentation, polyphones, break tags, G2P (real espeak)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from models.errors import NoSpeakableText, UnknownVoice
+from models.espeak import get_engine
+from models.frontend import (
+    MAX_SEGMENT_PHONEMES,
+    Segment,
+    normalize,
+    phoneme_count,
+    prepare,
+    split_segments,
+)
+from models.text_zh import g2p_zh, pinyin_words
+
+
+@pytest.mark.parametrize(
+    ("text", "spoken"),
+    [
+        ("-3.5", "minus three point five"),
+        ("$12.50", "twelve dollars and fifty cents"),
+        ("$1", "one dollar"),
+        ("21st", "twenty-first"),
+        ("in 1999", "in nineteen ninety-nine"),
+        ("45%", "forty-five percent"),
+        ("3:30 pm", "three thirty p m"),
+        ("3:05", "three oh five"),
+        ("2024-03-05", "March fifth, twenty twenty-four"),
+        ("March 5, 2024", "March fifth, twenty twenty-four"),
+        ("Dr. Smith", "Doctor Smith"),
+        ("5 km", "five kilometers"),
+        ("1 kg", "one kilogram"),
+        ("1,234", "one thousand, two hundred and thirty-four"),
+        ("the 1990s", "the nineteen nineties"),
+        ("it took 5 ms. Then", "it took five milliseconds. Then"),
+    ],
+)
+def test_normalize_english(text: str, spoken: str) -> None:
+    assert normalize(text, "en") == spoken
+
+
+@pytest.mark.parametrize(
+    ("text", "spoken"),
+    [
+        ("3.5%", "百分之三点五"),
+        ("2024年", "二零二四年"),
+        ("-5", "负五"),
+        ("温度-3℃", "温度负三摄氏度"),
+        ("¥100", "一百元"),
+        ("100元", "一百元"),
+        ("2024-03-05", "二零二四年三月五日"),
+        ("2024年3月5日", "二零二四年三月五日"),
+        ("3:30", "三点三十分"),
+        ("2:05", "两点零五分"),
+        ("第3名", "第三名"),
+        ("5km", "五公里"),
+    ],
+)
+def test_normalize_chinese(text: str, spoken: str) -> None:
+    assert normalize(text, "zh") == spoken
+
+
+def test_normalize_rejects_unknown_language() -> None:
+    with pytest.raises(ValueError):
+        normalize("hello", "fr")
+
+
+def _assert_bounded(segments: list[Segment]) -> None:
+    assert [segment.index for segment in segments] == list(range(len(segments)))
+    for segment in segments:
+        assert 0 < phoneme_count(segment.phonemes) <= MAX_SEGMENT_PHONEMES
+
+
+def test_long_english_run_without_punctuation_is_bounded_and_complete() -> None:
+    vocabulary = "alpha bravo charlie delta echo foxtrot golf hotel india juliet".split()
+    words = [f"{vocabulary[i % 10]}" for i in range(330)]
+    text = " ".join(words)[:2000].rsplit(" ", 1)[0]
+    assert len(text) > 1900
+    segments = prepare(text, "en-us")
+    assert len(segments) > 1
+    _assert_bounded(segments)
+    assert " ".join(segment.text for segment in segments).split() == text.split()
+
+
+def test_long_chinese_run_without_punctuation_is_bounded_and_complete() -> None:
+    text = ("我们今天去银行取钱然后在公园里慢慢行走" * 110)[:2000]
+    segments = prepare(text, "cmn")
+    assert len(segments) > 1
+    _assert_bounded(segments)
+    assert "".join(segment.text for segment in segments) == text
+    # Cut at jieba word boundaries: 银行 is never split across two segments.
+    for left, right in zip(segments, segments[1:], strict=False):
+        assert not (left.text.endswith("银") and right.text.startswith("行"))
+
+
+def test_single_enormous_word_is_still_bounded() -> None:
+    segments = prepare("a" * 2000, "en-us")
+    _assert_bounded(segments)
+    assert "".join(segment.text for segment in segments) == "a" * 2000
+
+
+def test_segments_are_sentence_sized() -> None:
+    text = (
+        "This is the first sentence of the story. Here is a second one that is also long. "
+        "Hi. Then, after a long pause, with many clauses, one after another, the third "
+        "sentence goes on, and on, and on, well past the point where anyone would stop, "
+        "because it has to, until it is finally over."
+    )
+    pieces = split_segments(normalize(text, "en"), "en", max_chars=100)
+    assert pieces[0] == "This is the first sentence of the story."
+    assert "Hi." in pieces[1]  # a very short sentence merges with a neighbour
+    assert all(len(piece) <= 100 for piece in pieces)
+    assert all(re.search(r"[,.]$", piece) for piece in pieces)  # cut at clause punctuation
+    assert " ".join(pieces).split() == text.split()
+
+
+@pytest.mark.parametrize(
+    ("word", "char", "reading", "other_word", "other_reading"),
+    [
+        ("银行", "行", "hang2", "行走", "xing2"),
+        ("重要", "重", "zhong4", "重新", "chong2"),
+        ("长大", "长", "zhang3", "长度", "chang2"),
+    ],
+)
+def test_polyphones_resolved_from_context(
+    word: str, char: str, reading: str, other_word: str, other_reading: str
+) -> None:
+    def reading_of(text: str) -> str:
+        for segment_word, syllables in pinyin_words(text):
+            if segment_word == text:
+                return syllables[text.index(char)]
+        raise AssertionError(f"{text} was not kept as one word")
+
+    assert reading_of(word) == reading
+    assert reading_of(other_word) == other_reading
+    # The rendered phonemes carry the resolved reading: the polyphone's syllable is espeak's
+    # phonemes for that pinyin, and differs between the two words.
+    engine = get_engine()
+    syllable = engine.phonemize(reading, "cmn", ipa=False).replace("_|", "").strip()
+    other_syllable = engine.phonemize(other_reading, "cmn", ipa=False).replace("_|", "").strip()
+    assert syllable != other_syllable
+    phonemes = g2p_zh(word)
+    other_phonemes = g2p_zh(other_word)
+    assert syllable in phonemes and other_syllable not in phonemes
+    assert other_syllable in other_phonemes and syllable not in other_phonemes
+    assert prepare(word, "cmn")[0].phonemes == phonemes
+    # and they render: audio from the phonemes is not empty
+    assert len(engine.synthesize(f"[[{phonemes}]]", "cmn")) > 5000
+
+
+def test_hang_in_bank_is_not_espeaks_own_guess_in_context() -> None:
+    # espeak alone reads 行 in 他在行走 as háng; our frontend gives xíng.
+    phonemes = prepare("他在行走", "cmn")[0].phonemes
+    xing = get_engine().phonemize("xing2", "cmn", ipa=False).replace("_|", "").strip()
+    assert xing in phonemes
+
+
+def test_break_tags_set_pauses_and_are_not_spoken() -> None:
+    segments = prepare(
+        "First part [break=300ms] second part [break=1.5s] third part [break] fourth part",
+        "en-us",
+    )
+    assert [segment.pause_ms for segment in segments] == [300, 1500, 500, 0]
+    assert [segment.text for segment in segments] == [
+        "First part",
+        "second part",
+        "third part",
+        "fourth part",
+    ]
+    for segment in segments:
+        assert "break" not in segment.text
+        assert "br" not in segment.phonemes.lower()
+
+
+def test_consecutive_breaks_add_up_and_unknown_tags_are_stripped() -> None:
+    segments = prepare("Hello [laugh] there [break] [break=250ms] friend [[h@l'oU]]", "en-us")
+    assert [(segment.text, segment.pause_ms) for segment in segments] == [
+        ("Hello there", 750),
+        ("friend", 0),
+    ]
+
+
+def test_chinese_break_tag() -> None:
+    segments = prepare("你好[break=1s]世界", "cmn+f3")
+    assert [(segment.text, segment.pause_ms) for segment in segments] == [
+        ("你好", 1000),
+        ("世界", 0),
+    ]
+
+
+@pytest.mark.parametrize("text", ["!!! ... ???", "[break]", "   ", "[laugh] [break=2s]", "。！？"])
+def test_nothing_speakable_raises(text: str) -> None:
+    with pytest.raises(NoSpeakableText):
+        prepare(text, "en-us")
+
+
+def test_unknown_voice_raises() -> None:
+    with pytest.raises(UnknownVoice):
+        prepare("hello", "xx-nope")
+
+
+def test_prepare_is_deterministic_and_phonemes_render() -> None:
+    text = "Dr. Smith paid $12.50 on 2024-03-05. It was 45% more than in 1999!"
+    first = prepare(text, "en-us+f3")
+    assert first == prepare(text, "en-us+f3")
+    assert first == prepare(text, "en-us")  # variants share phonemes (and so the cache)
+    assert "dollars" in first[0].text and "$" not in first[0].text
+    for segment in first:
+        assert segment.ipa and segment.ipa != segment.phonemes
+        audio = get_engine().synthesize(f"[[{segment.phonemes}]]", "en-us+f3")
+        assert len(audio) > 22050 // 2
