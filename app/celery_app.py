@@ -47,6 +47,8 @@ def celery_config(settings: Settings) -> dict:
             # An unacked message goes back to the queue after this long: longer than the
             # longest task, or a slow task would run twice at once.
             "visibility_timeout": settings.visibility_timeout,
+            # Look for such messages on every 10 s restore tick, not every tenth tick.
+            "unacked_restore_throttle": 1,
             # Fail fast on a dead broker socket instead of hanging a request or a worker.
             "socket_timeout": 30,
             "socket_connect_timeout": 5,

@@ -47,10 +47,10 @@ for s in string.gmatch(ARGV[1], '[^,]+') do
     redis.call('HSET', KEYS[1], 'state', ARGV[2], ARGV[3], ARGV[4])
     if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[5]) end
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'state', ARGV[2])
-    return ARGV[2]
+    return {1, ARGV[2]}
   end
 end
-return state
+return {0, state}
 """
 
 
@@ -88,23 +88,26 @@ class JobStore:
             p.execute()
         return self.get(job_id)
 
-    def mark_running(self, job_id: str) -> str | None:
-        """queued -> running; returns the state the job is in afterwards."""
+    # Each transition returns (moved, state afterwards); state is None for an unknown job.
+
+    def mark_running(self, job_id: str) -> tuple[bool, str | None]:
         return self._move(job_id, (QUEUED,), RUNNING, "started_at")
 
-    def cancel(self, job_id: str) -> str | None:
+    def cancel(self, job_id: str) -> tuple[bool, str | None]:
         return self._move(job_id, (QUEUED, RUNNING), CANCELED, "finished_at")
 
-    def fail(self, job_id: str, error: str) -> str | None:
+    def fail(self, job_id: str, error: str) -> tuple[bool, str | None]:
         return self._move(job_id, (QUEUED, RUNNING), FAILED, "finished_at", error)
 
     def _move(self, job_id: str, from_states: tuple[str, ...], to: str, stamp: str,
-              error: str = "") -> str | None:
+              error: str = "") -> tuple[bool, str | None]:
         out = self._transition(
             keys=self.keys.job_keys(job_id),
             args=[",".join(from_states), to, stamp, repr(time.time()), error, EVENTS_MAXLEN],
         )
-        return out.decode() if out else None
+        if not out:
+            return False, None
+        return bool(out[0]), out[1].decode()
 
     def store_chunk(self, job_id: str, index: int, pcm: bytes) -> int:
         """Store segment `index`'s audio; idempotent. Returns segments done, -1 if the job

@@ -38,10 +38,13 @@ class Settings:
     retry_after_s: int = 5
     max_wait_s: int = 60
 
-    # Longer than the longest task: an unacked message is redelivered only after this long.
-    visibility_timeout: int = 3600
+    # A task is killed past task_time_limit; an unacked message (its worker died) is
+    # redelivered after visibility_timeout, which must outlast the longest task, or a slow
+    # task would run twice at once. Kept close to it, so a crash delays a segment minutes,
+    # not an hour.
     task_time_limit: int = 300
-    max_retries: int = 5
+    visibility_timeout: int = 420
+    max_retries: int = 3
 
     store_dir: str = "var/store"
 

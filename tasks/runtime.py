@@ -13,7 +13,7 @@ import threading
 from app.farm import Farm
 from app.settings import Settings
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _state: dict = {"pid": None}
 _device = os.environ.get("VOXFARM_DEVICE", "cpu")
 

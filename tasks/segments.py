@@ -61,7 +61,7 @@ class SegmentTask(Task):
 def synthesize(self: SegmentTask, spec: dict, **_: object) -> str:
     """Phonemes -> mel in the cache. Returns the cache key for the vocoder."""
     farm = self.farm
-    state = farm.jobs.mark_running(spec["job_id"])
+    _, state = farm.jobs.mark_running(spec["job_id"])
     if state in (None, CANCELED, FAILED):
         raise Ignore()  # canceled, failed or expired: the rest of the chain never runs
     model = runtime.acoustic_model()

@@ -106,8 +106,8 @@ def get_job(job_id: str):
 @api.delete("/v1/jobs/<job_id>")
 def cancel_job(job_id: str):
     job = _job_or_404(job_id)
-    state = farm().jobs.cancel(job_id)
-    if state != "canceled":
+    moved, state = farm().jobs.cancel(job_id)
+    if not moved:
         raise ApiError(409, "job_finished", f"the job is already {state}", state=state)
     return jsonify(job_view(farm().jobs.get(job_id) or job))
 

@@ -1,0 +1,185 @@
+"""The farm end to end in one process's view: the Flask app (test client) over real Redis and
+real acoustic and vocoder worker processes on the real queues."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import SR, assert_speech, decode_chunk, running_farm, wav_to_pcm
+
+pytestmark = pytest.mark.integration
+
+PARAGRAPH = (
+    "The quick brown fox jumps over the lazy dog. "
+    "Speech synthesis turns written words into sound. "
+    "Each sentence becomes a segment of its own. "
+    "The farm renders them on separate workers, and the client hears them in order."
+)
+PARAGRAPH_WORDS = len(PARAGRAPH.split())
+
+
+def submit(client, text: str, **extra) -> dict:
+    resp = client.post("/v1/jobs", json={"text": text, **extra})
+    assert resp.status_code == 202, resp.get_json()
+    return resp.get_json()
+
+
+def wait_state(client, job_id: str, states=("done",), timeout_s: float = 120) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").get_json()
+        if job["state"] in states:
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} still {job['state']} after {timeout_s} s")
+
+
+def collect_chunks(client, job_id: str, max_per_poll: int = 2, timeout_s: float = 120):
+    """Long-poll the job to its end, a few chunks at a time, as a resuming client would."""
+    after, chunks, deadline = -1, [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        resp = client.get(f"/v1/jobs/{job_id}/chunks?after={after}&wait=10&max={max_per_poll}")
+        if resp.status_code == 204:
+            continue
+        assert resp.status_code == 200, resp.get_json()
+        page = resp.get_json()
+        chunks += page["chunks"]
+        after = page["next_after"]
+        if page["end"]:
+            return page, chunks
+    raise AssertionError("long-poll did not reach the end")
+
+
+def test_job_renders_speech_in_ordered_chunks(client):
+    job = submit(client, PARAGRAPH)
+    total = job["segments"]["total"]
+    assert total >= 2  # short sentences merge, long ones stand alone
+    page, chunks = collect_chunks(client, job["id"])
+    assert page["state"] == "done"
+    assert [c["index"] for c in chunks] == list(range(total))
+    pcm = np.concatenate([decode_chunk(c) for c in chunks])
+    assert_speech(pcm, PARAGRAPH_WORDS)
+    # Each chunk alone is speech too: playable on its own.
+    for c in chunks:
+        assert np.abs(decode_chunk(c)).max() > 1000
+
+    whole = client.get(f"/v1/jobs/{job['id']}/audio?format=wav")
+    assert whole.status_code == 200 and whole.mimetype == "audio/wav"
+    audio, rate = wav_to_pcm(whole.data)
+    assert rate == SR
+    assert np.array_equal(audio, pcm)
+
+    final = client.get(f"/v1/jobs/{job['id']}").get_json()
+    assert final["segments"] == {"done": total, "total": total}
+    assert final["audio_seconds"] == pytest.approx(len(pcm) / SR, abs=0.01)
+    assert final["started_at"] and final["finished_at"] >= final["started_at"]
+
+
+def test_identical_job_is_a_mel_cache_hit(client):
+    text = "A sentence rendered twice is synthesized once. The second time comes from the cache."
+    first = submit(client, text, voice="en-us+f3", speed=1.25)
+    wait_state(client, first["id"])
+    before = client.get("/v1/stats").get_json()["mel_cache"]
+    second = submit(client, text, voice="en-us+f3", speed=1.25)
+    done = wait_state(client, second["id"])
+    total = done["segments"]["total"]
+    assert done["mel_cache"] == {"hits": total, "misses": 0}
+    after = client.get("/v1/stats").get_json()["mel_cache"]
+    assert after["mel_cache_hits"] - before["mel_cache_hits"] == total
+    assert after["mel_cache_misses"] == before["mel_cache_misses"]
+    # Same mel, same vocoder: the same audio.
+    a = client.get(f"/v1/jobs/{first['id']}/audio").data
+    b = client.get(f"/v1/jobs/{second['id']}/audio").data
+    assert a == b
+
+
+def test_other_speed_is_a_miss_and_shorter(client):
+    text = "Speed changes the mel, so it is part of the cache key."
+    slow = wait_state(client, submit(client, text, speed=0.75)["id"])
+    fast = wait_state(client, submit(client, text, speed=1.75)["id"])
+    assert fast["mel_cache"]["misses"] == fast["segments"]["total"]
+    assert fast["audio_seconds"] < slow["audio_seconds"] * 0.75
+
+
+def test_mandarin_job(client):
+    job = submit(client, "我们去银行取钱。然后一起走路回家。", voice="cmn")
+    page, chunks = collect_chunks(client, job["id"])
+    assert page["state"] == "done"
+    pcm = np.concatenate([decode_chunk(c) for c in chunks])
+    seconds = len(pcm) / SR
+    assert 1.5 < seconds < 8  # 15 syllables
+    assert np.abs(pcm).max() > 3000
+
+
+def test_cancel_stops_pending_segments(client):
+    text = " ".join(f"This is sentence number {i} of a long text to cancel." for i in range(60))
+    job = submit(client, text)
+    total = job["segments"]["total"]
+    resp = client.delete(f"/v1/jobs/{job['id']}")
+    assert resp.status_code == 200
+    assert resp.get_json()["state"] == "canceled"
+    done_at_cancel = resp.get_json()["segments"]["done"]
+    time.sleep(3)
+    final = client.get(f"/v1/jobs/{job['id']}").get_json()
+    assert final["state"] == "canceled"
+    # At most the segments already in a worker's hands finish; the rest never run.
+    assert final["segments"]["done"] <= done_at_cancel + 2 < total
+    assert final["mel_cache"]["misses"] + final["mel_cache"]["hits"] <= done_at_cancel + 3
+    # A canceled job's long-poll ends instead of hanging.
+    page = client.get(f"/v1/jobs/{job['id']}/chunks?after={total}&wait=5").get_json()
+    assert page["end"] is True and page["state"] == "canceled"
+    # Canceling twice is a conflict, not a success.
+    again = client.delete(f"/v1/jobs/{job['id']}")
+    assert again.status_code == 409
+    assert again.get_json()["error"]["code"] == "job_finished"
+
+
+def test_long_poll_times_out_with_204_and_resumes(redis_url, tmp_path):
+    """A farm whose vocoder is down: the poll waits, says 204, and a resumed poll gets the
+    chunks once a vocoder comes up."""
+    from web import create_app
+
+    with running_farm(redis_url, 3, tmp_path, workers=False) as tf:
+        client = create_app(tf.settings, tf.farm).test_client()
+        tf.start_worker("acoustic")
+        job = submit(client, "Nobody renders this until a vocoder starts.")
+        t0 = time.monotonic()
+        resp = client.get(f"/v1/jobs/{job['id']}/chunks?after=-1&wait=2")
+        waited = time.monotonic() - t0
+        assert resp.status_code == 204
+        assert 1.5 < waited < 10
+        tf.start_worker("vocoder")
+        page, chunks = collect_chunks(client, job["id"])
+        assert page["state"] == "done"
+        assert [c["index"] for c in chunks] == list(range(job["segments"]["total"]))
+
+
+def test_killed_vocoder_loses_no_segment(redis_url, tmp_path):
+    """SIGKILL the vocoder worker mid-job; once a new one starts, every segment is there
+    exactly once."""
+    from web import create_app
+
+    with running_farm(redis_url, 1, tmp_path, visibility_timeout=5) as tf:
+        client = create_app(tf.settings, tf.farm).test_client()
+        text = " ".join(f"Sentence {i} must survive the crash of a worker." for i in range(14))
+        job = submit(client, text)
+        total = job["segments"]["total"]
+        deadline = time.monotonic() + 60
+        while client.get(f"/v1/jobs/{job['id']}").get_json()["segments"]["done"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        vocoder = next(w for w in tf.workers if w.queue == "vocoder")
+        vocoder.kill()
+        done_at_kill = client.get(f"/v1/jobs/{job['id']}").get_json()["segments"]["done"]
+        assert done_at_kill < total, "the job finished before the kill; make it longer"
+        tf.start_worker("vocoder")
+        page, chunks = collect_chunks(client, job["id"], max_per_poll=32, timeout_s=120)
+        assert page["state"] == "done"
+        indices = [c["index"] for c in chunks]
+        assert indices == list(range(total))
+        stored = tf.farm.redis.hlen(tf.farm.keys.chunks(job["id"]))
+        assert stored == total
+        assert tf.farm.redis.scard(tf.farm.keys.done(job["id"])) == total
