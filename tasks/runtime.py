@@ -65,3 +65,18 @@ def vocoder():
 
                 st["vocoder"] = load_vocoder(farm().settings.vocoder, device=_device)
     return st["vocoder"]
+
+
+def warm_up(queue: str) -> None:
+    """Load the model of `queue`'s stage and run it once on a short input."""
+    if queue == "acoustic":
+        acoustic_model().synthesize("h@l'oU", "en-us", 1.0)
+    else:
+        import math
+
+        import torch
+
+        model = vocoder()
+        cfg = model.mel_config
+        silence = torch.full((cfg.n_mels, 32), math.log(cfg.log_floor), device=model.device)
+        model.vocode([silence])

@@ -31,9 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SR = 22050
 
 
-def with_db(url: str, db: int) -> str:
-    base = url.rsplit("/", 1)[0] if url.count("/") > 2 else url
-    return f"{base}/{db}"
+def with_db(url: str, offset: int) -> str:
+    """The database `offset` places after the URL's own (each test farm gets one)."""
+    head, _, tail = url.rpartition("/")
+    if url.count("/") > 2 and tail.isdigit():
+        return f"{head}/{int(tail) + offset}"
+    return f"{url.rstrip('/')}/{offset}"
 
 
 @pytest.fixture(scope="session")

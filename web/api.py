@@ -10,13 +10,13 @@ from datetime import UTC, datetime
 
 import numpy as np
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
-from models.frontend import prepare
 
 from app.farm import Farm, Overloaded
 from app.jobs import DONE
 from models.encode import CONTENT_TYPES, encode, wav_bytes
 from models.errors import NoSpeakableText, UnknownVoice
 from models.espeak import SAMPLE_RATE
+from models.frontend import prepare
 from models.voices import get_voice, list_voices
 from web import validation as v
 from web.blocking import offload

@@ -68,8 +68,9 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
 
     def preload(**_: object) -> None:
         # After the fork (prefork) or in the only process (solo): load the model this pool
-        # runs, so the first segment does not pay for it.
-        (runtime.acoustic_model if queue == "acoustic" else runtime.vocoder)()
+        # runs and run it once, so the first segment pays for neither (the first torch call
+        # of a process allocates its thread pool and caches, ~100x a warm call).
+        runtime.warm_up(queue)
 
     signals.worker_process_init.connect(preload, weak=False)
     if pool == "solo":

@@ -1,0 +1,157 @@
+"""Farm vs direct in-process synthesis, side by side in one run.
+
+    .venv/bin/python tests/bench/bench_farm.py [--sentences 50] [--repeat 1]
+
+Direct: the same frontend, acoustic and vocoder code called in this process, one sentence
+after another. Farm: the same sentences as jobs over HTTP to gunicorn (gevent), through the
+acoustic and vocoder worker processes and Redis, each timed from POST to the last chunk in
+the client's hands (long-poll). Latency is per sentence, one at a time; throughput submits all
+sentences at once. Every sentence is distinct, and the farm's Redis database is flushed first,
+so the farm gets no mel-cache hits the direct path would not get.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import gunicorn_server, running_farm  # noqa: E402
+
+SUBJECTS = ["The old lighthouse", "A quiet engineer", "Every morning train", "The river",
+            "Our small garden", "The city library", "A patient teacher", "The mountain road",
+            "This careful plan", "The evening market"]
+VERBS = ["watches over", "carries", "remembers", "follows", "welcomes", "protects",
+         "outlasts", "describes", "connects", "surprises"]
+OBJECTS = ["the sleeping harbour", "a box of letters", "forty tired travellers",
+           "the northern hills", "every curious child", "the last warm day of autumn",
+           "a thousand quiet stories", "the people who built it", "the edge of the forest",
+           "whatever the weather brings"]
+
+
+def sentences(n: int) -> list[str]:
+    out = []
+    for i in range(n):
+        s, v, o = SUBJECTS[i % 10], VERBS[(i // 10 + i) % 10], OBJECTS[(i * 3 + i // 10) % 10]
+        out.append(f"{s} {v} {o}, number {i + 1}.")
+    return out
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    k = (len(values) - 1) * p
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def direct_run(texts: list[str]) -> tuple[list[float], float]:
+
+    from models.acoustic import load_acoustic
+    from models.encode import pcm16
+    from models.frontend import prepare
+    from models.vocoder import load_vocoder
+
+    acoustic, vocoder = load_acoustic("espeak"), load_vocoder("griffinlim")
+
+    def synth(text: str) -> int:
+        n = 0
+        for seg in prepare(text, "en-us"):
+            mel = acoustic.synthesize(seg.phonemes, "en-us", 1.0)
+            n += len(pcm16(vocoder.vocode([mel])[0].numpy()))
+        return n
+
+    synth("Warm up the models once.")
+    lat = []
+    t_all = time.perf_counter()
+    for t in texts:
+        t0 = time.perf_counter()
+        assert synth(t) > 0
+        lat.append(time.perf_counter() - t0)
+    return lat, time.perf_counter() - t_all
+
+
+def farm_job(base: str, text: str, session: requests.Session) -> None:
+    resp = session.post(f"{base}/v1/jobs", json={"text": text}, timeout=60)
+    resp.raise_for_status()
+    job = resp.json()
+    after = -1
+    while True:
+        r = session.get(f"{base}/v1/jobs/{job['id']}/chunks",
+                        params={"after": after, "wait": 30}, timeout=90)
+        if r.status_code == 204:
+            continue
+        page = r.json()
+        after = page["next_after"]
+        if page["end"]:
+            assert page["state"] == "done", page["state"]
+            return
+
+
+def farm_run(base: str, texts: list[str]) -> tuple[list[float], float]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    session = requests.Session()
+    farm_job(base, "Warm up the workers once.", session)
+    lat = []
+    for t in texts:
+        t0 = time.perf_counter()
+        farm_job(base, t, session)
+        lat.append(time.perf_counter() - t0)
+    # Throughput: everything submitted at once, the farm pipelines the two stages.
+    batch = [t.replace(".", ", again.") for t in texts]
+    t_all = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda t: farm_job(base, t, requests.Session()), batch))
+    return lat, time.perf_counter() - t_all
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sentences", type=int, default=50)
+    ap.add_argument("--redis-url", default=None)
+    args = ap.parse_args()
+    texts = sentences(args.sentences)
+
+    from app.embedded_redis import EmbeddedRedis
+
+    tmp = Path(tempfile.mkdtemp(prefix="voxfarm-bench-"))
+    server = None
+    url = args.redis_url
+    if not url:
+        server = EmbeddedRedis(tmp / "redis", persist=False).start()
+        url = server.url
+    try:
+        with running_farm(url, 0, tmp) as tf, gunicorn_server(tf.env, tmp / "web.log") as base:
+            farm_lat, farm_total = farm_run(base, texts)
+        direct_lat, direct_total = direct_run(texts)
+    finally:
+        if server:
+            server.stop()
+
+    n = len(texts)
+    rows = [
+        ("p50 latency / sentence (ms)", pct(direct_lat, .5) * 1e3, pct(farm_lat, .5) * 1e3),
+        ("p95 latency / sentence (ms)", pct(direct_lat, .95) * 1e3, pct(farm_lat, .95) * 1e3),
+        ("mean latency (ms)", statistics.mean(direct_lat) * 1e3, statistics.mean(farm_lat) * 1e3),
+        ("throughput (sentences/s)", n / direct_total, n / farm_total),
+    ]
+    print(f"\n{n} sentences, 1 acoustic + 1 vocoder worker, gunicorn gevent, Redis on loopback\n")
+    print(f"| {'metric':<30} | {'direct':>10} | {'farm':>10} | {'farm/direct':>11} |")
+    print(f"|{'-' * 32}|{'-' * 12}|{'-' * 12}|{'-' * 13}|")
+    for name, d, f in rows:
+        print(f"| {name:<30} | {d:>10.1f} | {f:>10.1f} | {f / d:>10.2f}x |")
+    ratio = pct(farm_lat, .5) / pct(direct_lat, .5)
+    print(f"\nfarm p50 / direct p50 = {ratio:.3f} (goal <= 1.10): "
+          f"{'MET' if ratio <= 1.10 else 'NOT MET'}")
+
+
+if __name__ == "__main__":
+    main()
