@@ -20,6 +20,12 @@ def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Fl
     register_error_handlers(app, settings.retry_after_s)
 
     from web.api import api
+    from web.openai_compat import openai_compat
+    from web.streams import streams
+    from web.ws import ws_bp
 
     app.register_blueprint(api)
+    app.register_blueprint(streams)
+    app.register_blueprint(openai_compat)
+    app.register_blueprint(ws_bp)
     return app

@@ -1,0 +1,85 @@
+"""`GET /v1/jobs/{id}/stream`: a job's audio over chunked HTTP as its segments render.
+
+The response is a generator. Under gunicorn's gevent workers each waiting client is a parked
+greenlet blocked on the job's Redis event stream (the same wake-up the long-poll uses), so a
+worker process holds thousands of streams without a thread each.
+
+Everything that can be refused is refused before the first byte (404 unknown job, 409
+canceled or failed job, 422 bad format), in the API's one error shape. Once audio flows, the
+stream ends where the job ends: after its last segment, or early when the job is canceled
+or fails mid-way (the audio so far is a valid prefix; `GET /v1/jobs/{id}` says why).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flask import Blueprint, Response, current_app, request, stream_with_context
+
+from app.farm import Farm
+from models.encode import StreamEncoder
+from models.espeak import SAMPLE_RATE
+from web.blocking import offload
+from web.errors import ApiError
+from web.synthesis import ChunkFollower, streamable_job
+
+streams = Blueprint("streams", __name__)
+
+# The formats a job stream offers; `wav` (open length) plays in any browser's <audio>.
+JOB_STREAM_FORMATS = ("wav", "pcm", "ogg", "mp3", "aac", "flac")
+
+
+def farm() -> Farm:
+    return current_app.extensions["voxfarm"]
+
+
+def stream_format(value: object, allowed: tuple[str, ...], field: str = "format") -> str:
+    if not isinstance(value, str) or value.lower() not in allowed:
+        raise ApiError(422, "unsupported_format", f"'{field}' must be one of {', '.join(allowed)}",
+                       field=field, valid=list(allowed))
+    return value.lower()
+
+
+def encoded_audio(follower: ChunkFollower, encoder: StreamEncoder, on_end=None):
+    """The encoder's bytes for each chunk the follower yields, then its tail.
+
+    `on_end(outcome)` runs however the generator stops: `outcome` is the follower's (done,
+    canceled, ...) or "disconnected" when the client left before the end.
+    """
+    codec = encoder.fmt not in ("wav", "pcm")
+    completed = False
+    try:
+        for chunk in follower:
+            pcm = np.frombuffer(chunk.pcm, dtype="<i2")
+            data = offload("encode", encoder.feed, pcm) if codec else encoder.feed(pcm)
+            if data:
+                yield data
+        tail = encoder.finish()
+        completed = True
+        if tail:
+            yield tail
+    finally:
+        if not completed:
+            encoder.close()
+        if on_end is not None:
+            on_end(follower.outcome if follower.ended else "disconnected")
+
+
+def streaming_response(body, content_type: str, headers: dict | None = None) -> Response:
+    resp = Response(stream_with_context(body), content_type=content_type)
+    # No length: gunicorn sends it chunked. Proxies must not buffer it, caches not keep it.
+    resp.headers["Cache-Control"] = "no-store"
+    resp.headers["X-Accel-Buffering"] = "no"
+    for k, v in (headers or {}).items():
+        resp.headers[k] = str(v)
+    return resp
+
+
+@streams.get("/v1/jobs/<job_id>/stream")
+def stream_job(job_id: str):
+    fmt = stream_format(request.args.get("format", "wav"), JOB_STREAM_FORMATS)
+    f = farm()
+    streamable_job(f, job_id)
+    encoder = StreamEncoder(fmt, SAMPLE_RATE)
+    follower = ChunkFollower(f, job_id)
+    return streaming_response(encoded_audio(follower, encoder), encoder.content_type,
+                              {"X-Job-Id": job_id})

@@ -1,0 +1,123 @@
+"""Text -> a submitted job, and a job -> its chunks in order as they render.
+
+What the stream endpoint, the OpenAI-compatible endpoint and the WebSocket share. Errors
+leave as `ApiError` (HTTP turns them into the one error body, the socket into an error event).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import redis
+
+from app.farm import Farm, Overloaded
+from app.jobs import CANCELED, FAILED, FINAL_STATES, Chunk
+from models.errors import NoSpeakableText, UnknownVoice
+from models.espeak import SAMPLE_RATE
+from models.frontend import prepare
+from models.voices import get_voice
+from web.blocking import offload
+from web.errors import ApiError
+
+log = logging.getLogger("voxfarm.web")
+
+# A stream gives up on a job that produced no new chunk for this long (its workers are gone,
+# or the queue is stuck): the client gets the audio so far and a closed stream, never a hang.
+STREAM_IDLE_S = 120.0
+# One wait on the job's event stream, at most; between waits the follower checks the idle
+# deadline and lets its caller look at other work (the WebSocket reads client messages).
+POLL_S = 15.0
+CHUNKS_PER_WAIT = 16
+
+
+def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
+                request_id: str = "") -> dict:
+    """Validate the voice, run the frontend off the hub, and submit the job."""
+    try:
+        voice = get_voice(voice_name)
+        segments = offload("frontend", prepare, text, voice.name)
+    except UnknownVoice as exc:
+        raise ApiError(422, "unknown_voice", f"unknown voice '{voice_name}'", field="voice",
+                       valid=exc.valid) from None
+    except NoSpeakableText:
+        raise ApiError(422, "no_speakable_text", "the text has nothing that can be spoken",
+                       field="text") from None
+    try:
+        return farm.submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=len(text),
+                           sample_rate=SAMPLE_RATE, request_id=request_id)
+    except Overloaded as exc:
+        raise ApiError(503, "overloaded", f"the farm is busy ({exc.depth} segments waiting)",
+                       headers={"Retry-After": exc.retry_after_s},
+                       retry_after=exc.retry_after_s) from None
+
+
+def streamable_job(farm: Farm, job_id: str) -> dict:
+    """The job, if a stream of it can start: 404 unknown, 409 canceled or failed."""
+    job = farm.jobs.get(job_id)
+    if job is None:
+        raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
+    if job["state"] == CANCELED:
+        raise ApiError(409, "job_canceled", "the job was canceled; it has no audio to stream",
+                       state=job["state"])
+    if job["state"] == FAILED:
+        raise ApiError(409, "job_failed", f"the job failed: {job['error']}", state=job["state"])
+    return job
+
+
+class ChunkFollower:
+    """The chunks of one job in order, as they are stored, until the job ends.
+
+    `poll(wait_s)` returns the next run of chunks (possibly empty after `wait_s`); `ended`
+    turns true once the last chunk was returned, the job was canceled or failed, or it
+    stalled past `STREAM_IDLE_S`; `outcome` then says which ("done", "canceled", "failed",
+    "expired", "stalled").
+    """
+
+    def __init__(self, farm: Farm, job_id: str, after: int = -1,
+                 idle_s: float = STREAM_IDLE_S) -> None:
+        self.farm = farm
+        self.job_id = job_id
+        self.cursor = after
+        self.idle_s = idle_s
+        self.total: int | None = None
+        self.ended = False
+        self.outcome: str | None = None
+        self._last_progress = time.monotonic()
+
+    def _end(self, outcome: str) -> None:
+        self.ended, self.outcome = True, outcome
+
+    def poll(self, wait_s: float) -> list[Chunk]:
+        if self.ended:
+            return []
+        wait_s = max(0.0, min(wait_s, self._last_progress + self.idle_s - time.monotonic()))
+        job, chunks = self.farm.jobs.wait_for_chunks(self.job_id, self.cursor, wait_s,
+                                                     CHUNKS_PER_WAIT)
+        if job is None:
+            self._end("expired")
+            return []
+        self.total = job["total"]
+        if chunks:
+            self.cursor = chunks[-1].index
+            self._last_progress = time.monotonic()
+        if self.cursor >= job["total"] - 1:
+            self._end("done")
+        elif not chunks and job["state"] in FINAL_STATES:
+            # canceled or failed (or done with chunks expired): nothing more will come
+            self._end(job["state"] if job["state"] != "done" else "expired")
+        elif time.monotonic() - self._last_progress >= self.idle_s:
+            self._end("stalled")
+        return chunks
+
+    def __iter__(self) -> Iterator[Chunk]:
+        while not self.ended:
+            try:
+                chunks = self.poll(POLL_S)
+            except redis.RedisError as exc:
+                # Headers are gone already: all a stream can do is end where it is.
+                log.warning("stream of job %s ends early: %s", self.job_id, exc)
+                self._end("redis_unavailable")
+                return
+            yield from chunks

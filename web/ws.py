@@ -1,0 +1,280 @@
+"""`WS /v1/ws`: text in as it is written, audio out as it renders.
+
+Protocol (docs/streaming.md has it with examples). Client -> server, JSON text frames:
+
+    {"text": "Hello there. How", "voice": "en-us", "speed": 1.0}   text, appended
+    {"text": " are you?"}                                          more text
+    {"flush": true}                                                speak what is left
+
+Text is spoken sentence by sentence: as soon as the buffer holds a finished sentence, that
+part is submitted as a job; `flush` submits the rest. A change of voice or speed submits the
+text buffered under the old ones first. Server -> client:
+
+    {"type": "ready", "sample_rate": 22050, "encoding": "pcm_s16le", "channels": 1, ...}
+    {"type": "job.started", "job_id", "segments", "text"}
+    {"type": "segment.started", "job_id", "index", "samples", "duration_s"}
+    <binary frames: the segment's 16-bit little-endian PCM>
+    {"type": "segment.done", "job_id", "index"}
+    {"type": "job.done", "job_id", "audio_seconds"}
+    {"type": "flushed"}            every job submitted before the flush has been sent
+    {"type": "error", "error": {"code", "message", "field"?}, "job_id"?}
+
+A bad message gets an error event and the socket stays open. A message past the hard size
+limit closes it with 1009 (Message Too Big) before it is read into memory in full. When the
+client goes away, every job it started that is still rendering is canceled.
+
+One greenlet per socket: while a job streams, client messages are read between short waits
+on the job's event stream, so both directions stay responsive without a thread per socket.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import deque
+
+import redis
+from flask import Blueprint, current_app
+from flask_sock import Sock
+from simple_websocket import ConnectionClosed
+
+from app.farm import Farm
+from app.jobs import FINAL_STATES
+from models.errors import UnknownVoice
+from models.espeak import SAMPLE_RATE
+from models.voices import get_voice
+from web import validation as v
+from web.errors import ApiError
+from web.synthesis import ChunkFollower, submit_text
+
+log = logging.getLogger("voxfarm.web")
+
+ws_bp = Blueprint("ws", __name__)
+sock = Sock()
+
+# A text frame larger than this gets a `message_too_large` error event; past the hard limit
+# the socket itself refuses it (close code 1009).
+MAX_MESSAGE_BYTES = 128 * 1024
+HARD_MESSAGE_BYTES = 1024 * 1024
+# Binary frames carry at most this much audio, so a long segment arrives as several frames.
+AUDIO_FRAME_BYTES = 32 * 1024
+# While a job streams, the socket looks for client messages at least this often.
+READ_EVERY_S = 0.2
+PING_INTERVAL_S = 25
+# A finished sentence: end punctuation (Latin or CJK) and then whitespace, or CJK end
+# punctuation alone (Chinese puts no space after it).
+_SENTENCE_BOUNDARY = re.compile(r"[.!?…][\"'”’)\]]*\s+|[。！？；][\"'”’」』）)]*")
+_KNOWN_KEYS = frozenset({"text", "voice", "speed", "flush"})
+
+
+@ws_bp.record_once
+def _configure(state) -> None:
+    state.app.config.setdefault("SOCK_SERVER_OPTIONS", {
+        "max_message_size": HARD_MESSAGE_BYTES, "ping_interval": PING_INTERVAL_S})
+
+
+def farm() -> Farm:
+    return current_app.extensions["voxfarm"]
+
+
+def error_event(err: ApiError, **extra) -> dict:
+    return {"type": "error", **err.body(), **extra}
+
+
+class Session:
+    """One socket's state: the text buffer, the jobs in order, the job being sent."""
+
+    def __init__(self, ws, farm: Farm) -> None:
+        self.ws = ws
+        self.farm = farm
+        self.buffer = ""
+        self.voice = farm.settings.default_voice
+        self.speed = 1.0
+        self.jobs: deque[dict] = deque()  # submitted, not yet sent
+        self.current: ChunkFollower | None = None
+        self.started: list[str] = []  # every job id this socket submitted
+        self.flush_marks: deque[int] = deque()  # jobs left to send before each "flushed"
+        self.sent_jobs = 0
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def send(self, event: dict) -> None:
+        self.ws.send(json.dumps(event))
+
+    def send_error(self, err: ApiError, **extra) -> None:
+        self.send(error_event(err, **extra))
+
+    # -- client messages ---------------------------------------------------------------------
+
+    def handle(self, raw) -> None:
+        if isinstance(raw, bytes | bytearray):
+            raise ApiError(400, "binary_not_supported",
+                           "send JSON text frames; binary frames are for audio from the server")
+        if len(raw.encode()) > MAX_MESSAGE_BYTES:
+            raise ApiError(413, "message_too_large",
+                           f"a message may have at most {MAX_MESSAGE_BYTES} bytes",
+                           limit=MAX_MESSAGE_BYTES)
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "invalid_json", "the message is not valid JSON") from None
+        if not isinstance(msg, dict):
+            raise ApiError(400, "invalid_json", "the message must be a JSON object")
+        unknown = sorted(set(msg) - _KNOWN_KEYS)
+        if unknown:
+            raise ApiError(422, "unknown_field", f"unknown field '{unknown[0]}'; a message "
+                           "has text, voice, speed and flush", field=unknown[0])
+        if not _KNOWN_KEYS & set(msg):
+            raise ApiError(422, "missing_field", "a message needs 'text' or 'flush'",
+                           field="text")
+        voice, speed = self.voice, self.speed
+        if "voice" in msg:
+            voice = msg["voice"]
+            if not isinstance(voice, str) or not voice:
+                raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
+            try:
+                voice = get_voice(voice).name
+            except UnknownVoice as exc:
+                raise ApiError(422, "unknown_voice", f"unknown voice '{voice}'", field="voice",
+                               valid=exc.valid) from None
+        if "speed" in msg:
+            speed = v.speed_field(msg)
+        text = msg.get("text", "")
+        if not isinstance(text, str):
+            raise ApiError(422, "invalid_type", "'text' must be a string", field="text")
+        flush = msg.get("flush", False)
+        if not isinstance(flush, bool):
+            raise ApiError(422, "invalid_type", "'flush' must be true or false", field="flush")
+        limit = self.farm.settings.max_text_chars
+        switch = (voice, speed) != (self.voice, self.speed)
+        if (0 if switch else len(self.buffer)) + len(text) > limit:
+            raise ApiError(413, "text_too_long", f"more than {limit} characters are waiting "
+                           "to be spoken; send a flush or shorter text", field="text",
+                           limit=limit)
+        if switch:
+            pending, self.buffer = self.buffer, ""
+            self.submit(pending)  # text so far keeps the voice it was written for
+            self.voice, self.speed = voice, speed
+        self.buffer += text
+        if flush:
+            text, self.buffer = self.buffer, ""
+            self.submit(text)
+            self.flush_marks.append(self.sent_jobs + len(self.jobs) + (1 if self.current else 0))
+        else:
+            self.submit_sentences()
+        self.maybe_flushed()
+
+    def submit_sentences(self) -> None:
+        ends = [m.end() for m in _SENTENCE_BOUNDARY.finditer(self.buffer)]
+        if ends:
+            ready, self.buffer = self.buffer[: ends[-1]], self.buffer[ends[-1]:]
+            self.submit(ready)
+
+    def submit(self, text: str) -> None:
+        if not text.strip():
+            return
+        try:
+            job = submit_text(self.farm, text, self.voice, self.speed, "wav")
+        except ApiError as err:
+            if err.code == "no_speakable_text":
+                return  # punctuation or a pause tag alone: nothing to say, nothing wrong
+            raise
+        self.started.append(job["id"])
+        self.jobs.append(job)
+        self.send({"type": "job.started", "job_id": job["id"], "segments": job["total"],
+                   "text": text})
+
+    # -- audio -------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Send what the current job has ready; move on when it ends."""
+        if self.current is None:
+            job = self.jobs.popleft()
+            self.current = ChunkFollower(self.farm, job["id"])
+        follower = self.current
+        for chunk in follower.poll(READ_EVERY_S):
+            samples = len(chunk.pcm) // 2
+            self.send({"type": "segment.started", "job_id": follower.job_id,
+                       "index": chunk.index, "samples": samples,
+                       "duration_s": round(samples / SAMPLE_RATE, 3)})
+            for start in range(0, len(chunk.pcm), AUDIO_FRAME_BYTES):
+                self.ws.send(bytes(chunk.pcm[start:start + AUDIO_FRAME_BYTES]))
+            self.send({"type": "segment.done", "job_id": follower.job_id, "index": chunk.index})
+        if follower.ended:
+            self.current = None
+            self.sent_jobs += 1
+            if follower.outcome == "done":
+                job = self.farm.jobs.get(follower.job_id) or {}
+                self.send({"type": "job.done", "job_id": follower.job_id,
+                           "audio_seconds": job.get("audio_seconds")})
+            else:
+                if follower.outcome == "stalled":
+                    self.farm.jobs.cancel(follower.job_id)
+                self.send_error(ApiError(409, f"job_{follower.outcome}",
+                                         f"the job ended early: {follower.outcome}"),
+                                job_id=follower.job_id)
+            self.maybe_flushed()
+
+    def maybe_flushed(self) -> None:
+        while self.flush_marks and self.sent_jobs >= self.flush_marks[0]:
+            self.flush_marks.popleft()
+            self.send({"type": "flushed"})
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None or bool(self.jobs)
+
+    def cleanup(self) -> None:
+        for job_id in self.started:
+            if self.farm.jobs.state(job_id) not in FINAL_STATES:
+                self.farm.jobs.cancel(job_id)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.send({"type": "ready", "sample_rate": SAMPLE_RATE, "encoding": "pcm_s16le",
+                   "channels": 1, "voice": self.voice, "max_message_bytes": MAX_MESSAGE_BYTES})
+        while True:
+            # Busy: take what the client sent meanwhile without waiting; idle: wait for it.
+            raw = self.ws.receive(timeout=0 if self.busy else None)
+            while raw is not None:
+                try:
+                    self.handle(raw)
+                except ApiError as err:
+                    self.send_error(err)
+                raw = self.ws.receive(timeout=0)
+            if not self.ws.connected:
+                return
+            if self.busy:
+                self.step()
+
+
+@sock.route("/v1/ws", bp=ws_bp)
+def websocket(ws) -> None:
+    session = Session(ws, farm())
+    try:
+        session.run()
+    except ConnectionClosed:
+        pass
+    except redis.RedisError as exc:
+        log.warning("socket closed, Redis unavailable: %s", exc)
+        _close_with(ws, ApiError(503, "redis_unavailable",
+                                 "the job store is unreachable; try again shortly"))
+    except Exception:
+        log.exception("socket closed by an unexpected error")
+        _close_with(ws, ApiError(500, "internal_error", "an unexpected error occurred"))
+    finally:
+        try:
+            session.cleanup()
+        except Exception:  # Redis gone as well: the jobs expire with their TTL
+            log.warning("could not cancel the jobs of a closed socket", exc_info=True)
+
+
+def _close_with(ws, err: ApiError) -> None:
+    """Last words on a socket that cannot go on: the error event, then close 1011."""
+    try:
+        ws.send(json.dumps(error_event(err)))
+        ws.close(reason=1011, message=err.code)
+    except ConnectionClosed:
+        pass
