@@ -10,6 +10,7 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Queue
 
+from app import tracing
 from app.settings import Settings
 
 ACOUSTIC_QUEUE = "acoustic"
@@ -74,4 +75,6 @@ def make_celery(settings: Settings | None = None) -> Celery:
     celery.conf.update(celery_config(settings))
     celery.voxfarm_settings = settings
     celery.set_default()
+    # Every message this process publishes carries its publish time and the request id.
+    tracing.install()
     return celery

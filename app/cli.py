@@ -132,23 +132,65 @@ def up(host: str, port: int, web_workers: int, var_dir: str) -> None:
               type=click.Choice(["prefork", "solo", "threads"]))
 @click.option("--loglevel", default="INFO", show_default=True)
 @click.option("--name", default=None, help="Worker node name (default QUEUE-DEVICE@host).")
+@click.option("--metrics-port", default=0, show_default=True, type=int,
+              envvar="VOXFARM_METRICS_PORT",
+              help="Serve this pool's Prometheus metrics on this port (0: off).")
+@click.option("--metrics-addr", default="0.0.0.0", show_default=True)
 def worker(queue: str, device: str, concurrency: int, pool: str, loglevel: str,
-           name: str | None) -> None:
+           name: str | None, metrics_port: int, metrics_addr: str) -> None:
     """Run one worker pool on its queue."""
+    os.environ["VOXFARM_ROLE"] = queue
+    if metrics_port:
+        # Before anything imports prometheus_client: the pool's processes share the files.
+        from app import multiproc
+
+        multiproc.prepare(f"{queue}-{metrics_port}")
     from workers.main import run_worker
 
     run_worker(queue, device=device, concurrency=concurrency, pool=pool, loglevel=loglevel,
-               name=name)
+               name=name, metrics_port=metrics_port, metrics_addr=metrics_addr)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--port", default=5555, show_default=True, type=int)
+@click.option("--address", default="127.0.0.1", show_default=True,
+              help="Interface to listen on (0.0.0.0 for all).")
+@click.option("--no-auth", is_flag=True,
+              help="Run without basic auth; allowed on a loopback address only.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def flower(port: int, extra: tuple[str, ...]) -> None:
-    """Run Flower against the farm's broker."""
-    from workers.main import build_worker_app
+def flower(port: int, address: str, no_auth: bool, extra: tuple[str, ...]) -> None:
+    """Run Flower against the farm's broker, behind basic auth from the settings
+    (VOXFARM_FLOWER_USER, VOXFARM_FLOWER_PASSWORD)."""
+    import ipaddress
 
-    build_worker_app().start(["celery", "flower", f"--port={port}", *extra])
+    from app.celery_app import make_celery
+    from app.settings import Settings
+
+    settings = Settings.from_env()
+    user, password = settings.flower_user, settings.flower_password
+    if no_auth:
+        try:
+            loopback = ipaddress.ip_address(address).is_loopback
+        except ValueError:
+            loopback = address == "localhost"
+        if not loopback:
+            raise click.UsageError(f"--no-auth is allowed on a loopback address only, "
+                                   f"not {address}")
+    elif not (user and password):
+        raise click.UsageError("Flower needs credentials: set VOXFARM_FLOWER_USER and "
+                               "VOXFARM_FLOWER_PASSWORD (or --no-auth on 127.0.0.1)")
+    elif ":" in user or "," in user or "," in password:
+        raise click.UsageError("VOXFARM_FLOWER_USER may not hold ':' or ',', nor the "
+                               "password ','")
+    # Flower's own metrics are in-process; a pool's multiprocess directory is not its own.
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    os.environ.pop("FLOWER_BASIC_AUTH", None)
+    if not no_auth:
+        # Through Flower's environment option, so the password is not on the command line.
+        os.environ["FLOWER_BASIC_AUTH"] = f"{user}:{password}"
+    make_celery(settings).start(["celery", "flower", f"--port={port}",
+                                 f"--address={address}", *extra])
+
 
 
 # -- voxfarm say ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import hashlib
 import redis
 
 from app.keys import Keys
+from app.metrics import MEL_CACHE
 
 
 def mel_cache_key(model_id: str, phonemes: str, voice: str, speed: float) -> str:
@@ -37,6 +38,7 @@ class MelCache:
 
     def count(self, hit: bool) -> None:
         self.r.hincrby(self.keys.stats, "mel_cache_hits" if hit else "mel_cache_misses", 1)
+        MEL_CACHE.labels("hit" if hit else "miss").inc()
 
     def stats(self) -> dict[str, int]:
         raw = self.r.hgetall(self.keys.stats)

@@ -48,6 +48,10 @@ class Settings:
 
     store_dir: str = "var/store"
 
+    # Flower's basic auth; `voxfarm flower` refuses to start without it (see docs/operations.md).
+    flower_user: str = ""
+    flower_password: str = ""
+
     @property
     def broker(self) -> str:
         return self.broker_url or self.redis_url
@@ -84,6 +88,8 @@ class Settings:
             task_time_limit=int(_env("TASK_TIME_LIMIT", str(d.task_time_limit))),
             max_retries=int(_env("MAX_RETRIES", str(d.max_retries))),
             store_dir=_env("STORE", d.store_dir),
+            flower_user=_env("FLOWER_USER", ""),
+            flower_password=_env("FLOWER_PASSWORD", ""),
         )
 
     def with_(self, **changes) -> Settings:

@@ -19,3 +19,29 @@ keepalive = 5
 accesslog = "-"
 errorlog = "-"
 loglevel = os.environ.get("VOXFARM_LOG_LEVEL", "info")
+
+# JSON lines (app/logging_setup.py) for gunicorn's error and access logs and the app's own;
+# the access line carries the request id the app echoed in X-Request-ID.
+access_log_format = '"%(r)s" %(s)s %(b)s %(M)sms'
+logconfig_dict = __import__("app.logging_setup", fromlist=["gunicorn_logconfig"]) \
+    .gunicorn_logconfig(loglevel)
+
+
+def _role_suffix(binds) -> str:
+    last = (binds or ["web"])[0].rsplit(":", 1)[-1]
+    return "".join(c for c in last if c.isalnum()) or "web"
+
+
+def on_starting(server):
+    # Prometheus multiprocess mode: every gunicorn worker writes its samples into one
+    # directory (emptied now, before any worker forks) and /metrics sums them.
+    from app import multiproc
+
+    multiproc.prepare(f"web-{_role_suffix(server.cfg.bind)}")
+
+
+def child_exit(server, worker):
+    # A dead worker's live gauges leave the sum; its counters stay (they never go back).
+    from app import multiproc
+
+    multiproc.mark_process_dead(worker.pid)

@@ -19,6 +19,11 @@ def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Fl
     app.extensions["voxfarm"] = farm or Farm(settings)
     register_error_handlers(app, settings.retry_after_s)
 
+    # First, so its request hooks (request id, HTTP metrics) wrap every other blueprint.
+    from web.observability import observability
+
+    app.register_blueprint(observability)
+
     from web.api import api
     from web.openai_compat import openai_compat
     from web.streams import streams

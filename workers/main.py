@@ -58,11 +58,21 @@ class Heartbeat:
 
 
 def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str = "prefork",
-               loglevel: str = "INFO", name: str | None = None) -> None:
+               loglevel: str = "INFO", name: str | None = None, metrics_port: int = 0,
+               metrics_addr: str = "0.0.0.0") -> None:
     if queue not in QUEUES:
         raise SystemExit(f"unknown queue {queue!r}; one of {', '.join(QUEUES)}")
     runtime.configure(device)
     celery = build_worker_app()
+    # JSON logs, trace ids, task timing and metrics (tasks/observability.py). The metrics
+    # endpoint serves every pool process's samples (multiprocess mode, set up by the CLI).
+    from tasks import observability
+
+    observability.install(solo=pool == "solo")
+    if metrics_port:
+        from app.metrics import start_metrics_server
+
+        start_metrics_server(metrics_port, metrics_addr)
     hostname = name or f"{queue}-{device.replace(':', '')}@{socket.gethostname()}"
     heartbeat = Heartbeat(celery, queue, hostname)
 

@@ -1,0 +1,253 @@
+"""The farm's Prometheus metrics, in one place, and the collectors that export them.
+
+Process metrics (counters and histograms) are observed where the work happens: the task
+hooks in `tasks/observability.py` (queue wait, run time, chunks, jobs), the mel cache (hits
+and misses), the web's request hooks (`web/observability.py`). In multiprocess mode (see
+`app/multiproc.py`) each process writes its own file and a scrape sums them.
+
+Farm metrics (queue depth, live workers) are read from Redis at scrape time by
+`FarmCollector`, registered by the web's `/metrics` only: every web replica reports the same
+farm-wide figure, so dashboards take `max`, never `sum`, of them.
+
+Names follow Prometheus conventions: base units (seconds, bytes), `_total` for counters.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import REGISTRY
+
+from app import multiproc
+
+log = logging.getLogger("voxfarm.metrics")
+
+# `_created` series double every counter's and histogram's output for a figure no panel or
+# alert here uses (and multiprocess mode cannot export them anyway).
+disable_created_metrics()
+
+# Queue waits: the alert line (120 ms) is a bucket edge, so its quantile is exact there.
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.12, 0.15, 0.25, 0.5,
+                1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+               120.0, 300.0)
+JOB_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+               1800.0, 3600.0)
+# HTTP latency: most calls answer in milliseconds, long-polls hold up to max_wait_s (60 s).
+HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                90.0)
+
+QUEUE_WAIT = Histogram(
+    "voxfarm_queue_wait_seconds",
+    "Time a task waited on its queue: published (or its ETA) -> started on a worker.",
+    ["queue"], buckets=WAIT_BUCKETS)
+MEL_TO_VOCODER_WAIT = Histogram(
+    "voxfarm_mel_to_vocoder_wait_seconds",
+    "Time from a mel being ready (the acoustic task publishing its vocoder task) to the "
+    "vocoder task starting.", buckets=WAIT_BUCKETS)
+TASK_RUN = Histogram(
+    "voxfarm_task_run_seconds", "Run time of one segment task, by stage.",
+    ["stage"], buckets=RUN_BUCKETS)
+TASKS = Counter(
+    "voxfarm_tasks_total",
+    "Tasks run, by stage and Celery outcome (SUCCESS, RETRY, FAILURE, IGNORED).",
+    ["stage", "outcome"])
+FIRST_CHUNK = Histogram(
+    "voxfarm_job_first_chunk_seconds",
+    "Job created -> its first chunk (segment 0, the first audio a client can play) stored.",
+    buckets=JOB_BUCKETS)
+JOB_DURATION = Histogram(
+    "voxfarm_job_duration_seconds", "Job created -> its last chunk stored (job done).",
+    buckets=JOB_BUCKETS)
+MEL_CACHE = Counter(
+    "voxfarm_mel_cache_requests_total", "Mel cache lookups by the acoustic stage.",
+    ["result"])
+SEGMENTS = Counter("voxfarm_segments_total", "Segments rendered to audio and stored.")
+AUDIO_SECONDS = Counter("voxfarm_audio_seconds_total", "Seconds of audio rendered.")
+JOBS_SUBMITTED = Counter("voxfarm_jobs_submitted_total", "Jobs accepted (202) by the web.")
+JOBS_FINISHED = Counter(
+    "voxfarm_jobs_finished_total", "Jobs that reached a final state, counted once each.",
+    ["state"])
+HTTP_REQUESTS = Counter(
+    "voxfarm_http_requests_total", "HTTP requests answered, by route template and status.",
+    ["method", "route", "status"])
+HTTP_LATENCY = Histogram(
+    "voxfarm_http_request_duration_seconds",
+    "Request received -> response headers ready (a stream's body continues after).",
+    ["method", "route"], buckets=HTTP_BUCKETS)
+# GPU gauges exist only on CUDA workers; a CPU worker never sets a label, so exports none.
+GPU_MEMORY = Gauge(
+    "voxfarm_gpu_memory_allocated_bytes", "Tensor memory allocated by the pool's processes.",
+    ["device"], multiprocess_mode="livesum")
+GPU_MEMORY_TOTAL = Gauge(
+    "voxfarm_gpu_memory_total_bytes", "Total memory of the device.",
+    ["device"], multiprocess_mode="livemax")
+GPU_UTILIZATION = Gauge(
+    "voxfarm_gpu_utilization_ratio",
+    "Fraction of the last sample period the device was busy (NVML), 0..1.",
+    ["device"], multiprocess_mode="livemax")
+
+
+class FarmCollector:
+    """Queue depth and live workers per queue, read from Redis at scrape time."""
+
+    def __init__(self, farm, queues) -> None:
+        self.farm, self.queues = farm, tuple(queues)
+
+    def collect(self):
+        up = GaugeMetricFamily("voxfarm_redis_up", "1 when the scrape could read Redis.")
+        depth = GaugeMetricFamily("voxfarm_queue_depth", "Messages waiting on a queue.",
+                                  labels=["queue"])
+        workers = GaugeMetricFamily("voxfarm_workers_live",
+                                    "Workers with a fresh heartbeat on a queue.",
+                                    labels=["queue"])
+        try:
+            for q in self.queues:
+                depth.add_metric([q], self.farm.queue_depth(q))
+                workers.add_metric([q], len(self.farm.live_workers(q)))
+        except Exception as exc:  # Redis down: say so, and export no stale figures
+            log.warning("metrics scrape could not read Redis: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield depth
+        yield workers
+
+
+def process_registry() -> CollectorRegistry:
+    """This role's process metrics: all its processes' files in multiprocess mode."""
+    if multiproc.enabled():
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return registry
+    return REGISTRY
+
+
+def exposition(extra_collectors=()) -> bytes:
+    """The text exposition of the process metrics plus `extra_collectors`."""
+    out = generate_latest(process_registry())
+    if extra_collectors:
+        registry = CollectorRegistry(auto_describe=False)
+        for c in extra_collectors:
+            registry.register(c)
+        out += generate_latest(registry)
+    return out
+
+
+def start_metrics_server(port: int, addr: str = "0.0.0.0"):
+    """Serve this role's metrics over HTTP from a thread of the calling process."""
+    from prometheus_client import start_http_server
+
+    return start_http_server(port, addr=addr, registry=process_registry())
+
+
+# -- GPU sampling --------------------------------------------------------------------------
+
+
+def sample_gpu(device: str) -> bool:
+    """Set the GPU gauges for `device` ('cuda:N'); False (nothing set) on a non-CUDA device."""
+    if not device.startswith("cuda"):
+        return False
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        dev = torch.device(device)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        label = f"cuda:{index}"
+        GPU_MEMORY.labels(label).set(torch.cuda.memory_allocated(index))
+        GPU_MEMORY_TOTAL.labels(label).set(torch.cuda.get_device_properties(index).total_memory)
+        try:
+            GPU_UTILIZATION.labels(label).set(torch.cuda.utilization(index) / 100.0)
+        except Exception:  # no NVML (pynvml) on this host: memory only
+            pass
+        return True
+    except Exception:
+        log.warning("GPU sampling failed on %s", device, exc_info=True)
+        return False
+
+
+def gpu_sampler(device: str, every_s: float = 5.0):
+    """A daemon thread that samples the device every few seconds (None on a CPU device)."""
+    import threading
+
+    if not sample_gpu(device):
+        return None
+
+    def run() -> None:
+        while True:
+            time.sleep(every_s)
+            sample_gpu(device)
+
+    t = threading.Thread(target=run, name="voxfarm-gpu-metrics", daemon=True)
+    t.start()
+    return t
+
+
+# -- per-job figures -----------------------------------------------------------------------
+
+# One round trip after a segment task: was segment 0 just stored (first audio of the job),
+# and has the job reached a final state not yet counted? HSETNX makes each count happen
+# once, whichever process (a vocoder worker, a failing task, the web's cancel) sees it first.
+# KEYS[1] the job hash; ARGV: segment index ('' for none), now.
+_OBSERVE_JOB = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local samples = '0'
+local first = 0
+if ARGV[1] ~= '' then
+  samples = redis.call('HGET', KEYS[1], 'audio_samples_' .. ARGV[1]) or '0'
+  if ARGV[1] == '0' and samples ~= '0' then
+    first = redis.call('HSETNX', KEYS[1], 'first_chunk_at', ARGV[2])
+  end
+end
+local state = redis.call('HGET', KEYS[1], 'state')
+local ended = 0
+if state == 'done' or state == 'failed' or state == 'canceled' then
+  ended = redis.call('HSETNX', KEYS[1], 'final_counted', '1')
+end
+return {first, ended, state, redis.call('HGET', KEYS[1], 'created_at') or '0',
+        redis.call('HGET', KEYS[1], 'finished_at') or '0', samples,
+        redis.call('HGET', KEYS[1], 'sample_rate') or '0'}
+"""
+
+
+class JobObserver:
+    """Turns a job record's progress into the per-job metrics, each counted once."""
+
+    def __init__(self, r, keys) -> None:
+        self.keys = keys
+        self._script = r.register_script(_OBSERVE_JOB)
+
+    def observe(self, job_id: str, index: int | None = None) -> str | None:
+        """After segment `index` of the job was handled (or the job was changed): count
+        what it produced and what ended. Returns the job's state (None: unknown job)."""
+        now = time.time()
+        out = self._script(keys=[self.keys.job(job_id)],
+                           args=["" if index is None else int(index), repr(now)])
+        if not out:
+            return None
+        first, ended = int(out[0]), int(out[1])
+        state = out[2].decode() if out[2] else None
+        created, finished = float(out[3]), float(out[4])
+        samples, rate = int(out[5]), int(out[6])
+        if index is not None and samples and rate:
+            SEGMENTS.inc()
+            AUDIO_SECONDS.inc(samples / rate)
+        if first and created:
+            # A job that segment 0 finished was done when it was stored: that instant.
+            stored_at = finished if state == "done" and finished else now
+            FIRST_CHUNK.observe(max(0.0, stored_at - created))
+        if ended and state:
+            JOBS_FINISHED.labels(state).inc()
+            if state == "done" and created and finished:
+                JOB_DURATION.observe(max(0.0, finished - created))
+        return state

@@ -1,0 +1,145 @@
+"""What every voxfarm task does around its body: trace context, timing, metrics, a log line.
+
+Connected to Celery's task signals once per worker (`install()`), so the task bodies in
+`tasks/segments.py` stay about speech:
+
+- before the body (`task_prerun`): the queue wait (publish stamp -> now) into the per-queue
+  histogram, and the mel -> vocoder wait for vocoder tasks; the request id (from the message
+  header), job id, segment and task id bound for every log line of the task;
+- after it (`task_postrun`): the run time per stage, the outcome, and the per-job figures
+  (first chunk, segments and audio seconds, jobs by final state) from the job record;
+  one per-segment debug line (sampled by job, see `app/logging_setup.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import datetime
+
+from celery import signals
+
+from app import metrics, multiproc, tracing
+from app.celery_app import VOCODER_QUEUE
+from app.logging_setup import configure_logging
+from tasks import runtime
+
+seglog = logging.getLogger("voxfarm.segments")
+
+# Outcomes after which the job record may have moved (chunk stored, job failed or ignored
+# because it was canceled): only these cost the extra Redis round trip.
+_OBSERVE_OUTCOMES = frozenset({"SUCCESS", "FAILURE", "IGNORED"})
+
+_running: dict[str, tuple[float, float, object]] = {}  # task id -> (start, wait, token)
+
+
+def _stage(task_name: str) -> str:
+    # voxfarm.<stage>.<verb>
+    parts = task_name.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "voxfarm" else task_name
+
+
+def _spec(args, kwargs) -> dict:
+    for a in (*(args or ()), *(kwargs or {}).values()):
+        if isinstance(a, dict) and "job_id" in a:
+            return a
+    return {}
+
+
+def _ready_at(request, published: float) -> float:
+    """A message with an ETA (a retry's backoff) only becomes runnable at its ETA."""
+    eta = request.get("eta")
+    if not eta:
+        return published
+    try:
+        return max(published, datetime.fromisoformat(str(eta)).timestamp())
+    except ValueError:
+        return published
+
+
+def _prerun(task_id: str, task, args=None, kwargs=None, **_: object) -> None:
+    if not task.name.startswith("voxfarm."):
+        return
+    now = time.time()
+    request = task.request
+    spec = _spec(args, kwargs)
+    wait = None
+    published = request.get(tracing.TASK_PUBLISHED_AT)
+    if published:
+        queue = (request.delivery_info or {}).get("routing_key") or _stage(task.name)
+        # Clocks of two hosts can disagree by a little: never a negative wait.
+        wait = max(0.0, now - _ready_at(request, float(published)))
+        metrics.QUEUE_WAIT.labels(queue).observe(wait)
+        if queue == VOCODER_QUEUE:
+            metrics.MEL_TO_VOCODER_WAIT.observe(wait)
+    token = tracing.bind(request_id=request.get(tracing.TASK_REQUEST_ID) or None,
+                         job_id=spec.get("job_id"), segment=spec.get("index"), task_id=task_id)
+    _running[task_id] = (time.perf_counter(), wait, token)
+
+
+def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object) -> None:
+    started = _running.pop(task_id, None)
+    if started is None:
+        return
+    start, wait, token = started
+    try:
+        run_s = time.perf_counter() - start
+        stage = _stage(task.name)
+        metrics.TASK_RUN.labels(stage).observe(run_s)
+        metrics.TASKS.labels(stage, state or "UNKNOWN").inc()
+        spec = _spec(args, kwargs)
+        job_state = None
+        if spec and state in _OBSERVE_OUTCOMES and (stage != "acoustic" or state != "SUCCESS"):
+            index = spec.get("index") if stage == "vocoder" and state == "SUCCESS" else None
+            try:
+                job_state = _observer().observe(spec["job_id"], index)
+            except Exception:  # metrics never fail a segment
+                logging.getLogger("voxfarm.metrics").warning("job metrics failed",
+                                                             exc_info=True)
+        seglog.debug("segment %s %s %s in %.1f ms", spec.get("index"), stage, state,
+                     run_s * 1000, extra={
+                         "sampled": True, "stage": stage, "outcome": state,
+                         "run_ms": round(run_s * 1000, 3),
+                         "queue_wait_ms": None if wait is None else round(wait * 1000, 3),
+                         "job_state": job_state})
+    finally:
+        tracing.reset(token)
+
+
+_observers: dict[int, metrics.JobObserver] = {}  # per process: a fork gets its own
+
+
+def _observer() -> metrics.JobObserver:
+    obs = _observers.get(os.getpid())
+    if obs is None:
+        farm = runtime.farm()
+        obs = _observers[os.getpid()] = metrics.JobObserver(farm.redis, farm.keys)
+    return obs
+
+
+def _setup_logging(loglevel=None, **_: object) -> None:
+    configure_logging(loglevel or "INFO", role=os.environ.get("VOXFARM_ROLE") or "worker")
+
+
+def _process_init(**_: object) -> None:
+    metrics.gpu_sampler(runtime.device())
+
+
+def _process_shutdown(pid=None, **_: object) -> None:
+    multiproc.mark_process_dead(pid or os.getpid())
+
+
+def install(solo: bool = False) -> None:
+    """Connect the hooks (idempotent). `solo`: the pool runs tasks in the main process."""
+    tracing.install()
+    signals.task_prerun.connect(_prerun, weak=False, dispatch_uid="voxfarm.obs.prerun")
+    signals.task_postrun.connect(_postrun, weak=False, dispatch_uid="voxfarm.obs.postrun")
+    signals.setup_logging.connect(_setup_logging, weak=False, dispatch_uid="voxfarm.obs.log")
+    signals.worker_process_init.connect(_process_init, weak=False,
+                                        dispatch_uid="voxfarm.obs.init")
+    signals.worker_process_shutdown.connect(_process_shutdown, weak=False,
+                                            dispatch_uid="voxfarm.obs.shutdown")
+    if solo:
+        signals.worker_init.connect(_process_init, weak=False,
+                                    dispatch_uid="voxfarm.obs.solo-init")

@@ -1,0 +1,86 @@
+"""Request ids, HTTP metrics and `/metrics` for the web.
+
+Every request gets an id: the client's `X-Request-ID` when it is a plain token, else a new
+one. The id is bound for the request's log lines and for the task messages it publishes
+(`app.tracing`), written back into the WSGI environ (so every handler that reads
+`X-Request-ID` sees the same id, the one it made included) and echoed in the response.
+
+`/metrics` serves the web's process metrics (every gunicorn worker's, in multiprocess mode)
+plus the farm's queue depth and live workers, read from Redis at scrape time.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, current_app, g, request
+
+from app import metrics, tracing
+from app.celery_app import QUEUES
+
+observability = Blueprint("observability", __name__)
+
+_ENVIRON_KEY = "HTTP_" + tracing.REQUEST_ID_HEADER.upper().replace("-", "_")
+
+
+@observability.before_app_request
+def _begin() -> None:
+    request_id = (tracing.clean_request_id(request.headers.get(tracing.REQUEST_ID_HEADER))
+                  or tracing.new_request_id())
+    request.environ[_ENVIRON_KEY] = request_id
+    g.voxfarm_request_id = request_id
+    g.voxfarm_started = time.perf_counter()
+    g.voxfarm_trace = tracing.bind(request_id=request_id)
+
+
+@observability.after_app_request
+def _finish(resp: Response) -> Response:
+    request_id = g.get("voxfarm_request_id")
+    if request_id:
+        resp.headers[tracing.REQUEST_ID_HEADER] = request_id
+    started = g.get("voxfarm_started")
+    # A 404 for an unknown path has no rule: one label for all of them, so a scanner
+    # cannot blow up the number of series.
+    route = request.url_rule.rule if request.url_rule else "<unmatched>"
+    metrics.HTTP_REQUESTS.labels(request.method, route, str(resp.status_code)).inc()
+    if started is not None:
+        metrics.HTTP_LATENCY.labels(request.method, route).observe(
+            time.perf_counter() - started)
+    if request.endpoint == "api.create_job" and resp.status_code == 202:
+        metrics.JOBS_SUBMITTED.inc()
+    elif request.endpoint == "api.cancel_job" and resp.status_code == 200:
+        _observe_job((request.view_args or {}).get("job_id"))
+    return resp
+
+
+@observability.teardown_app_request
+def _teardown(_exc) -> None:
+    token = g.pop("voxfarm_trace", None)
+    if token is not None:
+        try:
+            tracing.reset(token)
+        except ValueError:  # bound in another context (a copied one): nothing to undo here
+            pass
+
+
+def _observe_job(job_id: str | None) -> None:
+    """Count a job the web moved to a final state (a cancel), once."""
+    if not job_id:
+        return
+    farm = current_app.extensions["voxfarm"]
+    observer = current_app.extensions.get("voxfarm.job_observer")
+    if observer is None:
+        observer = current_app.extensions["voxfarm.job_observer"] = metrics.JobObserver(
+            farm.redis, farm.keys)
+    try:
+        observer.observe(job_id)
+    except Exception:  # metrics never fail a request
+        current_app.logger.warning("job metrics failed for %s", job_id, exc_info=True)
+
+
+@observability.get("/metrics")
+def prometheus_metrics() -> Response:
+    farm = current_app.extensions["voxfarm"]
+    body = metrics.exposition([metrics.FarmCollector(farm, QUEUES)])
+    return Response(body, mimetype="text/plain", headers={
+        "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
