@@ -20,10 +20,46 @@ QUEUES = (ACOUSTIC_QUEUE, VOCODER_QUEUE)
 ACOUSTIC_TASK = "voxfarm.acoustic.synthesize"
 VOCODER_TASK = "voxfarm.vocoder.render"
 
+# Books: orchestration (prepare, feed, assemble) on its own I/O-bound pool, and the book's
+# segments on batch queues that the same acoustic and vocoder workers consume AFTER their
+# interactive queue. A worker with `queue_order_strategy: priority` BRPOPs [interactive,
+# batch] in that order every time, so a waiting interactive segment is always the next one a
+# free worker takes. Separate queues rather than kombu's emulated message priorities: one
+# router below sends both stages of a book's chain to batch (a priority would have to be set
+# on every publish, the chain's second stage included), the batch backlog is its own list
+# (LLEN is the book feeder's gauge), and a pool can be given to books alone by naming only
+# the batch queue.
+BOOK_QUEUE = "book"
+ACOUSTIC_BATCH_QUEUE = "acoustic_batch"
+VOCODER_BATCH_QUEUE = "vocoder_batch"
+BATCH_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_BATCH_QUEUE, VOCODER_QUEUE: VOCODER_BATCH_QUEUE}
+# What each pool consumes, most urgent first.
+WORKER_QUEUES = {
+    ACOUSTIC_QUEUE: (ACOUSTIC_QUEUE, ACOUSTIC_BATCH_QUEUE),
+    VOCODER_QUEUE: (VOCODER_QUEUE, VOCODER_BATCH_QUEUE),
+    BOOK_QUEUE: (BOOK_QUEUE,),
+}
+ALL_QUEUES = (*QUEUES, ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE, BOOK_QUEUE)
+
+BOOK_PREPARE_TASK = "voxfarm.book.prepare"
+BOOK_FEED_TASK = "voxfarm.book.feed"
+BOOK_ASSEMBLE_TASK = "voxfarm.book.assemble"
+
 TASK_ROUTES = {
     "voxfarm.acoustic.*": {"queue": ACOUSTIC_QUEUE},
     "voxfarm.vocoder.*": {"queue": VOCODER_QUEUE},
+    "voxfarm.book.*": {"queue": BOOK_QUEUE},
 }
+
+
+def route_batch_segments(name, args, kwargs, options, task=None, **_):
+    """A segment of a book (its spec carries `book_id`) goes to its stage's batch queue."""
+    for queue, batch in BATCH_QUEUES.items():
+        if name.startswith(f"voxfarm.{queue}."):
+            spec = next((a for a in args or () if isinstance(a, dict)), None)
+            if spec is not None and "book_id" in spec:
+                return {"queue": batch}
+    return None
 
 
 def celery_config(settings: Settings) -> dict:
@@ -53,14 +89,17 @@ def celery_config(settings: Settings) -> dict:
             # Fail fast on a dead broker socket instead of hanging a request or a worker.
             "socket_timeout": 30,
             "socket_connect_timeout": 5,
+            # BRPOP a worker's queues in the order given (interactive before batch), not
+            # round robin: see BATCH_QUEUES above.
+            "queue_order_strategy": "priority",
         },
         "redis_socket_timeout": 30,
         "redis_socket_connect_timeout": 5,
         "broker_connection_retry_on_startup": True,
         "task_time_limit": settings.task_time_limit,
         "task_soft_time_limit": max(1, settings.task_time_limit - 10),
-        "task_queues": [Queue(name, routing_key=name) for name in QUEUES],
-        "task_routes": TASK_ROUTES,
+        "task_queues": [Queue(name, routing_key=name) for name in ALL_QUEUES],
+        "task_routes": (route_batch_segments, TASK_ROUTES),
         "task_default_queue": ACOUSTIC_QUEUE,
         "task_create_missing_queues": False,
         # Flower and monitoring read task events.

@@ -108,6 +108,7 @@ def up(host: str, port: int, web_workers: int, var_dir: str) -> None:
                           "web.wsgi:app"], env)
         sup.spawn("acoustic", [py, "-m", "app.cli", "worker", "acoustic"], env)
         sup.spawn("vocoder", [py, "-m", "app.cli", "worker", "vocoder"], env)
+        sup.spawn("book", [py, "-m", "app.cli", "worker", "book"], env)
         click.echo(f"voxfarm on http://{host}:{port}  (Ctrl-C stops everything)")
         died = sup.wait_any()
         if died and not stopping.is_set():
@@ -124,21 +125,31 @@ def up(host: str, port: int, web_workers: int, var_dir: str) -> None:
 
 
 @main.command()
-@click.argument("queue", type=click.Choice(["acoustic", "vocoder"]))
+@click.argument("queue", type=click.Choice(["acoustic", "vocoder", "book"]))
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N")
-@click.option("--concurrency", default=1, show_default=True, type=int,
-              help="Worker processes; one per GPU is the rule for a CUDA device.")
-@click.option("--pool", default="prefork", show_default=True,
-              type=click.Choice(["prefork", "solo", "threads"]))
+@click.option("--concurrency", default=None, type=int,
+              help="Worker processes (1; one per GPU for a CUDA device), or greenlets for "
+                   "the book pool (32).")
+@click.option("--pool", default=None, help="prefork, solo, threads or gevent "
+              "(default: gevent for book, else prefork)",
+              type=click.Choice(["prefork", "solo", "threads", "gevent"]))
 @click.option("--loglevel", default="INFO", show_default=True)
 @click.option("--name", default=None, help="Worker node name (default QUEUE-DEVICE@host).")
 @click.option("--metrics-port", default=0, show_default=True, type=int,
               envvar="VOXFARM_METRICS_PORT",
               help="Serve this pool's Prometheus metrics on this port (0: off).")
 @click.option("--metrics-addr", default="0.0.0.0", show_default=True)
-def worker(queue: str, device: str, concurrency: int, pool: str, loglevel: str,
+def worker(queue: str, device: str, concurrency: int | None, pool: str | None, loglevel: str,
            name: str | None, metrics_port: int, metrics_addr: str) -> None:
     """Run one worker pool on its queue."""
+    # The book pool orchestrates (waits on Redis, the store, the broker): gevent, many
+    # greenlets. It must patch before the worker opens a socket.
+    pool = pool or ("gevent" if queue == "book" else "prefork")
+    concurrency = concurrency or (32 if pool == "gevent" else 1)
+    if pool == "gevent":
+        from gevent import monkey
+
+        monkey.patch_all()
     os.environ["VOXFARM_ROLE"] = queue
     if metrics_port:
         # Before anything imports prometheus_client: the pool's processes share the files.
@@ -190,7 +201,6 @@ def flower(port: int, address: str, no_auth: bool, extra: tuple[str, ...]) -> No
         os.environ["FLOWER_BASIC_AUTH"] = f"{user}:{password}"
     make_celery(settings).start(["celery", "flower", f"--port={port}",
                                  f"--address={address}", *extra])
-
 
 
 # -- voxfarm say ---------------------------------------------------------------------------

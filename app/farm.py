@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 
 from celery import Celery, chain
 
+from app.artifacts import open_store
+from app.books import BookStore
 from app.celery_app import ACOUSTIC_QUEUE, ACOUSTIC_TASK, QUEUES, VOCODER_TASK, make_celery
 from app.jobs import JobStore
 from app.keys import Keys
@@ -53,6 +55,9 @@ class Farm:
         self.cache_redis = redis_client(settings.cache)
         self.jobs = JobStore(self.redis, self.keys, settings.job_ttl)
         self.mel_cache = MelCache(self.cache_redis, self.keys, settings.mel_cache_ttl)
+        # Book files live in the artifact store; only their records are in Redis.
+        self.store = open_store(settings.store_dir)
+        self.books = BookStore(self.redis, self.keys, self.store)
         self.celery = celery or make_celery(settings)
 
     # -- submission --------------------------------------------------------------------------

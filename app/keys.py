@@ -9,6 +9,8 @@ Layout (prefix `vf` by default):
     {p}:mel:{hash}        string a cached mel spectrogram (TTL)
     {p}:stats             hash   farm-wide counters (mel cache hits and misses, ...)
     {p}:workers:{queue}   zset   worker name -> last heartbeat (live workers per pool)
+    {p}:book:{id}         hash   the book record (state, per-chapter progress, feed cursor)
+    {p}:book:{id}:done    bitmap bit n set once segment n (book-wide ordinal) is stored
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ class Keys:
     def job_keys(self, job_id: str) -> list[str]:
         """The four keys of a job, in the order the Lua scripts take them."""
         return [self.job(job_id), self.chunks(job_id), self.done(job_id), self.events(job_id)]
+
+    def book(self, book_id: str) -> str:
+        return f"{self.prefix}:book:{book_id}"
+
+    def book_done(self, book_id: str) -> str:
+        return f"{self.prefix}:book:{book_id}:done"
 
     def mel(self, digest: str) -> str:
         return f"{self.prefix}:mel:{digest}"

@@ -47,6 +47,8 @@ class Settings:
     max_retries: int = 3
 
     store_dir: str = "var/store"
+    # Largest book upload (file or JSON chapters); past it the API answers 413.
+    max_book_bytes: int = 50 * 1024 * 1024
 
     # Flower's basic auth; `voxfarm flower` refuses to start without it (see docs/operations.md).
     flower_user: str = ""
@@ -88,6 +90,7 @@ class Settings:
             task_time_limit=int(_env("TASK_TIME_LIMIT", str(d.task_time_limit))),
             max_retries=int(_env("MAX_RETRIES", str(d.max_retries))),
             store_dir=_env("STORE", d.store_dir),
+            max_book_bytes=int(_env("MAX_BOOK_BYTES", str(d.max_book_bytes))),
             flower_user=_env("FLOWER_USER", ""),
             flower_password=_env("FLOWER_PASSWORD", ""),
         )

@@ -17,7 +17,7 @@ from app.celery_app import ACOUSTIC_TASK, VOCODER_TASK
 from app.jobs import CANCELED, FAILED
 from app.melcache import mel_cache_key
 from models.errors import SpeechError
-from tasks import runtime
+from tasks import books, runtime
 
 log = logging.getLogger("voxfarm.tasks")
 
@@ -51,7 +51,9 @@ class SegmentTask(Task):
 
     def on_failure(self, exc, task_id, args, kwargs, einfo) -> None:
         spec = args[-1] if args else kwargs.get("spec")
-        if isinstance(spec, dict) and "job_id" in spec:
+        if isinstance(spec, dict) and "book_id" in spec:
+            books.segment_failed(self.farm, spec, exc)
+        elif isinstance(spec, dict) and "job_id" in spec:
             message = f"segment {spec['index']}: {exc.__class__.__name__}: {exc}"
             self.farm.jobs.fail(spec["job_id"], message)
             log.error("job %s failed at %s", spec["job_id"], message)
@@ -61,8 +63,10 @@ class SegmentTask(Task):
 def synthesize(self: SegmentTask, spec: dict, **_: object) -> str:
     """Phonemes -> mel in the cache. Returns the cache key for the vocoder."""
     farm = self.farm
-    _, state = farm.jobs.mark_running(spec["job_id"])
-    if state in (None, CANCELED, FAILED):
+    if "book_id" in spec:  # a book's segment: skip it if the book stopped or has it already
+        if not books.segment_wanted(farm, spec):
+            raise Ignore()
+    elif farm.jobs.mark_running(spec["job_id"])[1] in (None, CANCELED, FAILED):
         raise Ignore()  # canceled, failed or expired: the rest of the chain never runs
     model = runtime.acoustic_model()
     digest = mel_cache_key(model.model_id, spec["phonemes"], spec["voice"], spec["speed"])
@@ -73,7 +77,8 @@ def synthesize(self: SegmentTask, spec: dict, **_: object) -> str:
         mel = model.synthesize(spec["phonemes"], spec["voice"], spec["speed"])
         farm.mel_cache.put(digest, mel_to_bytes(mel))
     farm.mel_cache.count(hit)
-    farm.jobs.count_cache(spec["job_id"], hit)
+    if "job_id" in spec:
+        farm.jobs.count_cache(spec["job_id"], hit)
     return digest
 
 
@@ -82,7 +87,10 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
            **_: object) -> int:
     """Mel from the cache -> 16-bit PCM chunk `spec['index']` of the job."""
     farm = self.farm
-    if farm.jobs.state(spec["job_id"]) in (None, CANCELED, FAILED):
+    if "book_id" in spec:
+        if not books.segment_wanted(farm, spec):
+            raise Ignore()
+    elif farm.jobs.state(spec["job_id"]) in (None, CANCELED, FAILED):
         raise Ignore()
     blob = farm.mel_cache.get(mel_key)
     if blob is None:
@@ -100,5 +108,8 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     audio = vocoder.vocode([mel])[0].float().cpu().numpy()
     pause = np.zeros(int(vocoder.sample_rate * spec["pause_ms"] / 1000), dtype=np.float32)
     pcm = pcm16(np.concatenate([audio, pause]))
-    farm.jobs.store_chunk(spec["job_id"], spec["index"], pcm.tobytes())
+    if "book_id" in spec:  # book audio goes to the artifact store, not Redis
+        books.store_segment(farm, spec, pcm.tobytes())
+    else:
+        farm.jobs.store_chunk(spec["job_id"], spec["index"], pcm.tobytes())
     return spec["index"]

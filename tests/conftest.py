@@ -111,14 +111,17 @@ class FarmUnderTest:
 
 
 @contextmanager
-def running_farm(redis_url: str, db: int, log_dir: Path, workers: bool = True, **overrides):
+def running_farm(redis_url: str, db: int, log_dir: Path, workers: bool = True,
+                 book: bool = False, **overrides):
+    """A farm on database `db`: acoustic and vocoder workers, and a book worker if `book`."""
     url = with_db(redis_url, db)
     redis.Redis.from_url(url).flushdb()
     settings = Settings.from_env().with_(redis_url=url, broker_url="", result_url="",
                                         cache_url="", **overrides)
     env = dict(os.environ, VOXFARM_REDIS_URL=url, PYTHONUNBUFFERED="1",
                VOXFARM_VISIBILITY_TIMEOUT=str(settings.visibility_timeout),
-               VOXFARM_MAX_RETRIES=str(settings.max_retries))
+               VOXFARM_MAX_RETRIES=str(settings.max_retries),
+               VOXFARM_STORE=str(settings.store_dir))
     for k in ("VOXFARM_BROKER_URL", "VOXFARM_RESULT_URL", "VOXFARM_CACHE_URL"):
         env.pop(k, None)
     tf = FarmUnderTest(settings, Farm(settings), env, log_dir)
@@ -126,8 +129,12 @@ def running_farm(redis_url: str, db: int, log_dir: Path, workers: bool = True, *
         if workers:
             tf.start_worker("acoustic")
             tf.start_worker("vocoder")
+            if book:
+                tf.start_worker("book")
             tf.wait_live("acoustic")
             tf.wait_live("vocoder")
+            if book:
+                tf.wait_live("book")
         yield tf
     finally:
         tf.stop()

@@ -25,11 +25,13 @@ def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Fl
     app.register_blueprint(observability)
 
     from web.api import api
+    from web.books import books_api
     from web.openai_compat import openai_compat
     from web.streams import streams
     from web.ws import ws_bp
 
     app.register_blueprint(api)
+    app.register_blueprint(books_api)
     app.register_blueprint(streams)
     app.register_blueprint(openai_compat)
     app.register_blueprint(ws_bp)

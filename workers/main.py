@@ -13,7 +13,7 @@ import threading
 
 from celery import Celery, signals
 
-from app.celery_app import QUEUES, make_celery
+from app.celery_app import BOOK_QUEUE, WORKER_QUEUES, make_celery
 from app.settings import Settings
 from tasks import runtime
 
@@ -25,6 +25,7 @@ HEARTBEAT_EVERY_S = 3.0
 def build_worker_app(settings: Settings | None = None) -> Celery:
     """The Celery app of a worker process, with the tasks registered."""
     celery = make_celery(settings or Settings.from_env())
+    import tasks.books  # noqa: F401  (book orchestration; the segment tasks call it too)
     import tasks.segments  # noqa: F401  (registers the shared tasks on this app)
 
     return celery
@@ -60,8 +61,8 @@ class Heartbeat:
 def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str = "prefork",
                loglevel: str = "INFO", name: str | None = None, metrics_port: int = 0,
                metrics_addr: str = "0.0.0.0") -> None:
-    if queue not in QUEUES:
-        raise SystemExit(f"unknown queue {queue!r}; one of {', '.join(QUEUES)}")
+    if queue not in WORKER_QUEUES:
+        raise SystemExit(f"unknown queue {queue!r}; one of {', '.join(WORKER_QUEUES)}")
     runtime.configure(device)
     celery = build_worker_app()
     # JSON logs, trace ids, task timing and metrics (tasks/observability.py). The metrics
@@ -80,7 +81,8 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
         # After the fork (prefork) or in the only process (solo): load the model this pool
         # runs and run it once, so the first segment pays for neither (the first torch call
         # of a process allocates its thread pool and caches, ~100x a warm call).
-        runtime.warm_up(queue)
+        if queue != BOOK_QUEUE:  # the book pool runs no model
+            runtime.warm_up(queue)
 
     signals.worker_process_init.connect(preload, weak=False)
     if pool == "solo":
@@ -88,7 +90,8 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     signals.worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
     signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
     celery.worker_main([
-        "worker", "--queues", queue, "--hostname", hostname, "--pool", pool,
+        "worker", "--queues", ",".join(WORKER_QUEUES[queue]), "--hostname", hostname,
+        "--pool", pool,
         "--concurrency", str(concurrency), "--loglevel", loglevel, "--without-gossip",
         "--without-mingle", "--task-events",
     ])

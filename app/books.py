@@ -1,0 +1,297 @@
+"""The book store: book records and progress in Redis, book files in the artifact store.
+
+Redis holds only small things: the record (state, per-chapter counts, the feed cursor) and a
+bitmap with one bit per segment. Audio never goes through Redis, so its memory stays bounded
+however long the book; the segments waiting in the broker are bounded too (see tasks/books.py,
+the feeder).
+
+States: queued -> preparing -> rendering -> assembling -> done, and failed (a segment failed
+its retries; `retry` goes back to rendering) or canceled (DELETE; files removed).
+
+Each segment is counted once: storing it sets its bit, and only a bit that was 0 advances the
+counters (one Lua script), so a redelivered or duplicated segment task never counts twice.
+
+Artifact layout under `books/{id}/`:
+
+    source.{ext}                 the upload as sent (kept for reference)
+    book.json                    the parsed book: title, author, chapters' titles and text
+    cover                        cover image bytes (when the book has one)
+    plan/{chapter:04d}.json      the chapter's segments: phonemes, text, pause (by the prepare task)
+    segments/{chapter:04d}/{index:05d}.pcm   16-bit mono PCM of one segment
+    out/chapters/{n:03d}.mp3, out/book.m4b, out/book.mp3, out/manifest.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import redis
+
+from app.artifacts import ArtifactStore
+from app.keys import Keys
+
+QUEUED, PREPARING, RENDERING, ASSEMBLING = "queued", "preparing", "rendering", "assembling"
+DONE, FAILED, CANCELED = "done", "failed", "canceled"
+ACTIVE_STATES = frozenset({QUEUED, PREPARING, RENDERING, ASSEMBLING})
+BOOK_FORMATS = ("m4b", "mp3", "chapters")
+DEFAULT_FORMATS = ("m4b", "chapters")
+
+# Create unless a live record exists; a canceled book is created afresh (its files are gone).
+_CREATE = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state and state ~= 'canceled' then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+
+# ARGV: seq, chapter, samples, now
+_STORE_SEGMENT = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return {-2, 0, ''} end
+if state ~= 'rendering' and state ~= 'assembling' and state ~= 'failed' then
+  return {-1, 0, state}
+end
+if redis.call('SETBIT', KEYS[2], ARGV[1], 1) == 0 then
+  redis.call('HINCRBY', KEYS[1], 'done', 1)
+  redis.call('HINCRBY', KEYS[1], 'c' .. ARGV[2] .. '_done', 1)
+  redis.call('HINCRBY', KEYS[1], 'audio_samples', ARGV[3])
+end
+local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
+local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
+if done >= total and state == 'rendering' then
+  redis.call('HSET', KEYS[1], 'state', 'assembling', 'rendered_at', ARGV[4])
+  state = 'assembling'
+end
+return {done, total, state}
+"""
+
+# ARGV: from-states (comma separated), to-state, then field/value pairs to set
+_TRANSITION = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return false end
+for s in string.gmatch(ARGV[1], '[^,]+') do
+  if s == state then
+    redis.call('HSET', KEYS[1], 'state', ARGV[2])
+    for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+    return {1, ARGV[2]}
+  end
+end
+return {0, state}
+"""
+
+
+def book_id_for(content_digest: str, *, voice: str, speed: float, formats: tuple[str, ...],
+                acoustic_model: str, vocoder: str) -> str:
+    """Same content and settings, same id: a re-submit finds the book it already made."""
+    key = json.dumps([content_digest, voice, round(speed, 3), sorted(formats), acoustic_model,
+                      vocoder])
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def prefix(book_id: str) -> str:
+    return f"books/{book_id}/"
+
+
+def segment_key(book_id: str, chapter: int, index: int) -> str:
+    return f"books/{book_id}/segments/{chapter:04d}/{index:05d}.pcm"
+
+
+def plan_key(book_id: str, chapter: int) -> str:
+    return f"books/{book_id}/plan/{chapter:04d}.json"
+
+
+def output_key(book_id: str, name: str) -> str:
+    return f"books/{book_id}/out/{name}"
+
+
+def chapter_file(n: int) -> str:
+    return f"chapters/{n:03d}.mp3"
+
+
+class BookStore:
+    """Book records in Redis (`r`: a bytes-mode client) and files in `store`."""
+
+    def __init__(self, r: redis.Redis, keys: Keys, store: ArtifactStore) -> None:
+        self.r = r
+        self.keys = keys
+        self.store = store
+        self._create = r.register_script(_CREATE)
+        self._store_segment = r.register_script(_STORE_SEGMENT)
+        self._transition = r.register_script(_TRANSITION)
+
+    def _keys(self, book_id: str) -> list[str]:
+        return [self.keys.book(book_id), self.keys.book_done(book_id)]
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def create(self, book_id: str, *, title: str, author: str, voice: str, speed: float,
+               formats: tuple[str, ...], chapters: int, words: int, sample_rate: int,
+               source_format: str) -> bool:
+        """Write a new record; False when a live one exists already (a re-submit)."""
+        fields = {"id": book_id, "state": QUEUED, "title": title, "author": author,
+                  "voice": voice, "speed": speed, "formats": ",".join(formats),
+                  "chapters": chapters, "words": words, "sample_rate": sample_rate,
+                  "source_format": source_format, "total": 0, "done": 0, "audio_samples": 0,
+                  "cursor": 0, "feed_gen": 0, "created_at": time.time()}
+        args = [x for k, v in fields.items() for x in (k, str(v))]
+        return bool(self._create(keys=self._keys(book_id), args=args))
+
+    def set_plan(self, book_id: str, chapters: list[tuple[str, int]]) -> bool:
+        """Record the segment counts the prepare task found and start rendering."""
+        fields: dict[str, object] = {"chapters": len(chapters),
+                                     "total": sum(n for _, n in chapters),
+                                     "chapter_titles": json.dumps([t for t, _ in chapters]),
+                                     "rendering_at": time.time()}
+        offset = 0
+        for c, (_, n) in enumerate(chapters):
+            fields[f"c{c}_total"], fields[f"c{c}_offset"] = n, offset
+            fields.setdefault(f"c{c}_done", 0)
+            offset += n
+        moved, _ = self.move(book_id, (PREPARING,), RENDERING, **fields)
+        return moved
+
+    def move(self, book_id: str, from_states: tuple[str, ...], to: str,
+             **fields: object) -> tuple[bool, str | None]:
+        """Transition atomically; returns (moved, state afterwards), state None if unknown."""
+        args = [",".join(from_states), to]
+        for k, v in fields.items():
+            args += [k, str(v)]
+        out = self._transition(keys=self._keys(book_id), args=args)
+        if not out:
+            return False, None
+        return bool(out[0]), out[1].decode()
+
+    def store_segment(self, book_id: str, seq: int, chapter: int, index: int,
+                      pcm: bytes) -> tuple[int, str]:
+        """Write segment audio, then count it once. Returns (done, state): done -1 when the
+        book is canceled or gone (the file written is removed again)."""
+        key = segment_key(book_id, chapter, index)
+        self.store.put(key, pcm)
+        done, _total, state = self._store_segment(
+            keys=self._keys(book_id), args=[seq, chapter, len(pcm) // 2, repr(time.time())])
+        if done < 0:
+            self.store.delete(key)
+        return int(done), state.decode() if isinstance(state, bytes) else str(state)
+
+    def fail(self, book_id: str, chapter: int, text: str, message: str) -> bool:
+        moved, _ = self.move(book_id, (QUEUED, PREPARING, RENDERING, ASSEMBLING), FAILED,
+                             finished_at=time.time(), error=message,
+                             error_chapter=chapter, error_text=text[:500])
+        return moved
+
+    def new_feed_gen(self, book_id: str) -> int:
+        """A new feeder generation: every older feeder of the book stops at its next look."""
+        return int(self.r.hincrby(self.keys.book(book_id), "feed_gen", 1))
+
+    def set_cursor(self, book_id: str, cursor: int) -> None:
+        self.r.hset(self.keys.book(book_id), "cursor", cursor)
+
+    def done_bits(self, book_id: str, seqs: range) -> list[bool]:
+        with self.r.pipeline(transaction=False) as p:
+            for s in seqs:
+                p.getbit(self.keys.book_done(book_id), s)
+            return [bool(b) for b in p.execute()]
+
+    def is_done(self, book_id: str, seq: int) -> bool:
+        return bool(self.r.getbit(self.keys.book_done(book_id), seq))
+
+    def remove(self, book_id: str) -> int:
+        """Remove the book's files (cancel); the record stays, saying canceled."""
+        return self.store.delete_prefix(prefix(book_id))
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def state(self, book_id: str) -> str | None:
+        s = self.r.hget(self.keys.book(book_id), "state")
+        return s.decode() if s else None
+
+    def get(self, book_id: str) -> dict | None:
+        raw = self.r.hgetall(self.keys.book(book_id))
+        if not raw:
+            return None
+        rec = {k.decode(): v.decode() for k, v in raw.items()}
+        out: dict = {k: rec.get(k, "") for k in ("id", "state", "title", "author", "voice",
+                                                  "source_format")}
+        for k in ("total", "done", "chapters", "words", "sample_rate", "audio_samples",
+                  "cursor", "feed_gen"):
+            out[k] = int(rec.get(k) or 0)
+        for k in ("created_at", "started_at", "rendering_at", "rendered_at", "finished_at"):
+            out[k] = float(rec[k]) if rec.get(k) else None
+        out["speed"] = float(rec.get("speed") or 1.0)
+        out["formats"] = [f for f in rec.get("formats", "").split(",") if f]
+        titles = json.loads(rec["chapter_titles"]) if rec.get("chapter_titles") else []
+        out["chapter_list"] = [{
+            "index": c, "title": t,
+            "done": int(rec.get(f"c{c}_done") or 0), "total": int(rec.get(f"c{c}_total") or 0),
+            "offset": int(rec.get(f"c{c}_offset") or 0)} for c, t in enumerate(titles)]
+        out["audio_seconds"] = (round(out["audio_samples"] / out["sample_rate"], 3)
+                                if out["sample_rate"] else 0.0)
+        out["error"] = None
+        if rec.get("error"):
+            out["error"] = {"message": rec["error"],
+                            "chapter": int(rec["error_chapter"]) if rec.get(
+                                "error_chapter") not in (None, "") else None,
+                            "text": rec.get("error_text") or None}
+        out["duration_s"] = float(rec["duration_s"]) if rec.get("duration_s") else None
+        return out
+
+    def manifest(self, book_id: str) -> dict | None:
+        try:
+            return json.loads(self.store.get(output_key(book_id, "manifest.json")))
+        except KeyError:
+            return None
+
+
+# -- starting the book's tasks (the web and the tasks both do; by task name, no imports) ----
+
+
+def send_prepare(celery, book_id: str) -> None:
+    from app.celery_app import BOOK_PREPARE_TASK
+
+    celery.send_task(BOOK_PREPARE_TASK, args=(book_id,))
+
+
+def start_feed(celery, books: BookStore, book_id: str) -> None:
+    """A new feeder generation (any older feeder stops at its next look) and its message."""
+    from app.celery_app import BOOK_FEED_TASK
+
+    gen = books.new_feed_gen(book_id)
+    celery.send_task(BOOK_FEED_TASK, args=(book_id, gen))
+
+
+def send_assemble(celery, book_id: str) -> None:
+    from app.celery_app import BOOK_ASSEMBLE_TASK
+
+    celery.send_task(BOOK_ASSEMBLE_TASK, args=(book_id,))
+
+
+def resume(celery, books: BookStore, book_id: str) -> str | None:
+    """Carry on from wherever the book stopped: the retry endpoint, and a re-submit of a book
+    that is not done. Renders only what is missing (stored segments keep their bits).
+
+    Returns the state the book resumes in, or None when there is nothing to resume
+    (done, canceled, unknown)."""
+    rec = books.get(book_id)
+    if rec is None or rec["state"] in (DONE, CANCELED):
+        return None
+    state = rec["state"]
+    if state == FAILED:
+        if rec["total"] and rec["done"] >= rec["total"]:
+            moved, state = books.move(book_id, (FAILED,), ASSEMBLING, error="")
+        elif rec["total"]:
+            moved, state = books.move(book_id, (FAILED,), RENDERING, error="", cursor=0)
+        else:  # failed before its plan was made
+            moved, state = books.move(book_id, (FAILED,), QUEUED, error="")
+        if not moved:
+            return None
+    if state in (QUEUED, PREPARING):
+        send_prepare(celery, book_id)
+    elif state == RENDERING:
+        books.set_cursor(book_id, 0)
+        start_feed(celery, books, book_id)
+    elif state == ASSEMBLING:
+        send_assemble(celery, book_id)
+    return state

@@ -1,0 +1,278 @@
+"""Book orchestration on the `book` queue (a gevent pool), and the book side of segments.
+
+    prepare(book_id)      book.json -> the text frontend per chapter -> plan files, totals
+    feed(book_id, gen)    keeps a bounded number of the book's segments in the batch queues
+    assemble(book_id)     segment files -> chapter MP3s, M4B, MP3, manifest
+
+The feeder is why Redis memory stays bounded: instead of publishing every segment of a book
+at once (a 100,000-segment book would be 100 MB of messages), it tops the batch queues up to
+FEED_WINDOW messages, polls, and hands over to a fresh feed message every FEED_SLICE_S
+seconds. A book record carries a feeder generation; a feed whose generation is not the current
+one stops, so a redelivered copy (its worker died) and a retry's new feeder never both run.
+The feed cursor moves only after the segments before it were published, so a crash publishes
+some segments twice at worst, which the segment tasks absorb (each is rendered and counted
+once: see app/books.py).
+
+Segments are at-least-once like every task here: the segment file is written atomically and
+its bit in the book's bitmap counts it once. The segment that completes the book moves it to
+`assembling` and enqueues the assembly; a redelivered last segment enqueues it again, and
+assembly is idempotent (same files, same result).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from bisect import bisect_right
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import TypeVar
+
+from celery import Task, shared_task
+from celery.exceptions import Ignore
+
+from app.books import (
+    ASSEMBLING,
+    CANCELED,
+    FAILED,
+    PREPARING,
+    QUEUED,
+    RENDERING,
+    chapter_file,
+    output_key,
+    plan_key,
+    prefix,
+    segment_key,
+    send_assemble,
+    start_feed,
+)
+from app.celery_app import (
+    ACOUSTIC_BATCH_QUEUE,
+    BOOK_ASSEMBLE_TASK,
+    BOOK_FEED_TASK,
+    BOOK_PREPARE_TASK,
+    VOCODER_BATCH_QUEUE,
+)
+from models.errors import NoSpeakableText, SpeechError
+from tasks import runtime
+
+log = logging.getLogger("voxfarm.books")
+
+T = TypeVar("T")
+
+# Segments waiting in the batch queues (acoustic + vocoder), all books together. Enough to
+# keep every worker busy between two feeder polls, small enough that an interactive job never
+# queues behind them (it does not anyway: interactive queues are read first).
+FEED_WINDOW = 48
+FEED_POLL_S = 0.25
+FEED_SLICE_S = 30.0
+
+
+def off_hub(fn: Callable[..., T], *args: object) -> T:
+    """Run CPU-bound work (the frontend, encoding) in a native thread under gevent, so the
+    book pool's other greenlets (feeders, the broker connection) keep running."""
+    try:
+        from gevent import monkey
+    except ImportError:
+        return fn(*args)
+    if not monkey.is_module_patched("socket"):
+        return fn(*args)
+    import gevent
+
+    return gevent.get_hub().threadpool.apply(fn, args)
+
+
+class BookTask(Task):
+    """Retries infrastructure errors with backoff; a book whose orchestration task fails for
+    good is marked failed with the reason."""
+
+    abstract = True
+    autoretry_for = (Exception,)
+    dont_autoretry_for = (SpeechError, Ignore)
+    retry_backoff = 1
+    retry_backoff_max = 30
+    retry_jitter = True
+
+    @property
+    def farm(self):
+        return runtime.farm(self.app)
+
+    @property
+    def max_retries(self) -> int:  # type: ignore[override]
+        return self.farm.settings.max_retries
+
+    def on_failure(self, exc, task_id, args, kwargs, einfo) -> None:
+        book_id = args[0] if args else kwargs.get("book_id")
+        if book_id:
+            self.farm.books.move(book_id, (QUEUED, PREPARING, RENDERING, ASSEMBLING), FAILED,
+                                 finished_at=time.time(),
+                                 error=f"{self.name}: {exc.__class__.__name__}: {exc}")
+            log.error("book %s failed in %s: %s", book_id, self.name, exc)
+
+
+# -- prepare ---------------------------------------------------------------------------------
+
+
+def _plan(chapters: list[dict], voice: str) -> list[tuple[str, list[dict]]]:
+    from models.frontend import prepare as frontend
+
+    plan = []
+    for ch in chapters:
+        try:
+            segments = frontend(ch["text"], voice)
+        except NoSpeakableText:
+            continue  # a chapter of punctuation or symbols: nothing to hear, no marker
+        plan.append((ch["title"], [{"index": s.index, "phonemes": s.phonemes, "text": s.text,
+                                    "pause_ms": s.pause_ms} for s in segments]))
+    return plan
+
+
+@shared_task(name=BOOK_PREPARE_TASK, base=BookTask, bind=True)
+def prepare(self: BookTask, book_id: str, **_: object) -> int:
+    """Split the book into segments (the text frontend, chapter by chapter), then feed."""
+    farm, books = self.farm, self.farm.books
+    state = books.state(book_id)
+    if state not in (QUEUED, PREPARING):
+        return 0  # done already, canceled, or a redelivered copy after the plan was made
+    books.move(book_id, (QUEUED,), PREPARING, started_at=time.time())
+    rec = books.get(book_id)
+    book = json.loads(farm.store.get(prefix(book_id) + "book.json"))
+    plan = off_hub(_plan, book["chapters"], rec["voice"])
+    if not plan:
+        books.move(book_id, (PREPARING,), FAILED, finished_at=time.time(),
+                   error="the book has nothing that can be spoken")
+        return 0
+    for c, (_, segments) in enumerate(plan):
+        farm.store.put(plan_key(book_id, c), json.dumps(segments).encode())
+    if books.set_plan(book_id, [(title, len(segs)) for title, segs in plan]):
+        start_feed(farm.celery, books, book_id)
+    return sum(len(s) for _, s in plan)
+
+
+# -- feed ------------------------------------------------------------------------------------
+
+
+class _Plans:
+    """Segment specs by book-wide ordinal, reading each chapter's plan file once."""
+
+    def __init__(self, farm, rec: dict) -> None:
+        self.farm, self.rec = farm, rec
+        self.offsets = [c["offset"] for c in rec["chapter_list"]]
+        self.cache: dict[int, list[dict]] = {}
+
+    def spec(self, seq: int) -> dict:
+        chapter = bisect_right(self.offsets, seq) - 1
+        if chapter not in self.cache:
+            self.cache = {chapter: json.loads(self.farm.store.get(
+                plan_key(self.rec["id"], chapter)))}
+        seg = self.cache[chapter][seq - self.offsets[chapter]]
+        return {"book_id": self.rec["id"], "seq": seq, "chapter": chapter,
+                "index": seg["index"], "phonemes": seg["phonemes"], "text": seg["text"],
+                "voice": self.rec["voice"], "speed": self.rec["speed"],
+                "pause_ms": seg["pause_ms"]}
+
+
+@shared_task(name=BOOK_FEED_TASK, base=BookTask, bind=True)
+def feed(self: BookTask, book_id: str, gen: int, **_: object) -> str:
+    farm, books = self.farm, self.farm.books
+    deadline = time.monotonic() + FEED_SLICE_S
+    plans = None
+    while time.monotonic() < deadline:
+        rec = books.get(book_id)
+        if rec is None or rec["feed_gen"] != gen or rec["state"] != RENDERING:
+            return "stopped"
+        if rec["cursor"] >= rec["total"]:
+            return "fed"  # every missing segment is published; the last one finishes it
+        plans = plans or _Plans(farm, rec)
+        room = FEED_WINDOW - farm.queue_depth(ACOUSTIC_BATCH_QUEUE) - farm.queue_depth(
+            VOCODER_BATCH_QUEUE)
+        if room <= 0:
+            time.sleep(FEED_POLL_S)
+            continue
+        seqs = range(rec["cursor"], min(rec["total"], rec["cursor"] + room))
+        with farm.celery.producer_or_acquire() as producer:
+            for seq, done in zip(seqs, books.done_bits(book_id, seqs), strict=True):
+                if not done:
+                    farm.segment_chain(plans.spec(seq)).apply_async(producer=producer)
+        books.set_cursor(book_id, seqs.stop)
+    # Hand over to a fresh message: no task runs for hours, and a lost worker loses a slice.
+    if books.state(book_id) == RENDERING:
+        start_feed(farm.celery, books, book_id)
+    return "continued"
+
+
+# -- the book side of the segment tasks (called from tasks/segments.py) ----------------------
+
+
+def segment_wanted(farm, spec: dict) -> bool:
+    """False when the book is canceled, failed or gone, or this segment is stored already."""
+    return (farm.books.state(spec["book_id"]) == RENDERING
+            and not farm.books.is_done(spec["book_id"], spec["seq"]))
+
+
+def store_segment(farm, spec: dict, pcm: bytes) -> None:
+    done, state = farm.books.store_segment(spec["book_id"], spec["seq"], spec["chapter"],
+                                           spec["index"], pcm)
+    if done >= 0 and state == ASSEMBLING:
+        send_assemble(farm.celery, spec["book_id"])
+
+
+def segment_failed(farm, spec: dict, exc: BaseException) -> None:
+    message = (f"chapter {spec['chapter']}, segment {spec['index']}: "
+               f"{exc.__class__.__name__}: {exc}")
+    if farm.books.fail(spec["book_id"], spec["chapter"], spec.get("text", ""), message):
+        log.error("book %s failed at %s", spec["book_id"], message)
+
+
+# -- assemble --------------------------------------------------------------------------------
+
+
+def _assemble(farm, rec: dict) -> dict:
+    from models.assemble import BookMeta, ChapterAudio, assemble_book
+
+    store, book_id = farm.store, rec["id"]
+    book = json.loads(store.get(prefix(book_id) + "book.json"))
+    cover = store.get(prefix(book_id) + "cover") if book.get("cover_mime") else None
+    chapters = []
+    for ch in rec["chapter_list"]:
+        keys = [segment_key(book_id, ch["index"], i) for i in range(ch["total"])]
+        samples = sum(store.size(k) for k in keys) // 2
+
+        def parts(keys=keys):
+            for k in keys:
+                yield store.get(k)
+
+        chapters.append(ChapterAudio(ch["title"], samples, parts))
+    meta = BookMeta(book["title"], book.get("author") or "", cover, book.get("cover_mime"))
+    formats = set(rec["formats"])
+    with ExitStack() as files:
+        m4b = files.enter_context(store.writer(output_key(book_id, "book.m4b"))) \
+            if "m4b" in formats else None
+        mp3 = files.enter_context(store.writer(output_key(book_id, "book.mp3"))) \
+            if "mp3" in formats else None
+        manifest = assemble_book(
+            chapters, meta, rec["sample_rate"], m4b=m4b, mp3=mp3,
+            chapter_file=(lambda n: store.writer(output_key(book_id, chapter_file(n))))
+            if "chapters" in formats else None,
+            chapter_name=(lambda n: chapter_file(n)) if "chapters" in formats else None)
+    manifest = {"book_id": book_id, "title": book["title"], "author": book.get("author") or "",
+                "voice": rec["voice"], "speed": rec["speed"], "formats": sorted(formats),
+                **manifest}
+    store.put(output_key(book_id, "manifest.json"), json.dumps(manifest, indent=2).encode())
+    return manifest
+
+
+@shared_task(name=BOOK_ASSEMBLE_TASK, base=BookTask, bind=True)
+def assemble(self: BookTask, book_id: str, **_: object) -> str:
+    farm, books = self.farm, self.farm.books
+    rec = books.get(book_id)
+    if rec is None or rec["state"] != ASSEMBLING:
+        return rec["state"] if rec else "gone"
+    manifest = off_hub(_assemble, farm, rec)
+    moved, state = books.move(book_id, (ASSEMBLING,), "done", finished_at=time.time(),
+                              duration_s=manifest["duration_s"])
+    if state == CANCELED:
+        books.remove(book_id)  # canceled while we encoded: leave nothing behind
+    return state or "gone"
+

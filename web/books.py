@@ -1,0 +1,341 @@
+"""The books API, v1: submit a book, watch it render, fetch its audio, cancel or retry it.
+
+    POST   /v1/books                      multipart `file` (.epub .txt .md .html) or JSON
+                                          chapters; `voice`, `speed`, `formats`
+    GET    /v1/books/{id}                 state, per-chapter progress, throughput, ETA
+    GET    /v1/books/{id}/audio?format=m4b|mp3
+    GET    /v1/books/{id}/chapters/{n}/audio
+    GET    /v1/books/{id}/manifest
+    DELETE /v1/books/{id}                 cancel (or delete a finished book): files removed
+    POST   /v1/books/{id}/retry           render only what is missing
+
+The request only validates and parses (to refuse a bad book with a clear 4xx before writing
+anything); the split into segments and the rendering run on the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+
+from flask import Blueprint, Response, current_app, jsonify, request, send_file, url_for
+
+from app.books import (
+    ACTIVE_STATES,
+    BOOK_FORMATS,
+    CANCELED,
+    DEFAULT_FORMATS,
+    DONE,
+    RENDERING,
+    book_id_for,
+    chapter_file,
+    output_key,
+    prefix,
+    resume,
+    send_prepare,
+)
+from app.farm import Farm
+from models.book_parse import EXTENSIONS, Book, BookError, Chapter, finish, parse_book
+from models.errors import UnknownVoice
+from models.espeak import SAMPLE_RATE
+from models.voices import get_voice
+from web import validation as v
+from web.blocking import offload
+from web.errors import ApiError
+
+books_api = Blueprint("books", __name__)
+
+# Parse errors that mean "this is not the kind of file it says": 415; the rest 422.
+_STATUS = {"unsupported_format": 415, "wrong_format": 415}
+AUDIO_TYPES = {"m4b": "audio/mp4", "mp3": "audio/mpeg"}
+
+
+def farm() -> Farm:
+    return current_app.extensions["voxfarm"]
+
+
+@books_api.before_request
+def _book_upload_limit() -> None:
+    # Books are far bigger than a job's text: this blueprint's own body limit (413 past it).
+    request.max_content_length = farm().settings.max_book_bytes
+
+
+def _iso(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat() if ts else None
+
+
+def book_view(rec: dict) -> dict:
+    bid = rec["id"]
+    started = rec["rendering_at"]
+    end = rec["rendered_at"] or (rec["finished_at"] if rec["state"] != RENDERING else None)
+    elapsed = max(1e-6, (end or time.time()) - started) if started else None
+    rate = rec["done"] / elapsed if elapsed and rec["done"] else 0.0
+    eta = None
+    if rec["state"] == RENDERING and rate:
+        eta = round((rec["total"] - rec["done"]) / rate, 1)
+    elif rec["state"] == DONE:
+        eta = 0.0
+    done = rec["state"] == DONE
+    return {
+        "id": bid,
+        "state": rec["state"],
+        "title": rec["title"],
+        "author": rec["author"],
+        "voice": rec["voice"],
+        "speed": rec["speed"],
+        "formats": rec["formats"],
+        "words": rec["words"],
+        "segments": {"done": rec["done"], "total": rec["total"]},
+        "chapters": [{
+            "index": c["index"], "title": c["title"],
+            "segments": {"done": c["done"], "total": c["total"]},
+            **({"audio": url_for("books.chapter_audio", book_id=bid, n=c["index"])}
+               if done and "chapters" in rec["formats"] else {}),
+        } for c in rec["chapter_list"]],
+        "audio_seconds": rec["audio_seconds"],
+        # Audio seconds rendered per wall-clock second of rendering (x real time).
+        "throughput": round(rec["audio_seconds"] / elapsed, 2) if elapsed else None,
+        "eta_s": eta,
+        "duration_s": rec["duration_s"],
+        "error": rec["error"],
+        "created_at": _iso(rec["created_at"]),
+        "started_at": _iso(rec["started_at"]),
+        "finished_at": _iso(rec["finished_at"]),
+        "links": {
+            "self": url_for("books.get_book", book_id=bid),
+            "manifest": url_for("books.manifest", book_id=bid),
+            **{f: url_for("books.audio", book_id=bid, format=f)
+               for f in ("m4b", "mp3") if f in rec["formats"]},
+            "retry": url_for("books.retry", book_id=bid),
+        },
+    }
+
+
+def _book_or_404(book_id: str) -> dict:
+    rec = farm().books.get(book_id)
+    if rec is None:
+        raise ApiError(404, "book_not_found", f"no book with id '{book_id}'")
+    return rec
+
+
+# -- submission ------------------------------------------------------------------------------
+
+
+def _formats(value: object) -> tuple[str, ...]:
+    if value is None or value == "":
+        return DEFAULT_FORMATS
+    if isinstance(value, str):
+        value = [p.strip() for p in value.split(",") if p.strip()]
+    if not isinstance(value, list) or not value or not all(isinstance(f, str) for f in value):
+        raise ApiError(422, "invalid_type", "'formats' must be a list of formats",
+                       field="formats", valid=list(BOOK_FORMATS))
+    bad = [f for f in value if f.lower() not in BOOK_FORMATS]
+    if bad:
+        raise ApiError(422, "unsupported_format", f"unknown format(s) {', '.join(bad)}; "
+                       f"'formats' takes {', '.join(BOOK_FORMATS)}", field="formats",
+                       valid=list(BOOK_FORMATS))
+    return tuple(sorted({f.lower() for f in value}))
+
+
+def _json_book(body: dict) -> Book:
+    chapters = body.get("chapters")
+    if not isinstance(chapters, list) or not chapters:
+        raise ApiError(422, "missing_field", "'chapters' must be a non-empty list of "
+                       "{\"title\", \"text\"}", field="chapters")
+    parsed = []
+    for i, ch in enumerate(chapters):
+        if not isinstance(ch, dict) or not isinstance(ch.get("text"), str) or not isinstance(
+                ch.get("title", ""), str):
+            raise ApiError(422, "invalid_type", f"chapter {i} must be an object with string "
+                           "'title' and 'text'", field=f"chapters[{i}]")
+        parsed.append(Chapter(ch.get("title") or "", ch["text"]))
+    for name in ("title", "author"):
+        if not isinstance(body.get(name, ""), str):
+            raise ApiError(422, "invalid_type", f"'{name}' must be a string", field=name)
+    return finish(Book(body.get("title") or "Untitled", body.get("author") or "", parsed))
+
+
+def _settings_fields(fields) -> tuple[str, float, tuple[str, ...]]:
+    settings = farm().settings
+    voice_name = fields.get("voice") or settings.default_voice
+    if not isinstance(voice_name, str):
+        raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
+    try:
+        voice = get_voice(voice_name)
+    except UnknownVoice as exc:
+        raise ApiError(422, "unknown_voice", f"unknown voice '{voice_name}'", field="voice",
+                       valid=exc.valid) from None
+    speed = fields.get("speed", 1.0)
+    if isinstance(speed, str):
+        try:
+            speed = float(speed)
+        except ValueError:
+            raise ApiError(422, "invalid_type", "'speed' must be a number",
+                           field="speed") from None
+    speed = v.speed_field({"speed": speed})
+    return voice.name, speed, _formats(fields.get("formats"))
+
+
+@books_api.post("/v1/books")
+def create_book():
+    f = farm()
+    source: tuple[bytes, str] | None = None
+    if request.mimetype == "multipart/form-data":
+        upload = request.files.get("file")
+        if upload is None:
+            raise ApiError(422, "missing_field", "send the book as the multipart field 'file'",
+                           field="file")
+        form = request.form.to_dict()
+        form["formats"] = ",".join(request.form.getlist("formats"))
+        voice, speed, formats = _settings_fields(form)
+        name = upload.filename or ""
+        ext = name.lower().rsplit(".", 1)[-1] if "." in name else ""
+        if f".{ext}" not in EXTENSIONS:
+            raise ApiError(415, "unsupported_format",
+                           f"'{name}' is not a book file; send .epub, .txt, .md or .html",
+                           field="file")
+        data = upload.read()
+        source = (data, ext)
+        try:
+            # Parsing is CPU work: off the gevent hub, on the encode pool's threads.
+            book = offload("encode", parse_book, data, name)
+        except BookError as exc:
+            raise ApiError(_STATUS.get(exc.code, 422), exc.code, exc.message,
+                           field="file") from None
+    elif request.is_json:
+        body = v.json_body(request)
+        voice, speed, formats = _settings_fields(body)
+        try:
+            book = _json_book(body)
+        except BookError as exc:
+            raise ApiError(422, exc.code, exc.message, field="chapters") from None
+    else:
+        raise ApiError(415, "unsupported_media_type", "send the book as multipart/form-data "
+                       "(field 'file') or as JSON chapters")
+
+    settings = f.settings
+    book_id = book_id_for(book.digest(), voice=voice, speed=speed, formats=formats,
+                          acoustic_model=settings.acoustic_model, vocoder=settings.vocoder)
+    existing = f.books.get(book_id)
+    if existing is None or existing["state"] == CANCELED:
+        # Everything is valid: only now is anything written. Files first (content-addressed,
+        # so a concurrent identical submit writes the same bytes), then the record.
+        base = prefix(book_id)
+        f.store.put(base + "book.json", json.dumps(book.to_json(), ensure_ascii=False).encode())
+        if book.cover:
+            f.store.put(base + "cover", book.cover)
+        if source:
+            f.store.put(base + f"source.{source[1]}", source[0])
+        created = f.books.create(book_id, title=book.title, author=book.author, voice=voice,
+                                 speed=speed, formats=formats, chapters=len(book.chapters),
+                                 words=book.words, sample_rate=SAMPLE_RATE,
+                                 source_format=book.source_format)
+        if created:
+            send_prepare(f.celery, book_id)
+    else:
+        created = False
+        if existing["state"] in ACTIVE_STATES:
+            # A re-submit of a book still in progress nudges it on (a lost message, a farm
+            # restarted): every stage is idempotent, so this never renders anything twice.
+            resume(f.celery, f.books, book_id)
+    resp = jsonify(book_view(f.books.get(book_id)))
+    resp.status_code = 202 if created else 200
+    resp.headers["Location"] = url_for("books.get_book", book_id=book_id)
+    return resp
+
+
+# -- watching and fetching -------------------------------------------------------------------
+
+
+@books_api.get("/v1/books/<book_id>")
+def get_book(book_id: str):
+    return jsonify(book_view(_book_or_404(book_id)))
+
+
+def _send(key: str, mimetype: str, download_name: str):
+    store = farm().store
+    path = store.local_path(key)
+    if path:
+        return send_file(path, mimetype=mimetype, download_name=download_name,
+                         as_attachment=True, conditional=True)
+    try:
+        fh = store.open(key)
+    except KeyError:
+        raise ApiError(410, "audio_missing", "the book's audio is gone") from None
+    return Response(iter(lambda: fh.read(256 * 1024), b""), mimetype=mimetype, headers={
+        "Content-Disposition": f'attachment; filename="{download_name}"'})
+
+
+def _done_or_409(rec: dict) -> None:
+    if rec["state"] != DONE:
+        raise ApiError(409, "book_not_done",
+                       f"the book is {rec['state']} ({rec['done']}/{rec['total']} segments); "
+                       "its audio exists once it is done", state=rec["state"])
+
+
+@books_api.get("/v1/books/<book_id>/audio")
+def audio(book_id: str):
+    rec = _book_or_404(book_id)
+    fmt = (request.args.get("format") or ("m4b" if "m4b" in rec["formats"] else "mp3")).lower()
+    if fmt not in AUDIO_TYPES:
+        raise ApiError(422, "unsupported_format", "'format' must be m4b or mp3", field="format",
+                       valid=list(AUDIO_TYPES))
+    if fmt not in rec["formats"]:
+        raise ApiError(404, "format_not_rendered", f"the book was not rendered as {fmt}; "
+                       f"its formats are {', '.join(rec['formats'])}", field="format")
+    _done_or_409(rec)
+    return _send(output_key(book_id, f"book.{fmt}"), AUDIO_TYPES[fmt], f"{book_id}.{fmt}")
+
+
+@books_api.get("/v1/books/<book_id>/chapters/<int:n>/audio")
+def chapter_audio(book_id: str, n: int):
+    rec = _book_or_404(book_id)
+    if "chapters" not in rec["formats"]:
+        raise ApiError(404, "format_not_rendered", "the book was not rendered with chapter "
+                       "files (formats: chapters)")
+    if not 0 <= n < len(rec["chapter_list"]):
+        raise ApiError(404, "chapter_not_found", f"the book has chapters 0 to "
+                       f"{len(rec['chapter_list']) - 1}")
+    _done_or_409(rec)
+    return _send(output_key(book_id, chapter_file(n)), "audio/mpeg",
+                 f"{book_id}-{n:03d}.mp3")
+
+
+@books_api.get("/v1/books/<book_id>/manifest")
+def manifest(book_id: str):
+    rec = _book_or_404(book_id)
+    _done_or_409(rec)
+    data = farm().books.manifest(book_id)
+    if data is None:
+        raise ApiError(410, "audio_missing", "the book's manifest is gone")
+    for ch in data["chapters"]:
+        if "file" in ch:
+            ch["audio"] = url_for("books.chapter_audio", book_id=book_id, n=ch["index"])
+    return jsonify(data)
+
+
+@books_api.delete("/v1/books/<book_id>")
+def cancel(book_id: str):
+    """Cancel a book (queued segments are skipped when they come up) and remove its files;
+    for a finished book, delete it. The record stays, saying canceled."""
+    rec = _book_or_404(book_id)
+    books = farm().books
+    books.move(book_id, tuple({rec["state"], *ACTIVE_STATES, DONE, "failed"} - {CANCELED}),
+               CANCELED, finished_at=time.time())
+    offload("encode", books.remove, book_id)
+    return jsonify(book_view(books.get(book_id) or rec))
+
+
+@books_api.post("/v1/books/<book_id>/retry")
+def retry(book_id: str):
+    rec = _book_or_404(book_id)
+    if rec["state"] in (DONE, CANCELED):
+        raise ApiError(409, "book_not_retryable", f"the book is {rec['state']}; "
+                       + ("nothing is missing" if rec["state"] == DONE
+                          else "submit it again to render it"), state=rec["state"])
+    f = farm()
+    resume(f.celery, f.books, book_id)
+    resp = jsonify(book_view(f.books.get(book_id)))
+    resp.status_code = 202
+    return resp
