@@ -188,3 +188,14 @@ def test_killed_vocoder_loses_no_segment(redis_url, tmp_path):
         stored = tf.farm.redis.hlen(tf.farm.keys.chunks(job["id"]))
         assert stored == total
         assert tf.farm.redis.scard(tf.farm.keys.done(job["id"])) == total
+
+
+def test_break_tag_becomes_silence_at_the_chunk_end(client):
+    job = submit(client, "The first part ends here. [break=1200ms] The second part follows.")
+    page, chunks = collect_chunks(client, job["id"])
+    assert page["state"] == "done" and len(chunks) == 2
+    first, second = decode_chunk(chunks[0]), decode_chunk(chunks[1])
+    tail = first[-int(1.2 * SR):]
+    assert np.abs(tail).max() < 200, "the break is not silent"
+    assert np.abs(first[: -int(1.2 * SR)]).max() > 3000  # speech before it
+    assert np.abs(second).max() > 3000
