@@ -27,6 +27,8 @@ def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Fl
     from web.api import api
     from web.books import books_api
     from web.openai_compat import openai_compat
+    from web.openapi import openapi
+    from web.page import page
     from web.streams import streams
     from web.ws import ws_bp
 
@@ -35,4 +37,6 @@ def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Fl
     app.register_blueprint(streams)
     app.register_blueprint(openai_compat)
     app.register_blueprint(ws_bp)
+    app.register_blueprint(openapi)
+    app.register_blueprint(page)
     return app
