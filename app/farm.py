@@ -53,6 +53,9 @@ class Farm:
         self.keys = Keys(settings.key_prefix)
         self.redis = redis_client(settings.redis_url)
         self.cache_redis = redis_client(settings.cache)
+        # The queues live on the broker, which may be its own server (AOF, noeviction).
+        self.broker_redis = (redis_client(settings.broker)
+                             if settings.broker != settings.redis_url else self.redis)
         self.jobs = JobStore(self.redis, self.keys, settings.job_ttl)
         self.mel_cache = MelCache(self.cache_redis, self.keys, settings.mel_cache_ttl)
         # Book files live in the artifact store; only their records are in Redis.
@@ -90,7 +93,7 @@ class Farm:
     def queue_depth(self, queue: str) -> int:
         # Kombu's Redis transport keeps a queue as a list under the queue's name; with
         # priorities it adds suffixed lists, counted too.
-        return int(self.redis.llen(queue))
+        return int(self.broker_redis.llen(queue))
 
     def heartbeat(self, queue: str, worker: str) -> None:
         self.redis.zadd(self.keys.workers(queue), {worker: time.time()})
@@ -108,7 +111,18 @@ class Farm:
         try:
             self.redis.ping()
         except Exception as exc:  # any failure to reach Redis means not ready
-            return {"ready": False, "redis": f"unreachable: {exc.__class__.__name__}"}
+            return {"ready": False, "redis": f"unreachable: {exc.__class__.__name__}",
+                    "missing": ["redis"]}
+        # A broker or cache on servers of their own are dependencies of their own.
+        for name, url, client in (("broker", self.settings.broker, self.broker_redis),
+                                  ("cache", self.settings.cache, self.cache_redis)):
+            if url == self.settings.redis_url:
+                continue
+            try:
+                client.ping()
+            except Exception as exc:
+                return {"ready": False, "redis": "ok",
+                        name: f"unreachable: {exc.__class__.__name__}", "missing": [name]}
         pools = {q: self.live_workers(q) for q in QUEUES}
         missing = [q for q, w in pools.items() if not w]
         return {"ready": not missing, "redis": "ok",

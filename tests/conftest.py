@@ -160,11 +160,11 @@ def client(farm):
 
 
 @contextmanager
-def gunicorn_server(env: dict, log: Path):
+def gunicorn_server(env: dict, log: Path, workers: int = 1):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "ops" / "gunicorn.conf.py"),
-         "--bind", f"127.0.0.1:{port}", "--workers", "1", "web.wsgi:app"],
+         "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "web.wsgi:app"],
         env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
         start_new_session=True)
     base = f"http://127.0.0.1:{port}"
