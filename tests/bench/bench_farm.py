@@ -1,13 +1,14 @@
 """Farm vs direct in-process synthesis, side by side in one run.
 
-    .venv/bin/python tests/bench/bench_farm.py [--sentences 50] [--repeat 1]
+    .venv/bin/python tests/bench/bench_farm.py [--sentences 50]
 
-Direct: the same frontend, acoustic and vocoder code called in this process, one sentence
-after another. Farm: the same sentences as jobs over HTTP to gunicorn (gevent), through the
-acoustic and vocoder worker processes and Redis, each timed from POST to the last chunk in
-the client's hands (long-poll). Latency is per sentence, one at a time; throughput submits all
-sentences at once. Every sentence is distinct, and the farm's Redis database is flushed first,
-so the farm gets no mel-cache hits the direct path would not get.
+Direct: the same frontend, acoustic and vocoder code called in this process. Farm: the same
+sentences as jobs over HTTP to gunicorn (gevent), through the acoustic and vocoder worker
+processes and Redis, each timed from POST to the last chunk in the client's hands
+(long-poll). Latency: one sentence at a time, direct and farm alternating sentence by
+sentence so both see the same machine load. Throughput: direct one after another, the farm
+with every sentence submitted at once. Every sentence is distinct and the farm's Redis
+database is flushed first, so the farm gets no mel-cache hits the direct path would not get.
 """
 
 from __future__ import annotations
@@ -52,30 +53,25 @@ def pct(values: list[float], p: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-def direct_run(texts: list[str]) -> tuple[list[float], float]:
+class Direct:
+    """The same frontend, acoustic and vocoder code, called in this process."""
 
-    from models.acoustic import load_acoustic
-    from models.encode import pcm16
-    from models.frontend import prepare
-    from models.vocoder import load_vocoder
+    def __init__(self) -> None:
+        from models.acoustic import load_acoustic
+        from models.vocoder import load_vocoder
 
-    acoustic, vocoder = load_acoustic("espeak"), load_vocoder("griffinlim")
+        self.acoustic, self.vocoder = load_acoustic("espeak"), load_vocoder("griffinlim")
+        self("Warm up the models once.")
 
-    def synth(text: str) -> int:
+    def __call__(self, text: str) -> int:
+        from models.encode import pcm16
+        from models.frontend import prepare
+
         n = 0
         for seg in prepare(text, "en-us"):
-            mel = acoustic.synthesize(seg.phonemes, "en-us", 1.0)
-            n += len(pcm16(vocoder.vocode([mel])[0].numpy()))
+            mel = self.acoustic.synthesize(seg.phonemes, "en-us", 1.0)
+            n += len(pcm16(self.vocoder.vocode([mel])[0].numpy()))
         return n
-
-    synth("Warm up the models once.")
-    lat = []
-    t_all = time.perf_counter()
-    for t in texts:
-        t0 = time.perf_counter()
-        assert synth(t) > 0
-        lat.append(time.perf_counter() - t0)
-    return lat, time.perf_counter() - t_all
 
 
 def farm_job(base: str, text: str, session: requests.Session) -> None:
@@ -95,22 +91,37 @@ def farm_job(base: str, text: str, session: requests.Session) -> None:
             return
 
 
-def farm_run(base: str, texts: list[str]) -> tuple[list[float], float]:
+def timed(fn, *args) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
+def latency_run(base: str, texts: list[str]) -> tuple[list[float], list[float]]:
+    """Direct and farm alternate sentence by sentence, so both see the same machine load."""
+    direct, session = Direct(), requests.Session()
+    farm_job(base, "Warm up the workers once.", session)
+    direct_lat, farm_lat = [], []
+    for t in texts:
+        direct_lat.append(timed(direct, t))
+        farm_lat.append(timed(farm_job, base, t, session))
+    return direct_lat, farm_lat
+
+
+def throughput_run(base: str, texts: list[str]) -> tuple[float, float]:
+    """Seconds for all sentences: direct one after another; farm all submitted at once (the
+    two stages pipeline across the worker processes)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    session = requests.Session()
-    farm_job(base, "Warm up the workers once.", session)
-    lat = []
-    for t in texts:
-        t0 = time.perf_counter()
-        farm_job(base, t, session)
-        lat.append(time.perf_counter() - t0)
-    # Throughput: everything submitted at once, the farm pipelines the two stages.
-    batch = [t.replace(".", ", again.") for t in texts]
-    t_all = time.perf_counter()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda t: farm_job(base, t, requests.Session()), batch))
-    return lat, time.perf_counter() - t_all
+    direct = Direct()
+    direct_s = timed(lambda: [direct(t) for t in texts])
+    batch = [t.replace(".", ", again.") for t in texts]  # new text: no mel-cache hits
+
+    def all_jobs() -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda t: farm_job(base, t, requests.Session()), batch))
+
+    return direct_s, timed(all_jobs)
 
 
 def main() -> None:
@@ -130,8 +141,8 @@ def main() -> None:
         url = server.url
     try:
         with running_farm(url, 0, tmp) as tf, gunicorn_server(tf.env, tmp / "web.log") as base:
-            farm_lat, farm_total = farm_run(base, texts)
-        direct_lat, direct_total = direct_run(texts)
+            direct_lat, farm_lat = latency_run(base, texts)
+            direct_total, farm_total = throughput_run(base, texts)
     finally:
         if server:
             server.stop()
