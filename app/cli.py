@@ -81,7 +81,9 @@ class Supervisor:
 @click.option("--web-workers", default=2, show_default=True, type=int)
 @click.option("--var", "var_dir", default="var", show_default=True,
               help="Where the embedded Redis and the artifact store keep their data.")
-def up(host: str, port: int, web_workers: int, var_dir: str) -> None:
+@click.option("--metrics-port", "metrics_port", default=9101, show_default=True, type=int,
+              help="The acoustic pool's metrics port; the vocoder pool's is the next (0: off).")
+def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int) -> None:
     """Start the whole farm: Redis (embedded unless configured), web, acoustic, vocoder."""
     from app.embedded_redis import EmbeddedRedis
 
@@ -106,8 +108,11 @@ def up(host: str, port: int, web_workers: int, var_dir: str) -> None:
         sup.spawn("web", [py, "-m", "gunicorn", "-c", str(ROOT / "ops" / "gunicorn.conf.py"),
                           "--bind", f"{host}:{port}", "--workers", str(web_workers),
                           "web.wsgi:app"], env)
-        sup.spawn("acoustic", [py, "-m", "app.cli", "worker", "acoustic"], env)
-        sup.spawn("vocoder", [py, "-m", "app.cli", "worker", "vocoder"], env)
+        sup.spawn("acoustic", [py, "-m", "app.cli", "worker", "acoustic",
+                               "--metrics-port", str(metrics_port)], env)
+        sup.spawn("vocoder", [py, "-m", "app.cli", "worker", "vocoder",
+                              "--metrics-port", str(metrics_port + 1 if metrics_port else 0)],
+                  env)
         sup.spawn("book", [py, "-m", "app.cli", "worker", "book"], env)
         click.echo(f"voxfarm on http://{host}:{port}  (Ctrl-C stops everything)")
         died = sup.wait_any()
@@ -199,7 +204,7 @@ def flower(port: int, address: str, no_auth: bool, extra: tuple[str, ...]) -> No
     if not no_auth:
         # Through Flower's environment option, so the password is not on the command line.
         os.environ["FLOWER_BASIC_AUTH"] = f"{user}:{password}"
-    make_celery(settings).start(["celery", "flower", f"--port={port}",
+    make_celery(settings).start(["flower", f"--port={port}",
                                  f"--address={address}", *extra])
 
 

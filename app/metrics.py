@@ -95,8 +95,9 @@ GPU_UTILIZATION = Gauge(
 class FarmCollector:
     """Queue depth and live workers per queue, read from Redis at scrape time."""
 
-    def __init__(self, farm, queues) -> None:
+    def __init__(self, farm, queues, pools=None) -> None:
         self.farm, self.queues = farm, tuple(queues)
+        self.pools = tuple(pools) if pools is not None else self.queues
 
     def collect(self):
         up = GaugeMetricFamily("voxfarm_redis_up", "1 when the scrape could read Redis.")
@@ -108,6 +109,7 @@ class FarmCollector:
         try:
             for q in self.queues:
                 depth.add_metric([q], self.farm.queue_depth(q))
+            for q in self.pools:
                 workers.add_metric([q], len(self.farm.live_workers(q)))
         except Exception as exc:  # Redis down: say so, and export no stale figures
             log.warning("metrics scrape could not read Redis: %s", exc)

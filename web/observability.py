@@ -15,8 +15,7 @@ import time
 
 from flask import Blueprint, Response, current_app, g, request
 
-from app import metrics, tracing
-from app.celery_app import QUEUES
+from app import celery_app, metrics, tracing
 
 observability = Blueprint("observability", __name__)
 
@@ -78,9 +77,20 @@ def _observe_job(job_id: str | None) -> None:
         current_app.logger.warning("job metrics failed for %s", job_id, exc_info=True)
 
 
+def _depth_queues() -> tuple[str, ...]:
+    # Every list a backlog can sit in (the batch queues and the book queue included, where
+    # the queue table has them).
+    return tuple(getattr(celery_app, "ALL_QUEUES", celery_app.QUEUES))
+
+
+def _pools() -> tuple[str, ...]:
+    # The pools that heartbeat, by the queue they are named after.
+    return tuple(getattr(celery_app, "WORKER_QUEUES", None) or celery_app.QUEUES)
+
+
 @observability.get("/metrics")
 def prometheus_metrics() -> Response:
     farm = current_app.extensions["voxfarm"]
-    body = metrics.exposition([metrics.FarmCollector(farm, QUEUES)])
+    body = metrics.exposition([metrics.FarmCollector(farm, _depth_queues(), _pools())])
     return Response(body, mimetype="text/plain", headers={
         "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
