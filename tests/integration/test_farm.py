@@ -199,3 +199,21 @@ def test_break_tag_becomes_silence_at_the_chunk_end(client):
     assert np.abs(tail).max() < 200, "the break is not silent"
     assert np.abs(first[: -int(1.2 * SR)]).max() > 3000  # speech before it
     assert np.abs(second).max() > 3000
+
+
+def test_overloaded_farm_says_503_with_retry_after(redis_url, tmp_path):
+    """Past the queue bound the farm refuses new work at once and writes nothing."""
+    from web import create_app
+
+    with running_farm(redis_url, 3, tmp_path, workers=False, max_queue_depth=4) as tf:
+        client = create_app(tf.settings, tf.farm).test_client()
+        first = submit(client, "One. Two is here now. Three comes next.")  # fits the bound
+        depth = tf.farm.queue_depth("acoustic")
+        assert depth == first["segments"]["total"]
+        resp = client.post("/v1/jobs", json={"text": " ".join(
+            f"Sentence {i} waits in a full queue." for i in range(8))})
+        assert resp.status_code == 503
+        assert resp.headers["Retry-After"] == str(tf.settings.retry_after_s)
+        assert resp.get_json()["error"]["code"] == "overloaded"
+        assert tf.farm.queue_depth("acoustic") == depth  # nothing enqueued
+        assert len(tf.farm.redis.keys(tf.farm.keys.job("*"))) == 1  # no job record written
