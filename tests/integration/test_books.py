@@ -1,0 +1,247 @@
+"""Books end to end: the Flask app (test client) over real Redis, a real artifact store, and
+real acoustic, vocoder and book (gevent) worker processes on the real queues."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+
+import av
+import pytest
+
+from tests import bookfiles
+from tests.conftest import running_farm
+
+pytestmark = pytest.mark.integration
+
+SENTENCES = [
+    "The lighthouse keeper climbed the stairs at dusk.",
+    "He lit the lamp and watched the ships go by.",
+    "A storm gathered far out beyond the reef.",
+    "By morning the sea had turned a quiet grey.",
+    "Children ran along the sand looking for shells.",
+    "The keeper wrote everything down in his log.",
+]
+
+
+def json_book(title: str, chapters: int, sentences: int) -> dict:
+    return {"title": title, "author": "Test Author", "chapters": [
+        {"title": f"Part {c + 1}", "text": " ".join(
+            f"{SENTENCES[(c + i) % len(SENTENCES)]} That was line {i + 1} of part {c + 1}."
+            for i in range(sentences))} for c in range(chapters)]}
+
+
+@pytest.fixture(scope="module")
+def book_farm(redis_url, tmp_path_factory):
+    store = tmp_path_factory.mktemp("store")
+    # A short visibility timeout: a killed worker's segment comes back in seconds.
+    with running_farm(redis_url, 6, tmp_path_factory.mktemp("books"), book=True,
+                      store_dir=str(store), visibility_timeout=5) as tf:
+        yield tf
+
+
+@pytest.fixture(scope="module")
+def bclient(book_farm):
+    from web import create_app
+
+    return create_app(book_farm.settings, book_farm.farm).test_client()
+
+
+def upload(client, data: bytes, name: str, **form):
+    return client.post("/v1/books", data={"file": (io.BytesIO(data), name), **form},
+                       content_type="multipart/form-data")
+
+
+def wait_book(client, book_id: str, states=("done",), timeout_s: float = 120,
+              until=None) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        book = client.get(f"/v1/books/{book_id}").get_json()
+        if book["state"] in states or (until and until(book)):
+            return book
+        assert book["state"] not in ("failed", "canceled") or book["state"] in states, book
+        time.sleep(0.1)
+    raise AssertionError(f"book {book_id} still {book['state']} after {timeout_s} s: {book}")
+
+
+def segment_files(farm, book_id: str) -> list[str]:
+    return farm.store.list(f"books/{book_id}/segments/")
+
+
+def duration(data: bytes) -> float:
+    with av.open(io.BytesIO(data)) as c:
+        return sum(f.samples for f in c.decode(audio=0)) / c.streams.audio[0].sample_rate
+
+
+def test_epub_renders_to_m4b_with_chapter_markers(book_farm, bclient):
+    epub = bookfiles.make_epub()
+    resp = upload(bclient, epub, "harbour.epub", formats="m4b,mp3,chapters")
+    assert resp.status_code == 202, resp.get_json()
+    book = resp.get_json()
+    assert book["state"] == "queued" and book["title"] == "Harbour Tales"
+
+    book = wait_book(bclient, book["id"])
+    titles = [t for t, _ in bookfiles.CHAPTERS]
+    assert [c["title"] for c in book["chapters"]] == titles  # cover, copyright, blank skipped
+    assert all(c["segments"]["done"] == c["segments"]["total"] > 0 for c in book["chapters"])
+    assert len(segment_files(book_farm.farm, book["id"])) == book["segments"]["total"]
+
+    m4b = bclient.get(book["links"]["m4b"])
+    assert m4b.status_code == 200 and m4b.data[4:12] == b"ftypM4B "
+    with av.open(io.BytesIO(m4b.data)) as c:
+        marks = c.chapters()
+        assert [m["metadata"]["title"] for m in marks] == titles
+        starts = [float(m["start"] * m["time_base"]) for m in marks]
+        assert starts[0] == 0 and starts[0] < starts[1] < starts[2]
+        assert c.metadata["title"] == "Harbour Tales" and c.metadata["artist"] == "Ann Writer"
+        assert any(s.disposition & av.stream.Disposition.attached_pic for s in c.streams)
+    chapter_lengths = [duration(bclient.get(f"/v1/books/{book['id']}/chapters/{n}/audio").data)
+                       for n in range(3)]
+    assert all(x > 1.0 for x in chapter_lengths)
+    assert abs(duration(m4b.data) - sum(chapter_lengths)) < 0.2
+
+    with av.open(io.BytesIO(bclient.get(book["links"]["mp3"]).data)) as c:
+        assert [m["metadata"]["title"] for m in c.chapters()] == titles
+
+    manifest = bclient.get(book["links"]["manifest"]).get_json()
+    assert [c["title"] for c in manifest["chapters"]] == titles
+    assert [c["start_s"] for c in manifest["chapters"]] == pytest.approx(starts, abs=0.05)
+
+    again = upload(bclient, epub, "same-book-other-name.epub", formats="chapters,m4b,mp3")
+    assert again.status_code == 200 and again.get_json()["id"] == book["id"]
+
+
+def test_vocoder_sigkill_mid_book_every_segment_exactly_once(book_farm, bclient):
+    resp = bclient.post("/v1/books", json=json_book("Crash Course", 2, 4))
+    assert resp.status_code == 202, resp.get_json()
+    book_id = resp.get_json()["id"]
+    wait_book(bclient, book_id, until=lambda b: b["segments"]["done"] >= 2)
+    vocoder = next(w for w in book_farm.workers if w.queue == "vocoder")
+    vocoder.kill()
+    book_farm.workers.remove(vocoder)
+    mid = bclient.get(f"/v1/books/{book_id}").get_json()
+    assert mid["state"] == "rendering" and mid["segments"]["done"] < mid["segments"]["total"]
+    book_farm.start_worker("vocoder")
+
+    book = wait_book(bclient, book_id, timeout_s=150)
+    total = book["segments"]["total"]
+    assert book["segments"]["done"] == total
+    files = segment_files(book_farm.farm, book_id)
+    assert len(files) == total == len(set(files))
+    for c in book["chapters"]:
+        assert len([f for f in files if f"/segments/{c['index']:04d}/" in f]) == \
+            c["segments"]["total"]
+    manifest = bclient.get(f"/v1/books/{book_id}/manifest").get_json()
+    assert manifest["duration_s"] == pytest.approx(book["audio_seconds"], abs=0.01)
+
+
+def test_interactive_job_overtakes_a_book(book_farm, bclient):
+    resp = bclient.post("/v1/books", json=json_book("Long Haul", 4, 8))
+    book_id = resp.get_json()["id"]
+    wait_book(bclient, book_id, until=lambda b: b["segments"]["done"] >= 1)
+    job = bclient.post("/v1/jobs", json={"text": "Is anyone there?"}).get_json()
+    deadline = time.monotonic() + 60
+    while bclient.get(f"/v1/jobs/{job['id']}").get_json()["state"] != "done":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    book = bclient.get(f"/v1/books/{book_id}").get_json()
+    assert book["state"] == "rendering", "the job finished before the book's remaining segments"
+    assert book["segments"]["done"] < book["segments"]["total"] - 4
+    bclient.delete(f"/v1/books/{book_id}")
+
+
+def test_cancel_removes_files_and_skips_queued_segments(book_farm, bclient):
+    resp = bclient.post("/v1/books", json=json_book("Cut Short", 3, 8))
+    book_id = resp.get_json()["id"]
+    wait_book(bclient, book_id, until=lambda b: b["segments"]["done"] >= 1)
+    assert bclient.delete(f"/v1/books/{book_id}").get_json()["state"] == "canceled"
+    time.sleep(2)  # segments already running finish and find the book canceled
+    book = bclient.get(f"/v1/books/{book_id}").get_json()
+    assert book["state"] == "canceled"
+    assert book["segments"]["done"] < book["segments"]["total"]
+    assert book_farm.farm.store.list(f"books/{book_id}/") == []
+    assert bclient.get(f"/v1/books/{book_id}/audio").status_code == 409
+    assert bclient.post(f"/v1/books/{book_id}/retry").status_code == 409
+
+
+def test_failed_book_retry_renders_only_what_is_missing(book_farm, bclient):
+    resp = bclient.post("/v1/books", json=json_book("Second Wind", 2, 3))
+    book_id = resp.get_json()["id"]
+    wait_book(bclient, book_id, until=lambda b: b["segments"]["done"] >= 2)
+    farm = book_farm.farm
+    assert farm.books.fail(book_id, 1, "some text", "chapter 1, segment 0: boom")
+    failed = bclient.get(f"/v1/books/{book_id}").get_json()
+    assert failed["state"] == "failed"
+    assert failed["error"] == {"message": "chapter 1, segment 0: boom", "chapter": 1,
+                               "text": "some text"}
+    before = {k: farm.store.local_path(k) for k in segment_files(farm, book_id)}
+    mtimes = {k: os.stat(p).st_mtime_ns for k, p in before.items()}
+    assert bclient.post(f"/v1/books/{book_id}/retry").status_code == 202
+    book = wait_book(bclient, book_id)
+    assert book["error"] is None
+    files = segment_files(farm, book_id)
+    assert len(files) == book["segments"]["total"]
+    # Segments stored before the failure were not rendered again.
+    assert all(os.stat(farm.store.local_path(k)).st_mtime_ns == m for k, m in mtimes.items())
+
+
+# -- bad input: a clear 4xx and nothing written ---------------------------------------------
+
+
+def _nothing_written(book_farm) -> tuple[int, list[str]]:
+    r = book_farm.farm.redis
+    return len(r.keys(f"{book_farm.settings.key_prefix}:book:*")), sorted(
+        book_farm.farm.store.list("books/"))
+
+
+BAD_UPLOADS = {
+    "text_posing_as_epub": (b"Chapter 1\nJust text.", "book.epub", 415, "wrong_format"),
+    "png_posing_as_text": (bookfiles.tiny_png, "book.txt", 415, "wrong_format"),
+    "zip_posing_as_html": (b"PK\x03\x04rest", "book.html", 415, "wrong_format"),
+    "unknown_extension": (b"hello", "book.pdf", 415, "unsupported_format"),
+    "corrupt_epub": (bookfiles.corrupt_epub, "book.epub", 422, "corrupt_epub"),
+    "zip_bomb": (bookfiles.zip_bomb, "book.epub", 422, "archive_too_large"),
+    "path_traversal": (bookfiles.traversal_epub, "book.epub", 422, "unsafe_archive"),
+    "drm": (bookfiles.drm_epub, "book.epub", 422, "drm_protected"),
+    "billion_laughs": (bookfiles.entity_epub, "book.epub", 422, "unsafe_xml"),
+    "xxe": (lambda: bookfiles.entity_epub(bookfiles.XXE), "book.epub", 422, "unsafe_xml"),
+    "no_text": (b"  \n\n ... \n", "book.txt", 422, "no_text"),
+    "empty_epub": (lambda: bookfiles.make_epub(chapters=[("", " ")], cover=False,
+                                               extra_docs=False), "book.epub", 422, "no_text"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_UPLOADS))
+def test_bad_upload_gets_its_4xx_and_leaves_nothing(book_farm, bclient, case):
+    data, name, status, code = BAD_UPLOADS[case]
+    data = data() if callable(data) else data
+    before = _nothing_written(book_farm)
+    resp = upload(bclient, data, name)
+    assert resp.status_code == status, resp.get_json()
+    assert resp.get_json()["error"]["code"] == code
+    assert _nothing_written(book_farm) == before
+
+
+def test_unknown_voice_and_bad_formats(book_farm, bclient):
+    before = _nothing_written(book_farm)
+    resp = upload(bclient, b"Chapter 1\nHello there.", "a.txt", voice="xx-nope")
+    assert resp.status_code == 422 and resp.get_json()["error"]["code"] == "unknown_voice"
+    resp = bclient.post("/v1/books", json={**json_book("F", 1, 1), "formats": ["wav"]})
+    assert resp.status_code == 422 and resp.get_json()["error"]["field"] == "formats"
+    resp = bclient.post("/v1/books", json={"chapters": []})
+    assert resp.status_code == 422
+    assert _nothing_written(book_farm) == before
+
+
+def test_upload_over_the_size_limit_is_413(book_farm):
+    from app.farm import Farm
+    from web import create_app
+
+    settings = book_farm.settings.with_(max_book_bytes=10_000)
+    small = create_app(settings, Farm(settings))
+    before = _nothing_written(book_farm)
+    resp = upload(small.test_client(), b"Chapter 1\n" + b"word " * 5000, "big.txt")
+    assert resp.status_code == 413
+    assert resp.get_json()["error"]["code"] == "request_too_large"
+    assert _nothing_written(book_farm) == before
