@@ -273,5 +273,112 @@ def say(text: str, output: str, voice: str, speed: float, server: str) -> None:
     click.echo(f"wrote {output}")
 
 
+# -- voxfarm book render -------------------------------------------------------------------
+
+
+@main.group()
+def book() -> None:
+    """Render whole books through a running farm."""
+
+
+@book.command("render")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "out_dir", required=True,
+              type=click.Path(file_okay=False), help="Folder for the audiobook files.")
+@click.option("--voice", default="en-us", show_default=True)
+@click.option("--speed", default=1.0, show_default=True, type=float)
+@click.option("--formats", default="m4b,chapters", show_default=True,
+              help="Any of m4b, mp3, chapters (comma separated).")
+@click.option("--server", default=os.environ.get("VOXFARM_SERVER", "http://127.0.0.1:8000"),
+              show_default=True)
+def book_render(file: str, out_dir: str, voice: str, speed: float, formats: str,
+                server: str) -> None:
+    """Render FILE (.epub, .txt, .md, .html) into OUTPUT: an M4B with chapters, chapter MP3s
+    and a manifest. The farm keeps rendering after a Ctrl-C; the same command again resumes
+    the same book (its id comes from the content and settings) and downloads it when done."""
+    import requests
+
+    server = server.rstrip("/")
+    with open(file, "rb") as f:
+        resp = requests.post(f"{server}/v1/books", files={"file": (Path(file).name, f)},
+                             data={"voice": voice, "speed": str(speed), "formats": formats},
+                             timeout=300)
+    if resp.status_code not in (200, 202):
+        raise click.ClickException(_api_error(resp))
+    bk = resp.json()
+    click.echo(f"book {bk['id']}: '{bk['title']}' "
+               f"({'new' if resp.status_code == 202 else 'resuming'})")
+    if bk["state"] == "failed":
+        click.echo(f"it failed before: {bk['error']}; retrying what is missing")
+        r = requests.post(f"{server}{bk['links']['retry']}", timeout=60)
+        if r.status_code != 202:
+            raise click.ClickException(_api_error(r))
+    try:
+        bk = _watch_book(server, bk)
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped watching; the farm keeps rendering. Run the same command "
+                   f"again to resume book {bk['id']}.")
+        sys.exit(130)
+    if bk["state"] != "done":
+        err = bk.get("error") or {}
+        raise click.ClickException(f"book {bk['id']} {bk['state']}: {err.get('message')} "
+                                   f"(chapter {err.get('chapter')}: {err.get('text')!r}); "
+                                   "run the command again to retry what is missing")
+    _download_book(server, bk, Path(out_dir))
+
+
+def _watch_book(server: str, bk: dict) -> dict:
+    import requests
+
+    total = max(1, bk["segments"]["total"])
+    with click.progressbar(length=total, label="segments", show_pos=True,
+                           item_show_func=lambda x: x) as bar:
+        shown = 0
+        while True:
+            r = requests.get(f"{server}/v1/books/{bk['id']}", timeout=30)
+            if r.status_code != 200:
+                raise click.ClickException(_api_error(r))
+            bk = r.json()
+            if bk["segments"]["total"] and bar.length != bk["segments"]["total"]:
+                bar.length = bk["segments"]["total"]
+            chapters = bk["chapters"]
+            finished = sum(c["segments"]["done"] == c["segments"]["total"] for c in chapters)
+            eta = f", ETA {bk['eta_s']:.0f} s" if bk.get("eta_s") else ""
+            bar.current_item = (f"{bk['state']}, chapters {finished}/{len(chapters)}{eta}")
+            bar.update(bk["segments"]["done"] - shown)
+            shown = bk["segments"]["done"]
+            if bk["state"] in ("done", "failed", "canceled"):
+                return bk
+            time.sleep(1.0)
+
+
+def _download_book(server: str, bk: dict, out: Path) -> None:
+    import requests
+
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in bk["title"]).strip()
+    stem = stem or bk["id"]
+
+    def fetch(url: str, dest: Path) -> None:
+        with requests.get(f"{server}{url}", stream=True, timeout=300) as r:
+            if r.status_code != 200:
+                raise click.ClickException(_api_error(r))
+            tmp = dest.with_suffix(dest.suffix + ".part")
+            with open(tmp, "wb") as f:
+                for block in r.iter_content(256 * 1024):
+                    f.write(block)
+            tmp.replace(dest)
+        click.echo(f"wrote {dest}")
+
+    for fmt in ("m4b", "mp3"):
+        if fmt in bk["links"]:
+            fetch(bk["links"][fmt], out / f"{stem}.{fmt}")
+    for ch in bk["chapters"]:
+        if "audio" in ch:
+            safe = "".join(c if c.isalnum() or c in " -_" else "_" for c in ch["title"])
+            fetch(ch["audio"], out / f"{ch['index'] + 1:03d} {safe.strip()}.mp3")
+    fetch(bk["links"]["manifest"], out / "manifest.json")
+
+
 if __name__ == "__main__":
     main()
