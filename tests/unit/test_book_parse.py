@@ -1,0 +1,75 @@
+"""Chapter detection and the upload checks, on books built in the test."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.book_parse import BookError, parse_book
+from tests import bookfiles
+
+
+def titles(book) -> list[str]:
+    return [c.title for c in book.chapters]
+
+
+def test_epub_spine_nav_titles_metadata_and_cover():
+    book = parse_book(bookfiles.make_epub(), "harbour.epub")
+    assert (book.title, book.author, book.language) == ("Harbour Tales", "Ann Writer", "en")
+    # cover page, copyright page, the nav document and the blank page are skipped
+    assert titles(book) == [t for t, _ in bookfiles.CHAPTERS]
+    assert "Gulls followed them over the water" in book.chapters[0].text
+    assert book.cover_mime == "image/png" and book.cover.startswith(b"\x89PNG")
+
+
+def test_plain_text_english_roman_and_chinese_headings():
+    text = ("My Novel\n\nA short preface here.\n\nChapter 1\nIt began.\n\nCHAPTER IV\n"
+            "It went on.\n\n第三章 归来\n他回来了。\n")
+    book = parse_book(text.encode(), "novel.txt")
+    assert titles(book) == ["novel", "Chapter 1", "CHAPTER IV", "第三章 归来"]
+    assert "他回来了" in book.chapters[3].text
+
+
+def test_plain_text_without_headings_is_one_chapter():
+    book = parse_book(b"Just a story. Nothing else.", "story.txt")
+    assert titles(book) == ["story"] and book.chapters[0].text == "Just a story. Nothing else."
+
+
+def test_plain_text_table_of_contents_lines_make_no_empty_chapters():
+    text = "Contents\nChapter 1\nChapter 2\n\nChapter 1\nOne happens.\n\nChapter 2\nTwo.\n"
+    book = parse_book(text.encode(), "b.txt")
+    assert [c.text.split(".", 1)[1].strip() for c in book.chapters[-2:]] == ["One happens.",
+                                                                             "Two."]
+
+
+def test_markdown_headings_under_a_title():
+    md = ("# The Book\n\n## First\nSome *emphasis* and a [link](http://x).\n\n"
+          "## Second\n```\ncode()\n```\nMore text.\n")
+    book = parse_book(md.encode(), "b.md")
+    assert book.title == "The Book" and titles(book) == ["First", "Second"]
+    assert "Some emphasis and a link." in book.chapters[0].text
+    assert "code()" not in book.chapters[1].text
+
+
+def test_html_h1_chapters_skip_scripts():
+    html = ("<html><head><title>T</title><script>var x = 1;</script></head><body>"
+            "<h1>One</h1><p>Alpha &amp; omega.</p><h1>Two</h1><p>Beta.</p></body></html>")
+    book = parse_book(html.encode(), "b.html")
+    assert book.title == "T" and titles(book) == ["One", "Two"]
+    assert "Alpha & omega." in book.chapters[0].text and "var x" not in book.chapters[0].text
+
+
+@pytest.mark.parametrize("make, name, code", [
+    (bookfiles.zip_bomb, "b.epub", "archive_too_large"),
+    (bookfiles.traversal_epub, "b.epub", "unsafe_archive"),
+    (bookfiles.drm_epub, "b.epub", "drm_protected"),
+    (bookfiles.entity_epub, "b.epub", "unsafe_xml"),
+    (lambda: bookfiles.entity_epub(bookfiles.XXE), "b.epub", "unsafe_xml"),
+    (bookfiles.corrupt_epub, "b.epub", "corrupt_epub"),
+    (lambda: b"plain words", "b.epub", "wrong_format"),
+    (bookfiles.make_epub, "b.txt", "wrong_format"),
+    (lambda: b"\n \n", "b.md", "no_text"),
+])
+def test_bad_uploads(make, name, code):
+    with pytest.raises(BookError) as err:
+        parse_book(make(), name)
+    assert err.value.code == code
