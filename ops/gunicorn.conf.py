@@ -45,3 +45,12 @@ def child_exit(server, worker):
     from app import multiproc
 
     multiproc.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    # The directory is this server's alone (named by its port): leave nothing behind.
+    import shutil
+
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
