@@ -18,8 +18,17 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/voxfarm up --port $${PORT:-8000}
 
+# The browser tests (tests/browser) need Debian's chromium; without it they skip, and this
+# banner, printed after the run, says so where nobody can miss it.
+CHROMIUM := /usr/bin/chromium
+NO_BROWSER_BANNER := test -x $(CHROMIUM) || printf '\n%s\n%s\n%s\n%s\n\n' \
+  '======================================================================' \
+  '!!  SKIPPED: the browser tests (tests/browser): no $(CHROMIUM)' \
+  '!!  install it: apt-get install -y chromium   (.ci/run does)' \
+  '======================================================================'
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q; rc=$$?; $(NO_BROWSER_BANNER); exit $$rc
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
