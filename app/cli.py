@@ -82,7 +82,8 @@ class Supervisor:
 @click.option("--var", "var_dir", default="var", show_default=True,
               help="Where the embedded Redis and the artifact store keep their data.")
 @click.option("--metrics-port", "metrics_port", default=9101, show_default=True, type=int,
-              help="The acoustic pool's metrics port; the vocoder pool's is the next (0: off).")
+              help="The acoustic pool's metrics port; vocoder and book take the next two "
+                   "(0: off).")
 def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int) -> None:
     """Start the whole farm: Redis (embedded unless configured), web, acoustic, vocoder."""
     from app.embedded_redis import EmbeddedRedis
@@ -113,7 +114,8 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int) 
         sup.spawn("vocoder", [py, "-m", "app.cli", "worker", "vocoder",
                               "--metrics-port", str(metrics_port + 1 if metrics_port else 0)],
                   env)
-        sup.spawn("book", [py, "-m", "app.cli", "worker", "book"], env)
+        sup.spawn("book", [py, "-m", "app.cli", "worker", "book",
+                           "--metrics-port", str(metrics_port + 2 if metrics_port else 0)], env)
         click.echo(f"voxfarm on http://{host}:{port}  (Ctrl-C stops everything)")
         died = sup.wait_any()
         if died and not stopping.is_set():
