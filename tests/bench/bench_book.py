@@ -1,0 +1,142 @@
+"""A generated book through the whole farm: wall time, audio per wall hour, peak RSS of every
+process, and interactive latency idle vs while the book renders.
+
+    .venv/bin/python tests/bench/bench_book.py [--words 20000] [--chapters 20]
+
+The farm is real: an embedded Redis, one acoustic, one vocoder and one book (gevent) worker
+process, the artifact store in a temporary folder; the web runs in this process (Flask test
+client), so "bench" in the RSS table is the web plus this driver. Interactive latency: a
+one-sentence job (distinct text each time, so no mel-cache hits) from POST to state done,
+measured 20 times on the idle farm, then once a second while the book renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.bench.bench_farm import pct, sentences  # noqa: E402
+from tests.conftest import running_farm  # noqa: E402
+
+
+def book_json(words: int, chapters: int) -> dict:
+    text = sentences(words // 7 + 1)  # about 7 words a sentence
+    per = max(1, len(text) // chapters)
+    return {"title": "The Generated Book", "author": "Bench", "formats": ["m4b", "chapters"],
+            "chapters": [{"title": f"Chapter {c + 1}",
+                          "text": " ".join(text[c * per:(c + 1) * per])}
+                         for c in range(chapters)]}
+
+
+class RssWatch:
+    """Peak RSS of every process of the farm (worker trees) and of this one."""
+
+    def __init__(self, roots: dict[str, int]) -> None:
+        self.roots = roots
+        self.peak: dict[str, int] = {}
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for name, pid in self.roots.items():
+                try:
+                    root = psutil.Process(pid)
+                    # This process's children are the farm's workers, watched on their own.
+                    kids = [] if pid == os.getpid() else root.children(recursive=True)
+                    for i, p in enumerate([root, *kids]):
+                        key = name if i == 0 else f"{name}/child{i}"
+                        self.peak[key] = max(self.peak.get(key, 0), p.memory_info().rss)
+                except psutil.Error:
+                    pass
+            self._stop.wait(0.5)
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        return self.peak
+
+
+def interactive(client, text: str) -> float:
+    t0 = time.perf_counter()
+    job = client.post("/v1/jobs", json={"text": text}).get_json()
+    while client.get(f"/v1/jobs/{job['id']}").get_json()["state"] != "done":
+        time.sleep(0.005)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--words", type=int, default=20_000)
+    ap.add_argument("--chapters", type=int, default=20)
+    args = ap.parse_args()
+
+    from app.embedded_redis import EmbeddedRedis
+    from web import create_app
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        server = EmbeddedRedis(tmp / "redis", persist=False).start()
+        try:
+            with running_farm(server.url, 0, tmp, book=True,
+                              store_dir=str(tmp / "store")) as tf:
+                client = create_app(tf.settings, tf.farm).test_client()
+                watch = RssWatch({w.queue: w.proc.pid for w in tf.workers}
+                                 | {"bench (web + driver)": os.getpid(),
+                                    "redis": server.proc.pid})
+                probe = iter(f"Quick question number {i}, is the farm awake?"
+                             for i in range(10_000))
+                for _ in range(3):
+                    interactive(client, next(probe))  # warm
+                idle = [interactive(client, next(probe)) for _ in range(20)]
+
+                t0 = time.perf_counter()
+                resp = client.post("/v1/books", json=book_json(args.words, args.chapters))
+                assert resp.status_code == 202, resp.get_json()
+                book_id = resp.get_json()["id"]
+                during = []
+                while True:
+                    book = client.get(f"/v1/books/{book_id}").get_json()
+                    if book["state"] in ("done", "failed", "canceled"):
+                        break
+                    if book["state"] == "rendering":
+                        during.append(interactive(client, next(probe)))
+                    time.sleep(1.0)
+                wall = time.perf_counter() - t0
+                peaks = watch.stop()
+                redis_mem = tf.farm.redis.info("memory")["used_memory"]
+        finally:
+            server.stop()
+
+    assert book["state"] == "done", book
+    audio_h = book["audio_seconds"] / 3600
+    print(f"\nbook: {args.words} words, {args.chapters} chapters, "
+          f"{book['segments']['total']} segments, {book['audio_seconds'] / 60:.1f} min of audio")
+    print(f"{'wall time':<34}{wall:>10.1f} s")
+    print(f"{'audio hours per wall hour':<34}{audio_h / (wall / 3600):>10.1f}")
+    print(f"{'Redis used_memory at the end':<34}{redis_mem / 2**20:>10.1f} MiB")
+    print(f"\n{'interactive latency (s)':<24}{'n':>5}{'p50':>9}{'p99':>9}")
+    for name, xs in (("idle farm", idle), ("during the book", during)):
+        if xs:
+            print(f"{name:<24}{len(xs):>5}{pct(xs, 0.5):>9.3f}{pct(xs, 0.99):>9.3f}")
+    if during:
+        print(f"goal p99 during <= 2 x idle p50: {pct(during, 0.99):.3f} vs "
+              f"{2 * pct(idle, 0.5):.3f} -> "
+              f"{'met' if pct(during, 0.99) <= 2 * pct(idle, 0.5) else 'NOT met'}")
+    print(f"\n{'process':<34}{'peak RSS':>12}")
+    for name, rss in sorted(peaks.items()):
+        print(f"{name:<34}{rss / 2**20:>9.0f} MiB")
+    print(f"none over 1 GB: {max(peaks.values()) < 2**30}")
+
+
+if __name__ == "__main__":
+    main()
