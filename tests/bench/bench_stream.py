@@ -1,0 +1,145 @@
+"""Time to first audio byte vs full synthesis time, for a 10-sentence paragraph, in one run.
+
+    .venv/bin/python tests/bench/bench_stream.py [--redis-url URL]
+
+A farm (1 acoustic + 1 vocoder worker, gunicorn gevent, Redis on loopback) renders a fresh
+10-sentence paragraph three ways, each timed from the request to the first audio byte in the
+client's hands and to the last:
+
+* `GET /v1/jobs/{id}/stream?format=wav` right after `POST /v1/jobs` (timed from the POST);
+* `POST /v1/audio/speech` (`response_format=pcm`);
+* `WS /v1/ws` (text and flush in one message; first binary frame).
+
+Next to them: the direct in-process synthesis of the paragraph's first sentence (the same
+frontend, acoustic and vocoder code in this process; median of three). Every paragraph is new
+text, so no mel-cache hit helps the farm. Goals (issue 4): first byte <= 0.15x the full time
+and <= 1.3x the direct first sentence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.bench.bench_farm import Direct  # noqa: E402
+from tests.conftest import gunicorn_server, running_farm  # noqa: E402
+
+TOPICS = ["harbour", "library", "mountain", "garden", "market", "river", "station",
+          "orchard", "workshop", "lighthouse"]
+
+
+def paragraph(tag: str) -> list[str]:
+    return [f"The {t} in story {tag} opens its doors a little after sunrise, number {i + 1}."
+            for i, t in enumerate(TOPICS)]
+
+
+def via_stream(base: str, text: str) -> tuple[float, float, int]:
+    t0 = time.perf_counter()
+    job = requests.post(f"{base}/v1/jobs", json={"text": text}, timeout=60).json()
+    first, size = None, 0
+    with requests.get(f"{base}/v1/jobs/{job['id']}/stream", stream=True, timeout=120) as r:
+        for piece in r.iter_content(chunk_size=None):
+            size += len(piece)
+            if first is None and size > 44:  # past the WAV header: audio
+                first = time.perf_counter() - t0
+    return first, time.perf_counter() - t0, (size - 44) // 2
+
+
+def via_openai(base: str, text: str) -> tuple[float, float, int]:
+    t0 = time.perf_counter()
+    first, size = None, 0
+    with requests.post(f"{base}/v1/audio/speech", stream=True, timeout=120, json={
+            "model": "tts-1", "voice": "alloy", "input": text,
+            "response_format": "pcm"}) as r:
+        r.raise_for_status()
+        for piece in r.iter_content(chunk_size=None):
+            size += len(piece)
+            if first is None and size:
+                first = time.perf_counter() - t0
+    return first, time.perf_counter() - t0, size // 2
+
+
+def via_ws(base: str, text: str) -> tuple[float, float, int]:
+    import simple_websocket
+
+    ws = simple_websocket.Client.connect(base.replace("http://", "ws://") + "/v1/ws")
+    try:
+        json.loads(ws.receive(timeout=10))  # ready
+        t0 = time.perf_counter()
+        ws.send(json.dumps({"text": text, "flush": True}))
+        first, size = None, 0
+        while True:
+            msg = ws.receive(timeout=120)
+            if isinstance(msg, bytes):
+                size += len(msg)
+                if first is None:
+                    first = time.perf_counter() - t0
+            elif json.loads(msg)["type"] in ("flushed", "error"):
+                return first, time.perf_counter() - t0, size // 2
+    finally:
+        ws.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--redis-url", default=None)
+    args = ap.parse_args()
+
+    from app.embedded_redis import EmbeddedRedis
+
+    tmp = Path(tempfile.mkdtemp(prefix="voxfarm-bench-stream-"))
+    server = None
+    url = args.redis_url
+    if not url:
+        server = EmbeddedRedis(tmp / "redis", persist=False).start()
+        url = server.url
+    rows = []
+    try:
+        with running_farm(url, 0, tmp) as tf, gunicorn_server(tf.env, tmp / "web.log") as base:
+            requests.post(f"{base}/v1/jobs", json={"text": "Warm up the workers."}, timeout=60)
+            via_stream(base, "Warm up the stream path once.")
+            direct = Direct()
+            for name, fn in (("HTTP stream (wav)", via_stream), ("OpenAI speech (pcm)",
+                                                                 via_openai),
+                             ("WebSocket", via_ws)):
+                sents = paragraph(name.split()[0].lower())
+                first_direct = statistics.median(
+                    timed_direct(direct, sents[0]) for _ in range(3))
+                first, full, samples = fn(base, " ".join(sents))
+                rows.append((name, first, full, samples / 22050, first_direct))
+    finally:
+        if server:
+            server.stop()
+
+    print("\n10-sentence paragraph, 1 acoustic + 1 vocoder worker, gunicorn gevent, "
+          "Redis on loopback\n")
+    print(f"| {'path':<20} | {'first byte':>10} | {'full':>8} | {'audio':>7} | "
+          f"{'first/full':>10} | {'direct 1st':>10} | {'first/direct':>12} |")
+    print(f"|{'-' * 22}|{'-' * 12}|{'-' * 10}|{'-' * 9}|{'-' * 12}|{'-' * 12}|{'-' * 14}|")
+    for name, first, full, audio_s, direct_s in rows:
+        print(f"| {name:<20} | {first * 1e3:>8.0f}ms | {full:>7.2f}s | {audio_s:>6.1f}s | "
+              f"{first / full:>9.3f}x | {direct_s * 1e3:>8.0f}ms | {first / direct_s:>11.2f}x |")
+    print("\ngoals: first/full <= 0.15 and first/direct <= 1.30")
+    for name, first, full, _, direct_s in rows:
+        ok = first / full <= 0.15 and first / direct_s <= 1.30
+        print(f"  {name:<20} {'MET' if ok else 'NOT MET'}")
+
+
+def timed_direct(direct, text: str) -> float:
+    t0 = time.perf_counter()
+    direct(text)
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    main()
