@@ -146,8 +146,13 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int) 
               envvar="VOXFARM_METRICS_PORT",
               help="Serve this pool's Prometheus metrics on this port (0: off).")
 @click.option("--metrics-addr", default="0.0.0.0", show_default=True)
+@click.option("--threads", default=None, type=int, envvar="VOXFARM_TORCH_THREADS",
+              help="torch threads per process (default: 1 for acoustic, whose eSpeak "
+                   "stage is single-threaded, so more threads only spin against the "
+                   "vocoder's; torch's own default for vocoder).")
 def worker(queue: str, device: str, concurrency: int | None, pool: str | None, loglevel: str,
-           name: str | None, metrics_port: int, metrics_addr: str) -> None:
+           name: str | None, metrics_port: int, metrics_addr: str,
+           threads: int | None) -> None:
     """Run one worker pool on its queue."""
     # The book pool orchestrates (waits on Redis, the store, the broker): gevent, many
     # greenlets. It must patch before the worker opens a socket.
@@ -165,8 +170,11 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
         multiproc.prepare(f"{queue}-{metrics_port}")
     from workers.main import run_worker
 
+    if threads is None:
+        threads = 1 if queue == "acoustic" else 0
     run_worker(queue, device=device, concurrency=concurrency, pool=pool, loglevel=loglevel,
-               name=name, metrics_port=metrics_port, metrics_addr=metrics_addr)
+               name=name, metrics_port=metrics_port, metrics_addr=metrics_addr,
+               threads=threads)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

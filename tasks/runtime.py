@@ -16,11 +16,12 @@ from app.settings import Settings
 _lock = threading.RLock()
 _state: dict = {"pid": None}
 _device = os.environ.get("VOXFARM_DEVICE", "cpu")
+_threads = 0  # torch intra-op threads per process; 0 keeps torch's default (one per core)
 
 
-def configure(device: str) -> None:
-    global _device
-    _device = device
+def configure(device: str, threads: int = 0) -> None:
+    global _device, _threads
+    _device, _threads = device, threads
     os.environ["VOXFARM_DEVICE"] = device
 
 
@@ -69,6 +70,10 @@ def vocoder():
 
 def warm_up(queue: str) -> None:
     """Load the model of `queue`'s stage and run it once on a short input."""
+    if _threads > 0:
+        import torch
+
+        torch.set_num_threads(_threads)
     if queue == "acoustic":
         acoustic_model().synthesize("h@l'oU", "en-us", 1.0)
     else:

@@ -60,10 +60,10 @@ class Heartbeat:
 
 def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str = "prefork",
                loglevel: str = "INFO", name: str | None = None, metrics_port: int = 0,
-               metrics_addr: str = "0.0.0.0") -> None:
+               metrics_addr: str = "0.0.0.0", threads: int = 0) -> None:
     if queue not in WORKER_QUEUES:
         raise SystemExit(f"unknown queue {queue!r}; one of {', '.join(WORKER_QUEUES)}")
-    runtime.configure(device)
+    runtime.configure(device, threads)
     celery = build_worker_app()
     # JSON logs, trace ids, task timing and metrics (tasks/observability.py). The metrics
     # endpoint serves every pool process's samples (multiprocess mode, set up by the CLI).
