@@ -27,6 +27,8 @@ from app.books import (
     CANCELED,
     DEFAULT_FORMATS,
     DONE,
+    FAILED,
+    QUEUED,
     RENDERING,
     book_id_for,
     chapter_file,
@@ -35,6 +37,7 @@ from app.books import (
     resume,
     send_prepare,
 )
+from app.celery_app import ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE
 from app.farm import Farm
 from models.book_parse import EXTENSIONS, Book, BookError, Chapter, finish, parse_book
 from models.errors import UnknownVoice
@@ -177,6 +180,20 @@ def _settings_fields(fields) -> tuple[str, float, tuple[str, ...]]:
     return voice.name, speed, _formats(fields.get("formats"))
 
 
+# A queued book whose prepare task has not started after this long lost its message.
+STALLED_QUEUED_S = 30.0
+
+
+def _stalled(f: Farm, rec: dict) -> bool:
+    """Nothing will move this book on by itself: its prepare message is lost, or every
+    segment was published but some never came back and nothing is left in the queues."""
+    if rec["state"] == QUEUED:
+        return time.time() - (rec["created_at"] or 0) > STALLED_QUEUED_S
+    if rec["state"] == RENDERING and rec["cursor"] >= rec["total"] > rec["done"]:
+        return not (f.queue_depth(ACOUSTIC_BATCH_QUEUE) or f.queue_depth(VOCODER_BATCH_QUEUE))
+    return False
+
+
 @books_api.post("/v1/books")
 def create_book():
     f = farm()
@@ -235,9 +252,10 @@ def create_book():
             send_prepare(f.celery, book_id)
     else:
         created = False
-        if existing["state"] in ACTIVE_STATES:
-            # A re-submit of a book still in progress nudges it on (a lost message, a farm
-            # restarted): every stage is idempotent, so this never renders anything twice.
+        if _stalled(f, existing):
+            # A re-submit of a stalled book nudges it on (its message was lost with a
+            # crashed web process, or the broker's queues were lost): every stage is
+            # idempotent and stored segments are skipped, so nothing is rendered twice.
             resume(f.celery, f.books, book_id)
     resp = jsonify(book_view(f.books.get(book_id)))
     resp.status_code = 202 if created else 200
@@ -321,8 +339,7 @@ def cancel(book_id: str):
     for a finished book, delete it. The record stays, saying canceled."""
     rec = _book_or_404(book_id)
     books = farm().books
-    books.move(book_id, tuple({rec["state"], *ACTIVE_STATES, DONE, "failed"} - {CANCELED}),
-               CANCELED, finished_at=time.time())
+    books.move(book_id, (*ACTIVE_STATES, DONE, FAILED), CANCELED, finished_at=time.time())
     offload("encode", books.remove, book_id)
     return jsonify(book_view(books.get(book_id) or rec))
 
