@@ -81,11 +81,11 @@ def rezip(epub_bytes: bytes, add: dict[str, bytes] | None = None,
 
 
 def zip_bomb() -> bytes:
-    """A valid-looking EPUB whose one entry inflates 1,000 times (300 MiB from 300 KiB)."""
+    """A valid-looking EPUB whose one entry inflates 1,000 times (50 MiB from 50 KiB)."""
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
         z.writestr(zipfile.ZipInfo("mimetype"), b"application/epub+zip")
-        z.writestr("OEBPS/bomb.xhtml", b"\0" * (300 * 1024 * 1024))
+        z.writestr("OEBPS/bomb.xhtml", b"\0" * (50 * 1024 * 1024))
     return out.getvalue()
 
 
