@@ -211,9 +211,13 @@ def segment_wanted(farm, spec: dict) -> bool:
             and not farm.books.is_done(spec["book_id"], spec["seq"]))
 
 
-def store_segment(farm, spec: dict, pcm: bytes) -> None:
+def store_segment(farm, spec: dict, pcm: bytes, mel_key: str) -> None:
     done, state = farm.books.store_segment(spec["book_id"], spec["seq"], spec["chapter"],
                                            spec["index"], pcm)
+    # A book's mel is used once: dropping it now keeps the mel cache to the segments in
+    # flight instead of the last TTL's worth of a whole book (a redelivered vocoder task
+    # that finds it gone regenerates it, as for any expired mel).
+    farm.cache_redis.unlink(farm.keys.mel(mel_key))
     if done >= 0 and state == ASSEMBLING:
         send_assemble(farm.celery, spec["book_id"])
 

@@ -109,7 +109,7 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     pause = np.zeros(int(vocoder.sample_rate * spec["pause_ms"] / 1000), dtype=np.float32)
     pcm = pcm16(np.concatenate([audio, pause]))
     if "book_id" in spec:  # book audio goes to the artifact store, not Redis
-        books.store_segment(farm, spec, pcm.tobytes())
+        books.store_segment(farm, spec, pcm.tobytes(), mel_key)
     else:
         farm.jobs.store_chunk(spec["job_id"], spec["index"], pcm.tobytes())
     return spec["index"]
