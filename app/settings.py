@@ -50,7 +50,7 @@ class Settings:
     # Largest book upload (file or JSON chapters); past it the API answers 413.
     max_book_bytes: int = 50 * 1024 * 1024
 
-    # Flower's basic auth; `voxfarm flower` refuses to start without it (see docs/operations.md).
+    # Flower's basic auth; `voxfarm flower` refuses to start without it (see the README, "Flower").
     flower_user: str = ""
     flower_password: str = ""
 

@@ -4,7 +4,7 @@ Request: `model`, `input`, `voice`, optional `response_format` (default mp3) and
 The body streams as segments render (chunked transfer): the job is submitted, then each
 segment is encoded the moment its chunk is stored.
 
-Decisions (docs/streaming.md has the table and the reasons):
+Decisions (the README, "Streaming" has the table and the reasons):
 
 * `voice`: OpenAI's voice names map to eSpeak NG voices (`OPENAI_VOICES`, overridable with
   `VOXFARM_OPENAI_VOICES="alloy=en-us+f2,echo=en+m1"`); a farm voice name (`en-us+f3`, `cmn`)

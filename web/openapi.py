@@ -283,7 +283,7 @@ def _paths(settings: Settings) -> dict:
                            "`{\"text\", \"voice\"?, \"speed\"?, \"flush\"?}`; the server sends "
                            "`ready`, `job.started`, `segment.started`, binary PCM frames "
                            "(16-bit, 22,050 Hz, mono), `segment.done`, `job.done`, "
-                           "`flushed` and `error` events. See docs/streaming.md.",
+                           "`flushed` and `error` events. See the README.",
             "responses": {
                 "101": {"description": "switching protocols: the socket is open"},
                 "400": _error("not a WebSocket upgrade request")}}},

@@ -1,6 +1,6 @@
 """`WS /v1/ws`: text in as it is written, audio out as it renders.
 
-Protocol (docs/streaming.md has it with examples). Client -> server, JSON text frames:
+Protocol (the README, "WS /v1/ws" has it with examples). Client -> server, JSON text frames:
 
     {"text": "Hello there. How", "voice": "en-us", "speed": 1.0}   text, appended
     {"text": " are you?"}                                          more text
