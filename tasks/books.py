@@ -29,8 +29,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TypeVar
 
-from celery import Task, shared_task
-from celery.exceptions import Ignore
+from celery import shared_task
 
 from app.books import (
     ASSEMBLING,
@@ -54,8 +53,8 @@ from app.celery_app import (
     BOOK_PREPARE_TASK,
     VOCODER_BATCH_QUEUE,
 )
-from models.errors import NoSpeakableText, SpeechError
-from tasks import runtime
+from models.errors import NoSpeakableText
+from tasks.base import FarmTask
 
 log = logging.getLogger("voxfarm.books")
 
@@ -83,24 +82,11 @@ def off_hub(fn: Callable[..., T], *args: object) -> T:
     return gevent.get_hub().threadpool.apply(fn, args)
 
 
-class BookTask(Task):
-    """Retries infrastructure errors with backoff; a book whose orchestration task fails for
-    good is marked failed with the reason."""
+class BookTask(FarmTask):
+    """An orchestration task: a failure that outlived its retries fails the book, with the
+    reason."""
 
     abstract = True
-    autoretry_for = (Exception,)
-    dont_autoretry_for = (SpeechError, Ignore)
-    retry_backoff = 1
-    retry_backoff_max = 30
-    retry_jitter = True
-
-    @property
-    def farm(self):
-        return runtime.farm(self.app)
-
-    @property
-    def max_retries(self) -> int:  # type: ignore[override]
-        return self.farm.settings.max_retries
 
     def on_failure(self, exc, task_id, args, kwargs, einfo) -> None:
         book_id = args[0] if args else kwargs.get("book_id")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from celery import Task, shared_task
+from celery import shared_task
 from celery.exceptions import Ignore
 
 from app.celery_app import ACOUSTIC_TASK, VOCODER_TASK
@@ -18,6 +18,7 @@ from app.jobs import CANCELED, FAILED
 from app.melcache import mel_cache_key
 from models.errors import SpeechError
 from tasks import books, runtime
+from tasks.base import FarmTask
 
 log = logging.getLogger("voxfarm.tasks")
 
@@ -26,28 +27,10 @@ log = logging.getLogger("voxfarm.tasks")
 MAX_REGENERATIONS = 3
 
 
-class SegmentTask(Task):
-    """Shared behaviour: retry policy, and failing the job when a segment cannot be made.
-
-    Business errors (SpeechError: unknown voice, nothing speakable) are final at once;
-    anything else (Redis blip, a model crash, a lost worker's retry) retries with bounded
-    exponential backoff, and the job fails only when the retries run out.
-    """
+class SegmentTask(FarmTask):
+    """A segment stage: a failure that outlived its retries fails the job (or the book)."""
 
     abstract = True
-    autoretry_for = (Exception,)
-    dont_autoretry_for = (SpeechError, Ignore)
-    retry_backoff = 1
-    retry_backoff_max = 30
-    retry_jitter = True
-
-    @property
-    def farm(self):
-        return runtime.farm(self.app)
-
-    @property
-    def max_retries(self) -> int:  # type: ignore[override]
-        return self.farm.settings.max_retries
 
     def on_failure(self, exc, task_id, args, kwargs, einfo) -> None:
         spec = args[-1] if args else kwargs.get("spec")

@@ -9,18 +9,17 @@ import base64
 from datetime import UTC, datetime
 
 import numpy as np
-from flask import Blueprint, Response, current_app, jsonify, request, url_for
+from flask import Blueprint, Response, current_app, g, jsonify, request, url_for
 
-from app.farm import Farm, Overloaded
+from app.farm import Farm
 from app.jobs import DONE
 from models.encode import CONTENT_TYPES, encode, wav_bytes
-from models.errors import NoSpeakableText, UnknownVoice
 from models.espeak import SAMPLE_RATE
-from models.frontend import prepare
-from models.voices import get_voice, list_voices
+from models.voices import list_voices
 from web import validation as v
 from web.blocking import offload
 from web.errors import ApiError
+from web.synthesis import submit_text
 
 api = Blueprint("api", __name__)
 
@@ -76,22 +75,8 @@ def create_job():
         raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
     speed = v.speed_field(body)
     fmt = v.format_value(body.get("format", "wav"))
-    try:
-        voice = get_voice(voice_name)
-        segments = offload("frontend", prepare, text, voice.name)
-    except UnknownVoice as exc:
-        raise ApiError(422, "unknown_voice", f"unknown voice '{voice_name}'", field="voice",
-                       valid=exc.valid) from None
-    except NoSpeakableText:
-        raise ApiError(422, "no_speakable_text", "the text has nothing that can be spoken",
-                       field="text") from None
-    try:
-        job = farm().submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=len(text),
-                            sample_rate=SAMPLE_RATE,
-                            request_id=request.headers.get("X-Request-ID", ""))
-    except Overloaded as exc:
-        raise ApiError(503, "overloaded", f"the farm is busy ({exc.depth} segments waiting)",
-                       headers={"Retry-After": exc.retry_after_s}) from None
+    job = submit_text(farm(), text, voice_name, speed, fmt,
+                      request_id=g.get("voxfarm_request_id", ""))
     resp = jsonify(job_view(job))
     resp.status_code = 202
     resp.headers["Location"] = url_for("api.get_job", job_id=job["id"])
