@@ -4,6 +4,7 @@ real acoustic, vocoder and book (gevent) worker processes on the real queues."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import time
 
@@ -245,3 +246,59 @@ def test_upload_over_the_size_limit_is_413(book_farm):
     assert resp.status_code == 413
     assert resp.get_json()["error"]["code"] == "request_too_large"
     assert _nothing_written(book_farm) == before
+
+
+def _assembly_held(farm, book_id: str) -> bool:
+    """The book worker holds this book's assemble message: delivered, not yet acked (kombu
+    keeps a delivered message in the broker's `unacked` hash until the task acks it)."""
+    for raw in farm.broker_redis.hvals("unacked"):
+        headers = json.loads(raw)[0].get("headers") or {}
+        if headers.get("task") == "voxfarm.book.assemble" and book_id in str(
+                headers.get("argsrepr")):
+            return True
+    return False
+
+
+def test_book_worker_sigkill_mid_assembly_book_still_completes(book_farm, bclient):
+    farm = book_farm.farm
+    resp = bclient.post("/v1/books", json={**json_book("Night Shift", 3, 1),
+                                           "formats": ["m4b", "mp3", "chapters"]})
+    assert resp.status_code == 202, resp.get_json()
+    book_id = resp.get_json()["id"]
+    # The moment the book worker has taken the assembly and is writing the audiobook (its
+    # output files exist only as the store's temporary files).
+    out_dir = farm.store.root / "books" / book_id / "out"
+    deadline = time.monotonic() + 90
+    while not (farm.books.state(book_id) == "assembling" and any(out_dir.glob(".*.tmp"))
+               and _assembly_held(farm, book_id)):
+        assert farm.books.state(book_id) in ("queued", "preparing", "rendering", "assembling")
+        assert time.monotonic() < deadline, farm.books.get(book_id)
+        time.sleep(0.002)
+    worker = next(w for w in book_farm.workers if w.queue == "book")
+    worker.kill()
+    book_farm.workers.remove(worker)
+    # Killed before it finished: the assembly is still owed, and its message still unacked.
+    assert farm.books.state(book_id) == "assembling" and _assembly_held(farm, book_id)
+    assert farm.books.manifest(book_id) is None and not farm.store.exists(
+        f"books/{book_id}/out/book.m4b")
+    book_farm.start_worker("book")
+
+    book = wait_book(bclient, book_id, timeout_s=90)
+    total = book["segments"]["total"]
+    assert book["segments"]["done"] == total and len(book["chapters"]) == 3
+    files = segment_files(farm, book_id)
+    assert len(files) == total == len(set(files))
+    for c in book["chapters"]:
+        assert len([f for f in files if f"/segments/{c['index']:04d}/" in f]) == \
+            c["segments"]["total"]
+    assert sorted(farm.store.list(f"books/{book_id}/out/")) == sorted(
+        f"books/{book_id}/out/{name}" for name in (
+            "book.m4b", "book.mp3", "manifest.json", *(f"chapters/{n:03d}.mp3" for n in range(3))))
+    manifest = bclient.get(f"/v1/books/{book_id}/manifest").get_json()
+    assert [c["title"] for c in manifest["chapters"]] == ["Part 1", "Part 2", "Part 3"]
+    m4b = bclient.get(f"/v1/books/{book_id}/audio?format=m4b")
+    assert m4b.status_code == 200 and m4b.data[4:12] == b"ftypM4B "
+    with av.open(io.BytesIO(m4b.data)) as c:
+        assert [m["metadata"]["title"] for m in c.chapters()] == ["Part 1", "Part 2", "Part 3"]
+    assert duration(m4b.data) == pytest.approx(manifest["duration_s"], abs=0.2)
+    assert manifest["duration_s"] == pytest.approx(book["audio_seconds"], abs=0.05)
