@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -61,6 +62,11 @@ class ArtifactStore(ABC):
         """A filesystem path for the object when the store has one (lets the web send files
         with sendfile); None for remote stores."""
         return None
+
+    def sweep_abandoned(self, prefix: str, idle_s: float) -> int:
+        """Remove partial writes under `prefix` untouched for `idle_s` seconds (their writer
+        died); returns how many. Object stores leave this to their own lifecycle rules."""
+        return 0
 
 
 def _check_key(key: str) -> str:
@@ -154,6 +160,22 @@ class DirectoryStore(ArtifactStore):
     def local_path(self, key: str) -> str | None:
         path = self._path(key)
         return str(path) if path.is_file() else None
+
+    def sweep_abandoned(self, prefix: str, idle_s: float) -> int:
+        base = self.root / _check_key(prefix.rstrip("/"))
+        cutoff = time.time() - idle_s
+        swept = 0
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                path = Path(dirpath, name)
+                if name.startswith(".") and name.endswith(".tmp"):
+                    try:
+                        if path.stat().st_mtime < cutoff:
+                            path.unlink()
+                            swept += 1
+                    except FileNotFoundError:
+                        pass  # its writer finished (renamed it) or another sweep took it
+        return swept
 
 
 def open_store(location: str) -> ArtifactStore:

@@ -119,8 +119,14 @@ def prepare(self: BookTask, book_id: str, **_: object) -> int:
     """Split the book into segments (the text frontend, chapter by chapter), then feed."""
     farm, books = self.farm, self.farm.books
     state = books.state(book_id)
+    if state == RENDERING:
+        # A redelivered prepare: its worker died after the plan was made, perhaps before the
+        # feed message went out. A new feeder generation is safe either way (an older
+        # feeder stops at its next look), and without one the book would never render.
+        start_feed(farm.celery, books, book_id)
+        return 0
     if state not in (QUEUED, PREPARING):
-        return 0  # done already, canceled, or a redelivered copy after the plan was made
+        return 0  # done already, canceled, failed
     books.move(book_id, (QUEUED,), PREPARING, started_at=time.time())
     rec = books.get(book_id)
     book = json.loads(farm.store.get(prefix(book_id) + "book.json"))
@@ -259,6 +265,10 @@ def assemble(self: BookTask, book_id: str, **_: object) -> str:
     rec = books.get(book_id)
     if rec is None or rec["state"] != ASSEMBLING:
         return rec["state"] if rec else "gone"
+    # An assembly killed mid-write leaves its temp files. One untouched for longer than the
+    # task time limit has no live writer (a live one is killed at that limit), and a
+    # redelivered assembly arrives only after the longer visibility timeout.
+    farm.store.sweep_abandoned(prefix(book_id), farm.settings.task_time_limit)
     manifest = off_hub(_assemble, farm, rec)
     moved, state = books.move(book_id, (ASSEMBLING,), "done", finished_at=time.time(),
                               duration_s=manifest["duration_s"])

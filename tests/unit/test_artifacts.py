@@ -43,3 +43,22 @@ def test_delete_prefix_and_missing_keys(tmp_path):
 def test_keys_cannot_escape_the_root(tmp_path, key):
     with pytest.raises(ValueError):
         DirectoryStore(tmp_path).put(key, b"x")
+
+
+def test_sweep_removes_only_abandoned_partial_writes(tmp_path):
+    import os
+    import time
+
+    store = DirectoryStore(tmp_path)
+    store.put("books/b1/out/book.m4b", b"final")
+    out = tmp_path / "books" / "b1" / "out"
+    dead = out / ".book.mp3.1111.tmp"  # its writer was killed ten minutes ago
+    live = out / ".book.m4b.2222.tmp"  # being written right now
+    dead.write_bytes(b"partial")
+    live.write_bytes(b"partial")
+    old = time.time() - 600
+    os.utime(dead, (old, old))
+    assert store.sweep_abandoned("books/b1/", idle_s=300) == 1
+    assert not dead.exists() and live.exists()
+    assert store.get("books/b1/out/book.m4b") == b"final"
+    assert store.sweep_abandoned("books/none/", idle_s=300) == 0
