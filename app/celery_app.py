@@ -102,9 +102,11 @@ def celery_config(settings: Settings) -> dict:
         "task_routes": (route_batch_segments, TASK_ROUTES),
         "task_default_queue": ACOUSTIC_QUEUE,
         "task_create_missing_queues": False,
-        # Flower and monitoring read task events.
+        # Flower and monitoring read task events (received, started, succeeded...). No
+        # "sent" event: it is one more broker publish on every submission's hot path, and
+        # queue wait is measured from the publish stamp in the message headers instead.
         "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        "task_send_sent_event": False,
     }
 
 
