@@ -70,9 +70,9 @@ def via_openai(base: str, text: str) -> tuple[float, float, int]:
 
 
 def via_ws(base: str, text: str) -> tuple[float, float, int]:
-    import simple_websocket
+    from tests import wsclient
 
-    ws = simple_websocket.Client.connect(base.replace("http://", "ws://") + "/v1/ws")
+    ws = wsclient.connect(base.replace("http://", "ws://") + "/v1/ws")
     try:
         json.loads(ws.receive(timeout=10))  # ready
         t0 = time.perf_counter()

@@ -14,8 +14,8 @@ import numpy as np
 import openai
 import pytest
 import requests
-import simple_websocket
 
+from tests import wsclient
 from tests.conftest import SR, assert_speech, decode_chunk
 from tests.e2e.test_http import error_of, wait_done
 
@@ -225,7 +225,7 @@ def events_until(ws, kind: str, timeout_s: float = 60) -> list:
 
 
 def test_websocket_text_in_audio_out(server):
-    ws = simple_websocket.Client.connect(ws_url(server))
+    ws = wsclient.connect(ws_url(server))
     try:
         ready = events_until(ws, "ready")[-1]
         assert ready["sample_rate"] == SR and ready["encoding"] == "pcm_s16le"
@@ -260,7 +260,7 @@ def test_websocket_text_in_audio_out(server):
 
 
 def test_websocket_bad_messages_get_error_events_and_the_socket_stays(server):
-    ws = simple_websocket.Client.connect(ws_url(server))
+    ws = wsclient.connect(ws_url(server))
     try:
         events_until(ws, "ready")
         cases = [
@@ -287,18 +287,18 @@ def test_websocket_bad_messages_get_error_events_and_the_socket_stays(server):
 
 
 def test_websocket_message_past_the_hard_limit_closes_with_1009(server):
-    ws = simple_websocket.Client.connect(ws_url(server))
+    ws = wsclient.connect(ws_url(server))
     events_until(ws, "ready")
     ws.send("x" * (2 * 1024 * 1024))
     deadline = time.monotonic() + 10
-    with pytest.raises(simple_websocket.ConnectionClosed) as exc:
+    with pytest.raises(wsclient.ConnectionClosed) as exc:
         while time.monotonic() < deadline:
             ws.receive(timeout=1)
     assert exc.value.reason == 1009
 
 
 def test_websocket_disconnect_cancels_its_jobs(server):
-    ws = simple_websocket.Client.connect(ws_url(server))
+    ws = wsclient.connect(ws_url(server))
     events_until(ws, "ready")
     ws.send(json.dumps({"text": fresh_text(40), "flush": True}))
     started = events_until(ws, "job.started")[-1]
