@@ -25,6 +25,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.bench.common import redis_url_or_embedded  # noqa: E402
 from tests.conftest import gunicorn_server, running_farm  # noqa: E402
 
 SUBJECTS = ["The old lighthouse", "A quiet engineer", "Every morning train", "The river",
@@ -131,21 +132,12 @@ def main() -> None:
     args = ap.parse_args()
     texts = sentences(args.sentences)
 
-    from app.embedded_redis import EmbeddedRedis
-
     tmp = Path(tempfile.mkdtemp(prefix="voxfarm-bench-"))
-    server = None
-    url = args.redis_url
-    if not url:
-        server = EmbeddedRedis(tmp / "redis", persist=False).start()
-        url = server.url
-    try:
-        with running_farm(url, 0, tmp) as tf, gunicorn_server(tf.env, tmp / "web.log") as base:
-            direct_lat, farm_lat = latency_run(base, texts)
-            direct_total, farm_total = throughput_run(base, texts)
-    finally:
-        if server:
-            server.stop()
+    with (redis_url_or_embedded(args.redis_url, tmp) as url,
+          running_farm(url, 0, tmp) as tf,
+          gunicorn_server(tf.env, tmp / "web.log") as base):
+        direct_lat, farm_lat = latency_run(base, texts)
+        direct_total, farm_total = throughput_run(base, texts)
 
     n = len(texts)
     rows = [

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.bench.bench_farm import Direct  # noqa: E402
+from tests.bench.common import redis_url_or_embedded  # noqa: E402
 from tests.conftest import gunicorn_server, running_farm  # noqa: E402
 
 TOPICS = ["harbour", "library", "mountain", "garden", "market", "river", "station",
@@ -95,31 +96,20 @@ def main() -> None:
     ap.add_argument("--redis-url", default=None)
     args = ap.parse_args()
 
-    from app.embedded_redis import EmbeddedRedis
-
     tmp = Path(tempfile.mkdtemp(prefix="voxfarm-bench-stream-"))
-    server = None
-    url = args.redis_url
-    if not url:
-        server = EmbeddedRedis(tmp / "redis", persist=False).start()
-        url = server.url
     rows = []
-    try:
-        with running_farm(url, 0, tmp) as tf, gunicorn_server(tf.env, tmp / "web.log") as base:
-            requests.post(f"{base}/v1/jobs", json={"text": "Warm up the workers."}, timeout=60)
-            via_stream(base, "Warm up the stream path once.")
-            direct = Direct()
-            for name, fn in (("HTTP stream (wav)", via_stream), ("OpenAI speech (pcm)",
-                                                                 via_openai),
-                             ("WebSocket", via_ws)):
-                sents = paragraph(name.split()[0].lower())
-                first_direct = statistics.median(
-                    timed_direct(direct, sents[0]) for _ in range(3))
-                first, full, samples = fn(base, " ".join(sents))
-                rows.append((name, first, full, samples / 22050, first_direct))
-    finally:
-        if server:
-            server.stop()
+    with (redis_url_or_embedded(args.redis_url, tmp) as url,
+          running_farm(url, 0, tmp) as tf,
+          gunicorn_server(tf.env, tmp / "web.log") as base):
+        requests.post(f"{base}/v1/jobs", json={"text": "Warm up the workers."}, timeout=60)
+        via_stream(base, "Warm up the stream path once.")
+        direct = Direct()
+        for name, fn in (("HTTP stream (wav)", via_stream), ("OpenAI speech (pcm)", via_openai),
+                         ("WebSocket", via_ws)):
+            sents = paragraph(name.split()[0].lower())
+            first_direct = statistics.median(timed_direct(direct, sents[0]) for _ in range(3))
+            first, full, samples = fn(base, " ".join(sents))
+            rows.append((name, first, full, samples / 22050, first_direct))
 
     print("\n10-sentence paragraph, 1 acoustic + 1 vocoder worker, gunicorn gevent, "
           "Redis on loopback\n")
