@@ -159,6 +159,22 @@ def client(farm):
 # -- gunicorn ------------------------------------------------------------------------------
 
 
+def wait_http_ok(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
+    """Wait until `url` answers 200; fail with the log's tail if `proc` dies or time runs out."""
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if requests.get(url, timeout=5).status_code == 200:
+                return
+        except requests.RequestException:  # not listening yet, or still booting
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"{url} did not come up:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+
+
 @contextmanager
 def gunicorn_server(env: dict, log: Path, workers: int = 1):
     port = free_port()
@@ -168,19 +184,9 @@ def gunicorn_server(env: dict, log: Path, workers: int = 1):
         env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
         start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    import requests
 
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"{base}/healthz", timeout=5).status_code == 200:
-                    break
-            except requests.RequestException:  # not listening, or the worker still boots
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"gunicorn did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+        wait_http_ok(f"{base}/healthz", proc, log)
         yield base
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -31,7 +31,8 @@ def farm() -> Farm:
     return current_app.extensions["voxfarm"]
 
 
-def _iso(ts: float | None) -> str | None:
+def iso_time(ts: float | None) -> str | None:
+    """An epoch timestamp as ISO 8601 UTC, the API's one time format."""
     return datetime.fromtimestamp(ts, UTC).isoformat() if ts else None
 
 
@@ -45,9 +46,9 @@ def job_view(job: dict) -> dict:
         "speed": job["speed"],
         "format": job["format"],
         "audio_seconds": job["audio_seconds"],
-        "created_at": _iso(job["created_at"]),
-        "started_at": _iso(job["started_at"]),
-        "finished_at": _iso(job["finished_at"]),
+        "created_at": iso_time(job["created_at"]),
+        "started_at": iso_time(job["started_at"]),
+        "finished_at": iso_time(job["finished_at"]),
         "error": job["error"],
         "mel_cache": {"hits": job["cache_hits"], "misses": job["cache_misses"]},
         "links": {

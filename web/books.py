@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime
 
 from flask import Blueprint, Response, current_app, jsonify, request, send_file, url_for
 
@@ -44,6 +43,7 @@ from models.errors import UnknownVoice
 from models.espeak import SAMPLE_RATE
 from models.voices import get_voice
 from web import validation as v
+from web.api import iso_time
 from web.blocking import offload
 from web.errors import ApiError
 
@@ -62,10 +62,6 @@ def farm() -> Farm:
 def _book_upload_limit() -> None:
     # Books are far bigger than a job's text: this blueprint's own body limit (413 past it).
     request.max_content_length = farm().settings.max_book_bytes
-
-
-def _iso(ts: float | None) -> str | None:
-    return datetime.fromtimestamp(ts, UTC).isoformat() if ts else None
 
 
 def book_view(rec: dict) -> dict:
@@ -102,9 +98,9 @@ def book_view(rec: dict) -> dict:
         "eta_s": eta,
         "duration_s": rec["duration_s"],
         "error": rec["error"],
-        "created_at": _iso(rec["created_at"]),
-        "started_at": _iso(rec["started_at"]),
-        "finished_at": _iso(rec["finished_at"]),
+        "created_at": iso_time(rec["created_at"]),
+        "started_at": iso_time(rec["started_at"]),
+        "finished_at": iso_time(rec["finished_at"]),
         "links": {
             "self": url_for("books.get_book", book_id=bid),
             "manifest": url_for("books.manifest", book_id=bid),

@@ -24,7 +24,7 @@ import requests
 import yaml
 
 from app.embedded_redis import free_port
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_http_ok
 
 OPS = ROOT / "ops"
 PROMTOOL = shutil.which("promtool")
@@ -68,16 +68,7 @@ def test_flower_shows_queues_and_a_jobs_tasks(farm, client, tmp_path):
     proc = start_flower(env, tmp_path / "flower.log", "--port", str(port))
     base, auth = f"http://127.0.0.1:{port}", ("ops", "s3cret-pw")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"{base}/healthcheck", timeout=5).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError((tmp_path / "flower.log").read_text()[-3000:])
-            time.sleep(0.3)
+        wait_http_ok(f"{base}/healthcheck", proc, tmp_path / "flower.log")
 
         # Basic auth: nothing without it, or with a wrong password.
         assert requests.get(f"{base}/api/tasks", timeout=10).status_code == 401
