@@ -167,6 +167,36 @@ class Espeak:
                         clauses.append(clause)
         return " ".join(clauses)
 
+    def phonemize_clauses(self, text: str, voice: str) -> list[tuple[str, str]]:
+        """IPA of each clause as espeak splits the text, with the punctuation that ended it.
+
+        Returns ``(ipa, terminator)`` pairs; ``terminator`` is one of ``. , ? ! : ;`` or ``""``
+        (end of text, a dash, a paragraph break...). Piper's phonemizer puts that punctuation
+        back into the phonemes (from ``espeak_TextToPhonemesWithTerminator``); the 1.52 build in
+        espeakng-loader does not export that call, so the terminator is read from the text each
+        ``espeak_TextToPhonemes`` call consumed: the clause, its punctuation, then at most the
+        first characters of the next clause, which espeak reads ahead and still speaks next.
+        """
+        encoded = text.encode("utf-8")
+        pairs: list[tuple[str, str]] = []
+        with self._lock:
+            self._set_voice(voice)
+            buffer = ctypes.create_string_buffer(encoded)
+            base = ctypes.addressof(buffer)
+            pointer = ctypes.c_char_p(base)
+            start = 0
+            while pointer.value:
+                result = self._lib.espeak_TextToPhonemes(
+                    ctypes.byref(pointer), _ESPEAK_CHARS_UTF8, _PHONEMES_IPA
+                )
+                address = ctypes.cast(pointer, ctypes.c_void_p).value
+                end = address - base if address else len(encoded)
+                consumed = encoded[start:end].decode("utf-8", errors="replace")
+                start = end
+                ipa = result.decode("utf-8", errors="replace").strip() if result else ""
+                pairs.append((ipa, _clause_terminator(consumed, last=not address)))
+        return pairs
+
     def synthesize(self, text: str, voice: str, speed: float = 1.0) -> np.ndarray:
         """Mono int16 audio at :data:`SAMPLE_RATE`; ``speed`` scales the default 175 words/min.
 
@@ -230,6 +260,27 @@ class Espeak:
                 )
                 i += 1
         return voices
+
+
+_TERMINATORS = ".,?!:;"
+# Closing (and opening) quotes and brackets may sit between a clause's punctuation and the
+# next clause: `"Stop," he said` ends its first clause at the comma.
+_CLAUSE_WRAPPERS = "\"'”’“‘»«)]}([{"
+
+
+def _clause_terminator(consumed: str, last: bool) -> str:
+    """The punctuation that ended a clause, from the text espeak consumed for it ("" if none).
+
+    Unless ``last``, espeak has also read ahead into the next clause (a space and the first
+    letter or two of the next word): that trailing word fragment is dropped first.
+    """
+    tail = consumed
+    if not last:
+        tail = tail.rstrip("".join(c for c in tail if c.isalnum()))
+    tail = tail.rstrip().rstrip(_CLAUSE_WRAPPERS).rstrip()
+    # In a run such as "?!" or "...", the first mark sets the clause's tune.
+    marks = tail[len(tail.rstrip(_TERMINATORS)) :]
+    return marks[0] if marks else ""
 
 
 _engine: Espeak | None = None
