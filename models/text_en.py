@@ -64,7 +64,21 @@ _CURRENCIES = {
 }
 _SCALES = ("thousand", "million", "billion", "trillion")
 _YEAR_CUES = r"(?:in|since|by|from|until|till|before|after|of|year|circa|around|during)"
-_NUMBER = r"\d[\d,]*(?:\.\d+)?"
+# A number in digits: commas only between digits (so "5, and" keeps its comma), an optional
+# decimal part. It never starts inside a digit run ("99" or "9,9"): a rule that failed at a
+# run's first digit would otherwise retry at each later one, rescanning the run each time,
+# which is quadratic in its length (91 s for 20,000 nines). `\d+(?:,\d+)*` cannot backtrack
+# into itself either, a comma being required between its digit groups.
+_NUMBER = r"(?<!\d)(?<!\d,)\d+(?:,\d+)*(?:\.\d+)?"
+# Longer whole numbers (quadrillions and up: card, account and phone numbers, or nonsense) are
+# read digit by digit, as people read them; it also keeps num2words and int() off huge input.
+MAX_WORDED_DIGITS = 15
+_DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def digits(number: str) -> str:
+    """'407' -> 'four zero seven'."""
+    return " ".join(_DIGIT_WORDS[int(digit)] for digit in number)
 
 
 def cardinal(number: str) -> str:
@@ -72,17 +86,24 @@ def cardinal(number: str) -> str:
     point zero five'. Digits after the point are read one by one, as people say them."""
     number = number.replace(",", "")
     whole, _, fraction = number.partition(".")
-    try:
+    if len(whole.lstrip("0")) > MAX_WORDED_DIGITS:
+        words = digits(whole)
+    else:
         words = num2words(int(whole or "0"))
-    except (OverflowError, ValueError):  # beyond num2words' range: read digit by digit
-        words = " ".join(num2words(int(digit)) for digit in whole)
     if fraction:
-        words += " point " + " ".join(num2words(int(digit)) for digit in fraction)
+        words += " point " + digits(fraction)
     return words
 
 
 def ordinal(number: int) -> str:
     return num2words(number, to="ordinal")
+
+
+def ordinal_digits(number: str) -> str:
+    """'21' -> 'twenty-first'; past :data:`MAX_WORDED_DIGITS`, digits with an ordinal last."""
+    if len(number.lstrip("0")) > MAX_WORDED_DIGITS:
+        return f"{digits(number[:-1])} {ordinal(int(number[-1]))}"
+    return ordinal(int(number))
 
 
 def year(number: int) -> str:
@@ -101,10 +122,11 @@ def _money(match: re.Match[str]) -> str:
     if scale:  # "$5 million", "$2.5 billion"
         return f"{cardinal(amount)} {scale.lower()} {major_many}"
     whole, _, cents = amount.replace(",", "").partition(".")
-    whole_value = int(whole or "0")
+    significant = whole.lstrip("0")  # no int(): the amount may have any number of digits
     parts = []
-    if whole_value or not cents:
-        parts.append(f"{cardinal(whole or '0')} {major_one if whole_value == 1 else major_many}")
+    if significant or not cents:
+        parts.append(f"{cardinal(whole or '0')} "
+                     f"{major_one if significant == '1' else major_many}")
     if cents:
         cents_value = int(cents[:2].ljust(2, "0"))
         if cents_value:
@@ -164,7 +186,7 @@ def _percent(match: re.Match[str]) -> str:
 
 
 def _ordinal(match: re.Match[str]) -> str:
-    return ordinal(int(match.group("number")))
+    return ordinal_digits(match.group("number"))
 
 
 def _year(match: re.Match[str]) -> str:
@@ -216,7 +238,7 @@ _RULES: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
     (re.compile(r"\bNo\.\s*(?=\d)"), "number "),
     (
         re.compile(
-            r"(?P<symbol>[$£€¥])\s?(?P<amount>\d[\d,]*(?:\.\d+)?)"
+            r"(?P<symbol>[$£€¥])\s?(?P<amount>" + _NUMBER + r")"
             r"(?:\s?(?P<scale>" + "|".join(_SCALES) + r")\b)?",
             re.I,
         ),
@@ -259,10 +281,12 @@ _RULES: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
     ),
     (re.compile(r"(?<=\d)\s?[-–]\s?(?=\d)"), " to "),  # ranges: "2-3" -> "2 to 3"
     (re.compile(_SIGN + r"(?P<number>" + _NUMBER + r")"), _signed_number),
-    (re.compile(r"\s*&\s*"), " and "),
-    (re.compile(r"\s*\+\s*"), " plus "),
-    (re.compile(r"\s*=\s*"), " equals "),
-    (re.compile(r"\s*@\s*"), " at "),
+    # Each starts only at a run of whitespace's first character, for the reason given at
+    # _NUMBER: a long run of spaces would otherwise be rescanned from each of its characters.
+    (re.compile(r"(?<!\s)\s*&\s*"), " and "),
+    (re.compile(r"(?<!\s)\s*\+\s*"), " plus "),
+    (re.compile(r"(?<!\s)\s*=\s*"), " equals "),
+    (re.compile(r"(?<!\s)\s*@\s*"), " at "),
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -214,3 +215,64 @@ def test_prepare_is_deterministic_and_phonemes_render() -> None:
         assert segment.ipa and segment.ipa != segment.phonemes
         audio = get_engine().synthesize(f"[[{segment.phonemes}]]", "en-us+f3")
         assert len(audio) > 22050 // 2
+
+
+# 20,000 characters each: what a hostile request may send. Issue 13 (5): a digit run made the
+# number rules backtrack quadratically (91.8 s for "9" * 20000).
+PATHOLOGICAL_TEXTS = {
+    "digits": "9" * 20_000,
+    "digits and commas": "9," * 10_000,
+    "digits and dots": "9." * 10_000,
+    "one decimal point": "9." + "9" * 19_998,
+    "money": "$" + "9" * 19_999,
+    "percent": "9" * 19_999 + "%",
+    "digits and spaces": "9 " * 10_000,
+    "digits and letters": "9a" * 10_000,
+    "digits and dashes": "-9" * 10_000,
+    "spaces": "a" + " " * 19_998 + "b",
+}
+
+
+@pytest.mark.parametrize("text", PATHOLOGICAL_TEXTS.values(), ids=PATHOLOGICAL_TEXTS.keys())
+def test_normalize_english_is_fast_on_pathological_input(text: str) -> None:
+    started = time.process_time()
+    spoken = normalize(text, "en")
+    assert time.process_time() - started < 1.0
+    assert not re.search(r"\d", spoken)  # every digit was read out
+
+
+def test_absurdly_long_numbers_are_read_digit_by_digit() -> None:
+    assert normalize("1234567890123456", "en") == (
+        "one two three four five six seven eight nine zero one two three four five six")
+    assert normalize("$12345678901234567", "en").endswith("six seven dollars")
+    assert normalize("0." + "5" * 30, "en") == "zero point " + " ".join(["five"] * 30)
+
+
+@pytest.mark.parametrize(
+    ("text", "spoken"),
+    [
+        ("1,000,000 people", "one million people"),
+        ("123456789012345", "one hundred and twenty-three trillion, four hundred and fifty-six "
+         "billion, seven hundred and eighty-nine million, twelve thousand, three hundred and "
+         "forty-five"),
+        ("3.14159", "three point one four one five nine"),
+        ("-42 km", "minus forty-two kilometers"),
+        ("12.5% of 1,234.56", "twelve point five percent of one thousand, two hundred and "
+         "thirty-four point five six"),
+        ("$1,234,567.89", "one million, two hundred and thirty-four thousand, five hundred and "
+         "sixty-seven dollars and eighty-nine cents"),
+        ("£5 million", "five million pounds"),
+        ("pages 2-3", "pages two to three"),
+        ("1.2.3%", "one.two point three percent"),
+        ("a,5%", "a,five percent"),
+        ("9,5 kg", "ninety-five kilograms"),
+        ("It costs $0.99.", "It costs ninety-nine cents."),
+        ("4.5 mph", "four point five miles per hour"),
+        ("−7%", "minus seven percent"),
+        ("10-20%", "ten-twenty percent"),
+        ("salt & pepper", "salt and pepper"),
+        ("2  +  2 = 4", "two plus two equals four"),
+    ],
+)
+def test_normalize_english_numbers_unchanged_by_the_speed_fix(text: str, spoken: str) -> None:
+    assert normalize(text, "en") == spoken
