@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.piper_voice import HOP_LENGTH, OnnxWeights, VoiceFileError, read_onnx_weights
-from models.vits import bucket_groups, load_state, sequence_mask
+from models.vits import bucket_groups, default_max_batch, load_state, sequence_mask
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -232,12 +232,14 @@ class HifiganDecoder(nn.Module):
         z: torch.Tensor,
         lengths: torch.Tensor | Sequence[int] | None = None,
         sid: torch.Tensor | Sequence[int] | None = None,
+        max_batch: int | None = None,
     ) -> torch.Tensor:
         """Waveforms for a padded batch of latents.
 
-        Items run in sub-batches of similar length, each padded to its bucket
-        (:func:`models.vits.bucket_length`) and masked, so an item's audio is the same bit for
-        bit in any batch.
+        Items run in sub-batches of similar length (at most ``max_batch``, default
+        :func:`models.vits.default_max_batch`), each padded to its bucket
+        (:func:`models.vits.bucket_length`) and masked, so an item's audio does not depend on
+        the other items.
 
         Args:
             z: ``(B, in_channels, T_max)`` (or ``(in_channels, T)`` for one item).
@@ -264,7 +266,8 @@ class HifiganDecoder(nn.Module):
             speakers = [int(s) for s in torch.as_tensor(sid).reshape(-1).tolist()]
         hop = self.hop_length
         audio = torch.zeros(batch, max_frames * hop, device=self.device)
-        for group, padded in bucket_groups([max(1, n) for n in frames]):
+        max_batch = max_batch or default_max_batch(self.device)
+        for group, padded in bucket_groups([max(1, n) for n in frames], max_batch):
             padded_z = torch.zeros(len(group), channels, padded, device=self.device)
             for k, i in enumerate(group):
                 padded_z[k, :, : frames[i]] = z[i, :, : frames[i]].to(self.device, torch.float32)
@@ -309,31 +312,27 @@ class HifiganDecoder(nn.Module):
         window: int = 32,
         context: int = 16,
         sid: int | None = None,
-        max_batch: int = 16,
+        max_batch: int | None = None,
     ) -> torch.Tensor:
         """One latent ``(in_channels, T)`` -> ``(T * hop,)`` audio, rendered in windows.
 
         Each window of ``window`` frames is rendered with ``context`` frames of latent on each
         side and only its own samples kept; 16 frames of context reproduce whole-segment
-        decoding to about 1e-6 (8 frames: about 1e-3). Windows render ``max_batch`` at a time
-        as one padded batch.
+        decoding to about 1e-6 (8 frames: about 1e-3). The windows go through :meth:`decode`
+        as one padded batch (``max_batch`` as there).
         """
         if z.dim() != 2:
             raise ValueError(f"z must be (channels, frames), got {tuple(z.shape)}")
         plan = plan_windows(int(z.shape[1]), window, context)
-        hop = self.hop_length
-        pieces: list[torch.Tensor] = []
-        for first in range(0, len(plan), max_batch):
-            group = plan[first : first + max_batch]
-            longest = max(w.hi - w.lo for w in group)
-            batch = z.new_zeros(len(group), z.shape[0], longest)
-            for i, w in enumerate(group):
-                batch[i, :, : w.hi - w.lo] = z[:, w.lo : w.hi]
-            lengths = [w.hi - w.lo for w in group]
-            sids = None if sid is None else [sid] * len(group)
-            audio = self.decode(batch, lengths, sids)
-            for i, w in enumerate(group):
-                pieces.append(audio[i, (w.start - w.lo) * hop : (w.end - w.lo) * hop])
-        if not pieces:
+        if not plan:
             return torch.zeros(0, device=self.device)
-        return torch.cat(pieces)
+        lengths = [w.hi - w.lo for w in plan]
+        batch = z.new_zeros(len(plan), z.shape[0], max(lengths))
+        for i, w in enumerate(plan):
+            batch[i, :, : lengths[i]] = z[:, w.lo : w.hi]
+        sids = None if sid is None else [sid] * len(plan)
+        audio = self.decode(batch, lengths, sids, max_batch=max_batch)
+        hop = self.hop_length
+        return torch.cat([
+            audio[i, (w.start - w.lo) * hop : (w.end - w.lo) * hop] for i, w in enumerate(plan)
+        ])

@@ -86,9 +86,10 @@ class PiperVoice:
         speaker: str | int | None = None,
         noise_scale: float | None = None,
         noise_w: float | None = None,
+        max_batch: int | None = None,
     ) -> VitsOutput:
         """Acoustic half for several segments at once; scales default to the config's and
-        ``speed`` divides its ``length_scale``."""
+        ``speed`` divides its ``length_scale``. ``max_batch`` as in ``VitsAcoustic.infer``."""
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
         lengths = [len(ids) for ids in id_lists]
@@ -104,6 +105,7 @@ class PiperVoice:
             noise_scale=self.config.noise_scale if noise_scale is None else noise_scale,
             length_scale=self.config.length_scale / speed,
             noise_w=self.config.noise_w if noise_w is None else noise_w,
+            max_batch=max_batch,
         )
 
     def synthesize(self, text: str, seed: int = 0, speed: float = 1.0,
