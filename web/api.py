@@ -105,8 +105,14 @@ def _chunk_wav(pcm: bytes) -> bytes:
 @api.get("/v1/jobs/<job_id>/chunks")
 def get_chunks(job_id: str):
     """Long-poll for the chunks after cursor `after` (-1: from the start)."""
-    _job_or_404(job_id)
+    total = _job_or_404(job_id)["total"]
     after = v.int_arg(request.args, "after", -1, -1, 10**9)
+    if after > total - 1:
+        # A job's segment count is fixed when it is created: no chunk can come after this
+        # cursor, and answering "end" would tell a client with a bad cursor it has them all.
+        raise ApiError(422, "out_of_range", f"'after' is past the last chunk (index "
+                       f"{total - 1}); the job has {total} chunks", field="after",
+                       last=total - 1)
     wait = v.int_arg(request.args, "wait", 0, 0, farm().settings.max_wait_s)
     limit = v.int_arg(request.args, "max", MAX_CHUNKS_PER_POLL, 1, MAX_CHUNKS_PER_POLL)
     job, chunks = farm().jobs.wait_for_chunks(job_id, after, wait, limit)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from flask import Request
 
 from web.errors import ApiError
@@ -55,14 +57,22 @@ def format_value(value: object, field: str = "format") -> str:
     return value.lower()
 
 
+# An integer in a query string: ASCII digits, a minus at most. int() alone also takes
+# Unicode digits ("٥"), underscores ("1_0"), a plus and surrounding spaces.
+_QUERY_INT = re.compile(r"-?[0-9]+")
+
+
 def int_arg(args, name: str, default: int, lo: int, hi: int) -> int:
     raw = args.get(name)
     if raw is None or raw == "":
         return default
+    if not _QUERY_INT.fullmatch(raw):
+        raise ApiError(422, "invalid_type", f"'{name}' must be an integer (ASCII digits)",
+                       field=name)
     try:
         value = int(raw)
-    except ValueError:
-        raise ApiError(422, "invalid_type", f"'{name}' must be an integer", field=name) from None
+    except ValueError:  # more digits than int() converts: past any bound
+        value = hi + 1
     if not lo <= value <= hi:
         raise ApiError(422, "out_of_range", f"'{name}' must be between {lo} and {hi}",
                        field=name)
