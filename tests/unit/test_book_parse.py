@@ -73,3 +73,42 @@ def test_bad_uploads(make, name, code):
     with pytest.raises(BookError) as err:
         parse_book(make(), name)
     assert err.value.code == code
+
+
+# -- text encodings (issue 13, item 11) ------------------------------------------------------
+
+FRENCH = "Le café était fermé. Nous sommes rentrés à pied, sans un mot, jusqu'à la gare."
+QUOTES = "\u201cIt\u2019s late,\u201d she said \u2014 and the caf\u00e9 closed \u2026 for good."
+ZH = "他回来了。他走进屋里，坐下来喝茶。外面下着雨，院子里很安静。"
+
+
+@pytest.mark.parametrize("data, text", [
+    (FRENCH.encode("utf-8"), FRENCH),
+    (b"\xef\xbb\xbf" + FRENCH.encode("utf-8"), FRENCH),
+    (FRENCH.encode("latin-1"), FRENCH),
+    ("Short café note.".encode("latin-1"), "Short café note."),
+    (QUOTES.encode("cp1252"), QUOTES),
+    (FRENCH.encode("utf-16-le"), FRENCH),
+    (FRENCH.encode("utf-16-be"), FRENCH),
+    (b"\xff\xfe" + FRENCH.encode("utf-16-le"), FRENCH),
+    (b"\xfe\xff" + FRENCH.encode("utf-16-be"), FRENCH),
+    # 一 (U+4E00) puts a NUL on the other side from the newline's and space's
+    ("他回来了。\n一切 都很安静。".encode("utf-16-le"), "他回来了。\n一切 都很安静。"),
+    (ZH.encode("gb18030"), ZH),
+], ids=["utf-8", "utf-8-bom", "latin-1", "latin-1-short", "cp1252-quotes", "utf-16le-no-bom",
+        "utf-16be-no-bom", "utf-16le-bom", "utf-16be-bom", "utf-16le-chinese", "gbk"])
+def test_plain_text_in_common_encodings(data, text):
+    book = parse_book(data, "story.txt")
+    assert book.chapters[0].text == text
+
+
+@pytest.mark.parametrize("data", [
+    bookfiles.tiny_png(), bookfiles.make_epub(), b"%PDF-1.7\n" + bytes(range(256)) * 8,
+    bytes(range(256)) * 64,  # every byte value: NULs and controls, no text pattern
+    bytes(b % 250 + 1 for b in range(20_000)),  # no NUL at all, mostly control bytes
+    b"Mostly text\x00 with a stray NUL, as UTF-8 never has it.",
+], ids=["png", "zip", "pdf", "all-bytes", "controls", "utf-8-with-nul"])
+def test_binary_named_txt_is_still_refused(data):
+    with pytest.raises(BookError) as err:
+        parse_book(data, "story.txt")
+    assert err.value.code == "wrong_format"
