@@ -112,11 +112,13 @@ def parse_book(data: bytes, filename: str) -> Book:
 
 
 def finish(book: Book) -> Book:
-    """Drop empty chapters, bound titles; a book with nothing to read is an error."""
+    """Drop chapters without body text, bound titles; a book with nothing to read but its
+    headings is an error. The same rule for every format: a chapter that is only its title
+    (a heading with nothing under it, a table of contents line) is no chapter."""
     chapters = []
     for ch in book.chapters:
         text = _tidy(ch.text)
-        if not re.search(r"\w", text):
+        if not re.search(r"\w", _body_of(Chapter(ch.title, text))):
             continue
         title = _one_line(ch.title)[:MAX_TITLE_CHARS] or f"Chapter {len(chapters) + 1}"
         chapters.append(Chapter(title, text))
@@ -266,13 +268,18 @@ def parse_text(text: str, fallback_title: str = "Untitled") -> Book:
     # A table of contents lists the headings with nothing between them; _split_at keeps the
     # empty chapters it makes and finish() drops them, so the real chapters remain.
     chapters = _split_at(text, headings, fallback_title)
-    chapters = [c for c in chapters if re.search(r"\w", _body_of(c))]
     return Book(fallback_title, "", chapters, source_format="text")
 
 
 def _body_of(ch: Chapter) -> str:
-    prefix = f"{ch.title}."
-    return ch.text[len(prefix):] if ch.text.startswith(prefix) else ch.text
+    """The chapter's text after the title it opens with (the heading a narrator reads)."""
+    text = ch.text.lstrip()
+    words = ch.title.split()
+    if not words:
+        return text
+    # Matched word by word: the text may space or wrap the title differently.
+    opening = re.match(r"\s+".join(map(re.escape, words)), text)
+    return text[opening.end():] if opening else text
 
 
 _MD_HEADING = re.compile(r"^(?P<hashes>#{1,6})[ \t]+(?P<title>.+?)[ \t#]*$", re.MULTILINE)
@@ -541,8 +548,8 @@ def parse_epub(data: bytes) -> Book:
         if doc.doc_types & set(_SKIP_TYPES):
             continue
         text = "\n\n".join(t for _, t in doc.blocks)
-        if not re.search(r"\w", text):
-            continue
+        if not any(re.search(r"\w", t) for tag, t in doc.blocks if tag == "p"):
+            continue  # no text but headings (a part-title page): no body, as in finish()
         heading = next((t for tag, t in doc.blocks if tag in ("h1", "h2", "h3")), "")
         title = toc_titles.get(name) or heading or _one_line(doc.title)
         if title and not text.startswith(title):

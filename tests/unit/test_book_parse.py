@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.book_parse import BookError, parse_book
+from models.book_parse import Book, BookError, Chapter, finish, parse_book
 from tests import bookfiles
 
 
@@ -112,3 +112,71 @@ def test_binary_named_txt_is_still_refused(data):
     with pytest.raises(BookError) as err:
         parse_book(data, "story.txt")
     assert err.value.code == "wrong_format"
+
+
+# -- chapters without body text (issue 13, item 12) ------------------------------------------
+
+HEADINGS_ONLY = {
+    "txt": ("b.txt", b"Chapter 1\n\nChapter 2\n\nCHAPTER III\n"),
+    "md": ("b.md", b"# Chapter 1\n\n# Chapter 2\n\n# Chapter 3\n"),
+    "md-under-a-title": ("b.md", b"# The Book\n\n## One\n\n## Two\n"),
+    "md-setext": ("b.md", b"One\n===\n\nTwo\n===\n"),
+    "html": ("b.html", b"<h1>Chapter 1</h1><h1>Chapter 2</h1>"),
+    "html-under-a-title": ("b.html", b"<h1>The Book</h1><h2>One</h2><h2>Two</h2>"),
+}
+
+
+@pytest.mark.parametrize("kind", HEADINGS_ONLY)
+def test_book_of_headings_alone_has_no_text(kind):
+    name, data = HEADINGS_ONLY[kind]
+    with pytest.raises(BookError) as err:
+        parse_book(data, name)
+    assert err.value.code == "no_text"
+
+
+def test_epub_of_headings_alone_has_no_text():
+    data = bookfiles.make_epub([("Chapter 1", ""), ("Chapter 2", "")], cover=False,
+                               extra_docs=False)
+    with pytest.raises(BookError) as err:
+        parse_book(data, "b.epub")
+    assert err.value.code == "no_text"
+
+
+def test_json_book_of_titles_alone_has_no_text():
+    book = Book("T", "", [Chapter("Chapter 1", "Chapter 1."), Chapter("Two", "  Two  "),
+                          Chapter("Three", "")])
+    with pytest.raises(BookError) as err:
+        finish(book)
+    assert err.value.code == "no_text"
+
+
+@pytest.mark.parametrize("name, data", [
+    ("b.txt", b"Chapter 1\n\nChapter 2\nIt rained.\n\nChapter 3\n"),
+    ("b.md", b"# Chapter 1\n\n# Chapter 2\nIt rained.\n\n# Chapter 3\n"),
+    ("b.html", b"<h1>Chapter 1</h1><h1>Chapter 2</h1><p>It rained.</p><h1>Chapter 3</h1>"),
+])
+def test_title_only_chapters_are_dropped_in_every_format(name, data):
+    book = parse_book(data, name)
+    assert titles(book) == ["Chapter 2"] and "It rained." in book.chapters[0].text
+
+
+def test_epub_title_only_chapters_are_dropped():
+    data = bookfiles.make_epub([("Chapter 1", ""), ("Chapter 2", "It rained. Then it cleared"),
+                                ("Chapter 3", "")], cover=False, extra_docs=False)
+    assert titles(parse_book(data, "b.epub")) == ["Chapter 2"]
+
+
+def test_a_chapter_whose_text_starts_like_its_title_keeps_it():
+    book = finish(Book("T", "", [Chapter("The", "The end came quickly."),
+                                 Chapter("Chapter 1", "Chapter 12 is later.")]))
+    assert titles(book) == ["The", "Chapter 1"]
+
+
+def test_epub_document_of_headings_alone_is_dropped_whatever_its_toc_title():
+    data = bookfiles.make_epub([("One", ""), ("The Storm", "Rain hammered on the roofs")],
+                               cover=False, extra_docs=False)
+    # The navigation names the page "One"; its headings say more, but are still headings.
+    data = bookfiles.rezip(data, replace={"EPUB/chap_01.xhtml": (
+        b'<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body>'
+        b"<h1>Part One</h1><h2>In which nothing happens</h2></body></html>")})
+    assert titles(parse_book(data, "b.epub")) == ["The Storm"]
