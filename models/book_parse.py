@@ -227,10 +227,11 @@ def _legacy_text(data: bytes) -> str | None:
                if not m.encoding.startswith(("utf_16", "utf_32"))]
     if not matches:
         return None
-    # Short Western text fits several code pages equally well (mac_latin2 can even fit
-    # French a little better than cp1252 does); prefer cp1252 when it is among the close fits.
-    best = min(m.chaos for m in matches)
-    western = any("cp1252" in m.could_be_from_charset for m in matches if m.chaos <= best + 0.05)
+    # The detector drops cp1252 for Cyrillic, Greek, Hebrew, Arabic and CJK text. Where it
+    # keeps it as readable, cp1252 is the answer even when another code page ranks above it:
+    # short Western text fits several equally well, and mac_latin2 or cp1250 can even score
+    # French a little better ("cafť" for "café").
+    western = any("cp1252" in m.could_be_from_charset for m in matches if m.chaos <= 0.2)
     for encoding in ["cp1252"] * western + [m.encoding for m in matches]:
         try:
             return data.decode(encoding)

@@ -87,6 +87,8 @@ ZH = "他回来了。他走进屋里，坐下来喝茶。外面下着雨，院�
     (b"\xef\xbb\xbf" + FRENCH.encode("utf-8"), FRENCH),
     (FRENCH.encode("latin-1"), FRENCH),
     ("Short café note.".encode("latin-1"), "Short café note."),
+    # charset-normalizer ranks mac_latin2 ("cafť") above cp1252 for this one
+    (FRENCH[:48].encode("latin-1"), FRENCH[:48]),
     (QUOTES.encode("cp1252"), QUOTES),
     (FRENCH.encode("utf-16-le"), FRENCH),
     (FRENCH.encode("utf-16-be"), FRENCH),
@@ -95,8 +97,9 @@ ZH = "他回来了。他走进屋里，坐下来喝茶。外面下着雨，院�
     # 一 (U+4E00) puts a NUL on the other side from the newline's and space's
     ("他回来了。\n一切 都很安静。".encode("utf-16-le"), "他回来了。\n一切 都很安静。"),
     (ZH.encode("gb18030"), ZH),
-], ids=["utf-8", "utf-8-bom", "latin-1", "latin-1-short", "cp1252-quotes", "utf-16le-no-bom",
-        "utf-16be-no-bom", "utf-16le-bom", "utf-16be-bom", "utf-16le-chinese", "gbk"])
+], ids=["utf-8", "utf-8-bom", "latin-1", "latin-1-short", "latin-1-bait", "cp1252-quotes",
+        "utf-16le-no-bom", "utf-16be-no-bom", "utf-16le-bom", "utf-16be-bom", "utf-16le-chinese",
+        "gbk"])
 def test_plain_text_in_common_encodings(data, text):
     book = parse_book(data, "story.txt")
     assert book.chapters[0].text == text
