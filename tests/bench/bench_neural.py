@@ -1,0 +1,121 @@
+"""Torch VITS + HiFi-GAN against onnxruntime on the voice's own sub-graphs, per stage.
+
+For the bundled English voice (Piper en_US-joe-medium): the acoustic half (ids -> latent z) and
+the decoder half (z -> audio), for a short, a medium and a long segment, on CPU at 1 and 2
+threads and batch 1, 4 and 8 (the same segment with a different noise seed per item). Prints
+the real-time factor of each: compute seconds / seconds of audio produced (lower is faster).
+The torch side runs each batch as one padded batch (``max_batch`` = batch).
+
+Not run by the test command:  .venv/bin/python tests/bench/bench_neural.py [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from models.piper import default_voice_path, load_piper_voice
+
+LATENT = "/Mul_7_output_0"
+SEGMENTS = {
+    "short": "Thank you very much.",
+    "medium": "The weather is nice today, so let's go for a walk in the park after lunch.",
+    "long": (
+        "When the train finally arrived at the station, the passengers gathered their bags, "
+        "said goodbye to the friends they had made on the long journey, and stepped out into "
+        "the cold morning air, glad to be home again after so many weeks away."
+    ),
+}
+
+
+def best_of(repeats: int, fn, *args, **kwargs) -> float:
+    """Fastest of ``repeats`` calls of ``fn(*args, **kwargs)``, in seconds."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(*args, **kwargs)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def split_model(model: Path, folder: Path) -> tuple[Path, Path]:
+    acoustic, decoder = folder / "acoustic.onnx", folder / "decoder.onnx"
+    onnx.utils.extract_model(str(model), str(acoustic), ["input", "input_lengths", "scales"],
+                             [LATENT])
+    onnx.utils.extract_model(str(model), str(decoder), [LATENT], ["output"])
+    return acoustic, decoder
+
+
+def session(path: Path, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2, help="best of N timed runs")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8])
+    args = parser.parse_args()
+
+    model = default_voice_path()
+    voice = load_piper_voice(model)
+    cfg = voice.config
+    scales = np.array([cfg.noise_scale, cfg.length_scale, cfg.noise_w], dtype=np.float32)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        acoustic_path, decoder_path = split_model(model, Path(tmp))
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            acoustic_session = session(acoustic_path, threads)
+            decoder_session = session(decoder_path, threads)
+            for name, text in SEGMENTS.items():
+                ids = voice.ids(voice.phonemes(text))
+                for batch in args.batches:
+                    seeds = list(range(batch))
+                    id_lists = [ids] * batch
+                    out = voice.latents(id_lists, seeds, max_batch=batch)  # also a warm-up
+                    audio_seconds = float(out.frame_lengths.sum()) * 256 / cfg.sample_rate
+                    x = np.array(id_lists, dtype=np.int64)
+                    feeds = {"input": x, "input_lengths": np.full(batch, len(ids)),
+                             "scales": scales}
+                    z_onnx = acoustic_session.run(None, feeds)[0]  # warm-up
+                    decoder_session.run(None, {LATENT: z_onnx})  # warm-up
+                    voice.decoder.decode(out.z, out.frame_lengths, max_batch=batch)  # warm-up
+                    n = args.repeats
+                    t_acoustic = best_of(n, voice.latents, id_lists, seeds, max_batch=batch)
+                    o_acoustic = best_of(n, acoustic_session.run, None, feeds)
+                    t_decoder = best_of(n, voice.decoder.decode, out.z, out.frame_lengths,
+                                        max_batch=batch)
+                    o_decoder = best_of(n, decoder_session.run, None, {LATENT: z_onnx})
+                    per_item = audio_seconds / batch
+                    for stage, t, o in (("acoustic", t_acoustic, o_acoustic),
+                                        ("decoder", t_decoder, o_decoder)):
+                        rows.append((stage, name, per_item, threads, batch,
+                                     t / audio_seconds, o / audio_seconds))
+                    print(f"  done {name} threads={threads} batch={batch}", flush=True)
+
+    print()
+    print("RTF = compute seconds / audio seconds (lower is faster); CPU, "
+          f"torch {torch.__version__}, onnxruntime {ort.__version__}")
+    header = (f"{'stage':<9} {'segment':<7} {'audio s':>7} {'threads':>7} {'batch':>5} "
+              f"{'torch RTF':>9} {'ort RTF':>8} {'torch/ort':>9}")
+    print(header)
+    print("-" * len(header))
+    for stage, name, seconds, threads, batch, t, o in sorted(rows):
+        print(f"{stage:<9} {name:<7} {seconds:>7.2f} {threads:>7} {batch:>5} "
+              f"{t:>9.4f} {o:>8.4f} {t / o:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()
