@@ -86,16 +86,24 @@ def celery_config(settings: Settings) -> dict:
             "visibility_timeout": settings.visibility_timeout,
             # Look for such messages on every 10 s restore tick, not every tenth tick.
             "unacked_restore_throttle": 1,
-            # Fail fast on a dead broker socket instead of hanging a request or a worker.
-            "socket_timeout": 30,
-            "socket_connect_timeout": 5,
+            # Fail fast on a dead or stalled broker socket instead of hanging a request or a
+            # worker. Workers block in BRPOP for 1 s at a time, well inside this.
+            "socket_timeout": settings.publish_timeout_s,
+            "socket_connect_timeout": settings.publish_timeout_s,
             # BRPOP a worker's queues in the order given (interactive before batch), not
             # round robin: see BATCH_QUEUES above.
             "queue_order_strategy": "priority",
         },
-        "redis_socket_timeout": 30,
+        "redis_socket_timeout": settings.redis_timeout_s,
         "redis_socket_connect_timeout": 5,
         "broker_connection_retry_on_startup": True,
+        # No wait without a bound: a publisher that cannot get a pooled producer in time
+        # raises instead of hanging its request (the web answers 503 with Retry-After).
+        "broker_pool_acquire_timeout": settings.publish_timeout_s,
+        # A failed publish is retried twice, quickly; past that the caller hears of it (the
+        # web answers 503) rather than waiting through Celery's default of three retries.
+        "task_publish_retry_policy": {"max_retries": 2, "interval_start": 0,
+                                      "interval_step": 0.2, "interval_max": 0.5},
         "task_time_limit": settings.task_time_limit,
         "task_soft_time_limit": max(1, settings.task_time_limit - 10),
         "task_queues": [Queue(name, routing_key=name) for name in ALL_QUEUES],

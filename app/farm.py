@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from celery import Celery, chain
+from celery import Celery
 
 from app.artifacts import open_store
 from app.books import BookStore
@@ -19,11 +19,16 @@ from app.celery_app import ACOUSTIC_QUEUE, ACOUSTIC_TASK, QUEUES, VOCODER_TASK, 
 from app.jobs import JobStore
 from app.keys import Keys
 from app.melcache import MelCache
-from app.redis_conn import redis_client
+from app.redis_conn import blocking_client, redis_client
 from app.settings import Settings
 
 # A worker counts as live while its heartbeat is younger than this.
 WORKER_STALE_S = 15.0
+
+
+class Unavailable(Exception):
+    """The broker did not take the job's segments in time. The job is marked failed with the
+    reason before this is raised, so nothing waits for segments that were never queued."""
 
 
 class Overloaded(Exception):
@@ -51,12 +56,13 @@ class Farm:
     def __init__(self, settings: Settings, celery: Celery | None = None) -> None:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
-        self.redis = redis_client(settings.redis_url)
-        self.cache_redis = redis_client(settings.cache)
+        self.redis = redis_client(settings.redis_url, settings.redis_timeout_s)
+        self.cache_redis = redis_client(settings.cache, settings.redis_timeout_s)
         # The queues live on the broker, which may be its own server (AOF, noeviction).
-        self.broker_redis = (redis_client(settings.broker)
+        self.broker_redis = (redis_client(settings.broker, settings.redis_timeout_s)
                              if settings.broker != settings.redis_url else self.redis)
-        self.jobs = JobStore(self.redis, self.keys, settings.job_ttl)
+        self.jobs = JobStore(self.redis, self.keys, settings.job_ttl,
+                             waiting=blocking_client(settings.redis_url))
         self.mel_cache = MelCache(self.cache_redis, self.keys, settings.mel_cache_ttl)
         # Book files live in the artifact store; only their records are in Redis.
         self.store = open_store(settings.store_dir)
@@ -67,26 +73,58 @@ class Farm:
 
     def submit(self, segments: Iterable, *, voice: str, speed: float, fmt: str, chars: int,
                sample_rate: int, request_id: str = "") -> dict:
-        """Create the job and enqueue its segments; raises Overloaded when the farm is full."""
+        """Create the job and enqueue its segments.
+
+        Raises Overloaded when the farm is full (nothing written), Unavailable when the broker
+        could not take the segments in time (the job is marked failed with the reason). A web
+        process killed between the record and the last publish leaves the job in the
+        unpublished set, where `sweep_unpublished` finds it.
+        """
         segments = list(segments)
         depth = self.queue_depth(ACOUSTIC_QUEUE)
         if depth + len(segments) > self.settings.max_queue_depth:
             raise Overloaded(depth, self.settings.retry_after_s)
         job = self.jobs.create(total=len(segments), voice=voice, speed=speed, fmt=fmt,
                                chars=chars, sample_rate=sample_rate, request_id=request_id)
-        with self.celery.producer_or_acquire() as producer:
-            for seg in segments:
-                spec = asdict(SegmentSpec(job["id"], seg.index, seg.phonemes, voice, speed,
-                                          seg.pause_ms))
-                self.segment_chain(spec).apply_async(producer=producer)
+        specs = (asdict(SegmentSpec(job["id"], seg.index, seg.phonemes, voice, speed,
+                                    seg.pause_ms)) for seg in segments)
+        try:
+            self.publish_segments(specs)
+        except Exception as exc:  # broker down, pool exhausted, publish timed out
+            self.jobs.fail(job["id"], f"the job could not be queued: {exc.__class__.__name__}")
+            self.jobs.mark_published(job["id"])
+            raise Unavailable(str(exc)) from exc
+        self.jobs.mark_published(job["id"])
         return job
 
-    def segment_chain(self, spec: dict):
-        """acoustic(spec) -> vocoder(mel_key, spec). The vocoder gets the cache key only."""
-        return chain(
-            self.celery.signature(ACOUSTIC_TASK, args=(spec,), immutable=True),
-            self.celery.signature(VOCODER_TASK, args=(spec,)),
-        )
+    def publish_segments(self, specs: Iterable[dict], regenerations: int = 0) -> int:
+        """Enqueue one acoustic -> vocoder chain per spec through ONE pooled producer.
+
+        The vocoder stage rides in the acoustic message's `chain` option, which is what
+        `celery.chain` sends too. `chain(...).apply_async(producer=p)` would drop `p` and take
+        a second producer from the same pool for every segment: with as many concurrent
+        submitters as `broker_pool_limit`, each holding one producer while it waits for
+        another, the pool deadlocks for ever (the web wedge of issue 17). The acquire is
+        bounded by `broker_pool_acquire_timeout`, and the publish by the socket timeouts.
+        `regenerations` counts how often these segments' features expired before the vocoder
+        ran (see tasks/segments.py).
+        """
+        extra = {"regenerations": regenerations} if regenerations else {}
+        count = 0
+        with self.celery.producer_or_acquire() as producer:
+            for spec in specs:
+                self.celery.send_task(ACOUSTIC_TASK, args=(spec,), producer=producer,
+                                      chain=[self.vocoder_signature(spec, **extra)])
+                count += 1
+        return count
+
+    def vocoder_signature(self, spec: dict, **kwargs):
+        """The vocoder stage of `spec`: it receives the acoustic stage's cache key first."""
+        return self.celery.signature(VOCODER_TASK, args=(spec,), kwargs=kwargs)
+
+    def sweep_unpublished(self) -> list[str]:
+        """Fail the jobs whose web process died before all their segments were queued."""
+        return self.jobs.sweep_unpublished(self.settings.publish_grace_s)
 
     # -- health ------------------------------------------------------------------------------
 

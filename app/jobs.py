@@ -47,11 +47,15 @@ for s in string.gmatch(ARGV[1], '[^,]+') do
     redis.call('HSET', KEYS[1], 'state', ARGV[2], ARGV[3], ARGV[4])
     if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[5]) end
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'state', ARGV[2])
+    -- The event may have created the stream (no chunk yet): it lives as long as the job.
+    redis.call('EXPIRE', KEYS[4], redis.call('TTL', KEYS[1]))
     return {1, ARGV[2]}
   end
 end
 return {0, state}
 """
+
+UNPUBLISHED_ERROR = "the web process stopped before the job's segments were all queued"
 
 
 @dataclass
@@ -61,10 +65,13 @@ class Chunk:
 
 
 class JobStore:
-    """Job records and chunks. `r` is a bytes-mode Redis client."""
+    """Job records and chunks. `r` is a bytes-mode Redis client; `waiting` (default `r`) one
+    whose socket timeout outlasts the longest blocking wait (see app/redis_conn.py)."""
 
-    def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int) -> None:
+    def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int,
+                 waiting: redis.Redis | None = None) -> None:
         self.r = r
+        self.waiting = waiting or r
         self.keys = keys
         self.ttl_s = ttl_s
         self._store_chunk = r.register_script(_STORE_CHUNK)
@@ -82,11 +89,30 @@ class JobStore:
             "cache_hits": 0, "cache_misses": 0, "request_id": request_id,
         }
         key = self.keys.job(job_id)
-        with self.r.pipeline() as p:
+        with self.r.pipeline() as p:  # MULTI: the record never exists outside the set
             p.hset(key, mapping={k: str(v) for k, v in record.items()})
             p.expire(key, self.ttl_s)
+            p.zadd(self.keys.unpublished, {job_id: record["created_at"]})
             p.execute()
         return self.get(job_id)
+
+    def mark_published(self, job_id: str) -> None:
+        """Every segment of the job is on the broker (or the job failed): nothing to sweep."""
+        self.r.zrem(self.keys.unpublished, job_id)
+
+    def sweep_unpublished(self, grace_s: float) -> list[str]:
+        """Fail jobs created over `grace_s` ago whose segments were never all queued (their
+        web process died mid-submit). Returns the ids it failed."""
+        failed = []
+        cutoff = time.time() - grace_s
+        for raw in self.r.zrangebyscore(self.keys.unpublished, "-inf", cutoff):
+            job_id = raw.decode()
+            # The transition is atomic and moves only a queued or running job, so a job
+            # that finished meanwhile is only forgotten.
+            if self.fail(job_id, UNPUBLISHED_ERROR)[0]:
+                failed.append(job_id)
+            self.r.zrem(self.keys.unpublished, job_id)
+        return failed
 
     # Each transition returns (moved, state afterwards); state is None for an unknown job.
 
@@ -165,7 +191,8 @@ class JobStore:
     def wait_event(self, job_id: str, after_id: bytes, timeout_s: float) -> bool:
         """Block until an event newer than `after_id` exists or the timeout passes."""
         ms = max(1, int(timeout_s * 1000))
-        return bool(self.r.xread({self.keys.events(job_id): after_id}, count=1, block=ms))
+        return bool(self.waiting.xread({self.keys.events(job_id): after_id}, count=1,
+                                       block=ms))
 
     def wait_for_chunks(self, job_id: str, after: int, wait_s: float,
                         limit: int) -> tuple[dict | None, list[Chunk]]:

@@ -7,8 +7,10 @@ Layout (prefix `vf` by default):
     {p}:job:{id}:done     set    indices whose chunk is stored (counts each segment once)
     {p}:job:{id}:events   stream wake-ups for long-polls and streams (chunk, state)
     {p}:mel:{hash}        string a cached mel spectrogram (TTL)
+    {p}:mel:{hash}:refs   string segments between their two stages that need that mel
     {p}:stats             hash   farm-wide counters (mel cache hits and misses, ...)
     {p}:workers:{queue}   zset   worker name -> last heartbeat (live workers per pool)
+    {p}:jobs:unpublished  zset   job id -> creation time, until all its segments are queued
     {p}:book:{id}         hash   the book record (state, per-chapter progress, feed cursor)
     {p}:book:{id}:done    bitmap bit n set once segment n (book-wide ordinal) is stored
 """
@@ -46,6 +48,13 @@ class Keys:
 
     def mel(self, digest: str) -> str:
         return f"{self.prefix}:mel:{digest}"
+
+    @property
+    def unpublished(self) -> str:
+        return f"{self.prefix}:jobs:unpublished"
+
+    def mel_refs(self, digest: str) -> str:
+        return f"{self.prefix}:mel:{digest}:refs"
 
     def workers(self, queue: str) -> str:
         return f"{self.prefix}:workers:{queue}"

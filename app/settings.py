@@ -46,6 +46,19 @@ class Settings:
     visibility_timeout: int = 420
     max_retries: int = 3
 
+    # A Redis call that gets no answer for this long fails (the web answers 503); blocking
+    # long-poll reads have their own, longer bound (app/redis_conn.py).
+    redis_timeout_s: float = 5.0
+    # The web waits at most this long for a broker producer (then answers 503), and a job
+    # whose segments were not all queued this long after it was created is failed by the
+    # sweeper (its web process died mid-submit).
+    publish_timeout_s: int = 5
+    publish_grace_s: int = 30
+
+    # A stream or WebSocket client that has not taken the audio sent to it within this many
+    # seconds is dropped (it stopped reading).
+    stream_write_timeout_s: float = 60.0
+
     store_dir: str = "var/store"
     # Largest book upload (file or JSON chapters); past it the API answers 413.
     max_book_bytes: int = 50 * 1024 * 1024
@@ -89,6 +102,11 @@ class Settings:
             visibility_timeout=int(_env("VISIBILITY_TIMEOUT", str(d.visibility_timeout))),
             task_time_limit=int(_env("TASK_TIME_LIMIT", str(d.task_time_limit))),
             max_retries=int(_env("MAX_RETRIES", str(d.max_retries))),
+            redis_timeout_s=float(_env("REDIS_TIMEOUT_S", str(d.redis_timeout_s))),
+            publish_timeout_s=int(_env("PUBLISH_TIMEOUT_S", str(d.publish_timeout_s))),
+            publish_grace_s=int(_env("PUBLISH_GRACE_S", str(d.publish_grace_s))),
+            stream_write_timeout_s=float(_env("STREAM_WRITE_TIMEOUT_S",
+                                              str(d.stream_write_timeout_s))),
             store_dir=_env("STORE", d.store_dir),
             max_book_bytes=int(_env("MAX_BOOK_BYTES", str(d.max_book_bytes))),
             flower_user=_env("FLOWER_USER", ""),

@@ -4,12 +4,18 @@ libespeak-ng keeps its voice, rate and output callback in process-wide globals, 
 holds exactly one :class:`Espeak` per process (:func:`get_engine`) and runs every library call
 under one lock: two threads must never be inside the library at once.
 
+That lock is a real OS lock even where gevent has monkey-patched ``threading``: the callers
+are native threads (a frontend thread pool), and a gevent lock waited on by one native thread
+and released by another can hang for good. No greenlet switch happens while it is held (the
+library calls do no I/O), so a greenlet that takes it never blocks the hub for long.
+
 No torch here: the web process imports this module.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import NamedTuple
 
@@ -79,11 +85,20 @@ class EspeakError(RuntimeError):
     """The library refused a call (bad voice name, failed synthesis)."""
 
 
+def _os_lock():
+    """A lock of the OS, whether or not gevent has patched ``threading``."""
+    try:
+        from gevent.monkey import get_original
+    except ImportError:
+        return threading.Lock()
+    return get_original("_thread", "allocate_lock")()
+
+
 class Espeak:
     """The process's libespeak-ng engine; every public method takes the one lock."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = _os_lock()
         self._lib = ctypes.CDLL(espeakng_loader.get_library_path())
         self._declare_signatures()
         data_path = espeakng_loader.get_data_path().encode()
@@ -201,6 +216,15 @@ class Espeak:
         """Mono int16 audio at :data:`SAMPLE_RATE`; ``speed`` scales the default 175 words/min.
 
         Text may hold ``[[mnemonics]]`` from :meth:`phonemize`, rendered exactly.
+
+        The same input always gives the same samples. libespeak-ng's wave generator keeps
+        state across calls that no API resets (the pitch-flutter phase is a function-static
+        in ``AdvanceParameters``, untouched even by ``espeak_Terminate``/``Initialize``), so
+        a render depended on everything the process rendered before: the same sentence came
+        out a few samples longer or shorter, and a book rendered twice differed (issue 13).
+        So this process never synthesises itself: each call runs in a forked child, which
+        starts from the state of an engine that has never spoken and exits after one render.
+        A fork costs about a millisecond next to the render itself.
         """
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
@@ -208,28 +232,40 @@ class Espeak:
         data = text.encode("utf-8")
         with self._lock:
             self._set_voice(voice)
-            self._lib.espeak_SetParameter(_ESPEAK_RATE, wpm, 0)
-            self._chunks = []
-            try:
-                status = self._lib.espeak_Synth(
-                    data,
-                    len(data) + 1,
-                    0,
-                    _POS_CHARACTER,
-                    0,
-                    _ESPEAK_CHARS_UTF8 | _ESPEAK_PHONEMES,
-                    None,
-                    None,
-                )
-                if status != _EE_OK:
-                    raise EspeakError(f"espeak_Synth failed with status {status}")
-                self._lib.espeak_Synchronize()
-                chunks, self._chunks = self._chunks, []
-            finally:
-                self._chunks = []
-        if not chunks:
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: render once, send the samples, exit without cleanup
+                os.close(read_end)
+                code = 1
+                try:
+                    pcm = self._render(data, wpm)
+                    with os.fdopen(write_end, "wb") as out:
+                        out.write(pcm.tobytes())
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(write_end)
+            with os.fdopen(read_end, "rb") as source:
+                raw = source.read()
+            _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise EspeakError(f"espeak could not render {text[:60]!r}")
+        return np.frombuffer(raw, dtype=np.int16).copy()
+
+    def _render(self, data: bytes, wpm: int) -> np.ndarray:
+        """Synthesise ``data`` in this process (the forked child of :meth:`synthesize`)."""
+        self._lib.espeak_SetParameter(_ESPEAK_RATE, wpm, 0)
+        self._chunks = []
+        status = self._lib.espeak_Synth(
+            data, len(data) + 1, 0, _POS_CHARACTER, 0, _ESPEAK_CHARS_UTF8 | _ESPEAK_PHONEMES,
+            None, None,
+        )
+        if status != _EE_OK:
+            raise EspeakError(f"espeak_Synth failed with status {status}")
+        self._lib.espeak_Synchronize()
+        if not self._chunks:
             return np.zeros(0, dtype=np.int16)
-        return np.concatenate(chunks).astype(np.int16, copy=False)
+        return np.concatenate(self._chunks).astype(np.int16, copy=False)
 
     def list_voices(self) -> list[RawVoice]:
         """espeak's own voice list (variants excluded), as (name, language, gender)."""
@@ -284,7 +320,7 @@ def _clause_terminator(consumed: str, last: bool) -> str:
 
 
 _engine: Espeak | None = None
-_engine_lock = threading.Lock()
+_engine_lock = _os_lock()
 
 
 def get_engine() -> Espeak:

@@ -25,7 +25,6 @@ import json
 import logging
 import time
 from bisect import bisect_right
-from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TypeVar
 
@@ -53,6 +52,7 @@ from app.celery_app import (
     BOOK_PREPARE_TASK,
     VOCODER_BATCH_QUEUE,
 )
+from app.offload import offload
 from models.errors import NoSpeakableText
 from tasks.base import FarmTask
 
@@ -66,20 +66,6 @@ T = TypeVar("T")
 FEED_WINDOW = 48
 FEED_POLL_S = 0.25
 FEED_SLICE_S = 30.0
-
-
-def off_hub(fn: Callable[..., T], *args: object) -> T:
-    """Run CPU-bound work (the frontend, encoding) in a native thread under gevent, so the
-    book pool's other greenlets (feeders, the broker connection) keep running."""
-    try:
-        from gevent import monkey
-    except ImportError:
-        return fn(*args)
-    if not monkey.is_module_patched("socket"):
-        return fn(*args)
-    import gevent
-
-    return gevent.get_hub().threadpool.apply(fn, args)
 
 
 class BookTask(FarmTask):
@@ -130,7 +116,8 @@ def prepare(self: BookTask, book_id: str, **_: object) -> int:
     books.move(book_id, (QUEUED,), PREPARING, started_at=time.time())
     rec = books.get(book_id)
     book = json.loads(farm.store.get(prefix(book_id) + "book.json"))
-    plan = off_hub(_plan, book["chapters"], rec["voice"])
+    plan = offload("frontend", _plan, book["chapters"], rec["voice"],
+                   timeout_s=self.farm.settings.task_time_limit)
     if not plan:
         books.move(book_id, (PREPARING,), FAILED, finished_at=time.time(),
                    error="the book has nothing that can be spoken")
@@ -183,10 +170,9 @@ def feed(self: BookTask, book_id: str, gen: int, **_: object) -> str:
             time.sleep(FEED_POLL_S)
             continue
         seqs = range(rec["cursor"], min(rec["total"], rec["cursor"] + room))
-        with farm.celery.producer_or_acquire() as producer:
-            for seq, done in zip(seqs, books.done_bits(book_id, seqs), strict=True):
-                if not done:
-                    farm.segment_chain(plans.spec(seq)).apply_async(producer=producer)
+        done_bits = books.done_bits(book_id, seqs)
+        farm.publish_segments(plans.spec(seq)
+                              for seq, done in zip(seqs, done_bits, strict=True) if not done)
         books.set_cursor(book_id, seqs.stop)
     # Hand over to a fresh message: no task runs for hours, and a lost worker loses a slice.
     if books.state(book_id) == RENDERING:
@@ -203,13 +189,9 @@ def segment_wanted(farm, spec: dict) -> bool:
             and not farm.books.is_done(spec["book_id"], spec["seq"]))
 
 
-def store_segment(farm, spec: dict, pcm: bytes, mel_key: str) -> None:
+def store_segment(farm, spec: dict, pcm: bytes) -> None:
     done, state = farm.books.store_segment(spec["book_id"], spec["seq"], spec["chapter"],
                                            spec["index"], pcm)
-    # A book's mel is used once: dropping it now keeps the mel cache to the segments in
-    # flight instead of the last TTL's worth of a whole book (a redelivered vocoder task
-    # that finds it gone regenerates it, as for any expired mel).
-    farm.cache_redis.unlink(farm.keys.mel(mel_key))
     if done >= 0 and state == ASSEMBLING:
         send_assemble(farm.celery, spec["book_id"])
 
@@ -269,7 +251,8 @@ def assemble(self: BookTask, book_id: str, **_: object) -> str:
     # task time limit has no live writer (a live one is killed at that limit), and a
     # redelivered assembly arrives only after the longer visibility timeout.
     farm.store.sweep_abandoned(prefix(book_id), farm.settings.task_time_limit)
-    manifest = off_hub(_assemble, farm, rec)
+    manifest = offload("encode", _assemble, farm, rec,
+                       timeout_s=farm.settings.task_time_limit)
     moved, state = books.move(book_id, (ASSEMBLING,), "done", finished_at=time.time(),
                               duration_s=manifest["duration_s"])
     if state == CANCELED:

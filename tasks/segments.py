@@ -59,6 +59,7 @@ def synthesize(self: SegmentTask, spec: dict, **_: object) -> str:
 
         mel = model.synthesize(spec["phonemes"], spec["voice"], spec["speed"])
         farm.mel_cache.put(digest, mel_to_bytes(mel))
+    farm.mel_cache.hold(digest)  # the vocoder stage releases it
     farm.mel_cache.count(hit)
     if "job_id" in spec:
         farm.jobs.count_cache(spec["job_id"], hit)
@@ -79,9 +80,7 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     if blob is None:
         if regenerations >= MAX_REGENERATIONS:
             raise SpeechError("the mel expired from the cache before the vocoder ran")
-        retry = farm.segment_chain(spec)
-        retry.tasks[-1].kwargs["regenerations"] = regenerations + 1
-        retry.apply_async()
+        farm.publish_segments([spec], regenerations=regenerations + 1)
         raise Ignore()
     from models.encode import pcm16
     from models.mel import mel_from_bytes
@@ -92,7 +91,8 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     pause = np.zeros(int(vocoder.sample_rate * spec["pause_ms"] / 1000), dtype=np.float32)
     pcm = pcm16(np.concatenate([audio, pause]))
     if "book_id" in spec:  # book audio goes to the artifact store, not Redis
-        books.store_segment(farm, spec, pcm.tobytes(), mel_key)
+        books.store_segment(farm, spec, pcm.tobytes())
     else:
         farm.jobs.store_chunk(spec["job_id"], spec["index"], pcm.tobytes())
+    farm.mel_cache.release(mel_key, drop="book_id" in spec)
     return spec["index"]

@@ -18,6 +18,7 @@ import wave
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 import numpy as np
 import pytest
@@ -89,6 +90,16 @@ class FarmUnderTest:
     log_dir: Path
     workers: list[WorkerProc] = field(default_factory=list)
 
+    @property
+    def port(self) -> int:
+        """The port of the farm's Redis server."""
+        return urlparse(self.settings.redis_url).port or 6379
+
+    @property
+    def db(self) -> int:
+        """The farm's own Redis database."""
+        return int(urlparse(self.settings.redis_url).path.lstrip("/") or 0)
+
     def start_worker(self, queue: str) -> WorkerProc:
         w = WorkerProc(queue, self.env, self.log_dir / f"{queue}.log").start()
         self.workers.append(w)
@@ -121,7 +132,8 @@ def running_farm(redis_url: str, db: int, log_dir: Path, workers: bool = True,
     env = dict(os.environ, VOXFARM_REDIS_URL=url, PYTHONUNBUFFERED="1",
                VOXFARM_VISIBILITY_TIMEOUT=str(settings.visibility_timeout),
                VOXFARM_MAX_RETRIES=str(settings.max_retries),
-               VOXFARM_STORE=str(settings.store_dir))
+               VOXFARM_STORE=str(settings.store_dir),
+               VOXFARM_PUBLISH_GRACE_S=str(settings.publish_grace_s))
     for k in ("VOXFARM_BROKER_URL", "VOXFARM_RESULT_URL", "VOXFARM_CACHE_URL"):
         env.pop(k, None)
     tf = FarmUnderTest(settings, Farm(settings), env, log_dir)

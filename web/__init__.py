@@ -18,6 +18,11 @@ def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Fl
     app.json.sort_keys = False
     app.extensions["voxfarm"] = farm or Farm(settings)
     register_error_handlers(app, settings.retry_after_s)
+    # The voice list comes from libespeak-ng once per process: read it now, so no request
+    # handler on the hub ever calls into the library (the frontend thread alone does).
+    from models.voices import list_voices
+
+    list_voices()
 
     # First, so its request hooks (request id, HTTP metrics) wrap every other blueprint.
     from web.observability import observability

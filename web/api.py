@@ -13,11 +13,11 @@ from flask import Blueprint, Response, current_app, g, jsonify, request, url_for
 
 from app.farm import Farm
 from app.jobs import DONE
+from app.offload import offload
 from models.encode import CONTENT_TYPES, encode, wav_bytes
 from models.espeak import SAMPLE_RATE
 from models.voices import list_voices
 from web import validation as v
-from web.blocking import offload
 from web.errors import ApiError
 from web.synthesis import submit_text
 

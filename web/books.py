@@ -38,13 +38,13 @@ from app.books import (
 )
 from app.celery_app import ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE
 from app.farm import Farm
+from app.offload import offload
 from models.book_parse import EXTENSIONS, Book, BookError, Chapter, finish, parse_book
 from models.errors import UnknownVoice
 from models.espeak import SAMPLE_RATE
 from models.voices import get_voice
 from web import validation as v
 from web.api import iso_time
-from web.blocking import offload
 from web.errors import ApiError
 
 books_api = Blueprint("books", __name__)

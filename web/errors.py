@@ -13,6 +13,8 @@ from flask import Flask, jsonify
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
+from app.offload import OffloadTimeout
+
 log = logging.getLogger("voxfarm.web")
 
 
@@ -61,6 +63,12 @@ def register_error_handlers(app: Flask, retry_after_s: int) -> None:
         log.warning("Redis unavailable: %s", exc)
         return error_response(ApiError(503, "redis_unavailable",
                                        "the job store is unreachable; try again shortly",
+                                       headers={"Retry-After": retry_after_s}))
+
+    @app.errorhandler(OffloadTimeout)
+    def _busy(exc: OffloadTimeout):
+        log.warning("request gave up on a busy worker thread: %s", exc)
+        return error_response(ApiError(503, "busy", "the server is busy; try again shortly",
                                        headers={"Retry-After": retry_after_s}))
 
     @app.errorhandler(Exception)

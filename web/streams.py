@@ -16,9 +16,9 @@ import numpy as np
 from flask import Blueprint, Response, current_app, request, stream_with_context
 
 from app.farm import Farm
+from app.offload import offload
 from models.encode import StreamEncoder
 from models.espeak import SAMPLE_RATE
-from web.blocking import offload
 from web.errors import ApiError
 from web.synthesis import ChunkFollower, streamable_job
 
@@ -65,6 +65,13 @@ def encoded_audio(follower: ChunkFollower, encoder: StreamEncoder, on_end=None):
 
 
 def streaming_response(body, content_type: str, headers: dict | None = None) -> Response:
+    # A client that stops reading must not hold its greenlet and the audio queued for it
+    # for ever: a send that cannot finish within this bound fails, and the stream ends (its
+    # job is canceled like any disconnected stream's). gunicorn hands its socket over in the
+    # environ; the Flask dev server and the test client have none.
+    sock = request.environ.get("gunicorn.socket")
+    if sock is not None:
+        sock.settimeout(farm().settings.stream_write_timeout_s)
     resp = Response(stream_with_context(body), content_type=content_type)
     # No length: gunicorn sends it chunked. Proxies must not buffer it, caches not keep it.
     resp.headers["Cache-Control"] = "no-store"

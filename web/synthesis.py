@@ -12,13 +12,13 @@ from collections.abc import Iterator
 
 import redis
 
-from app.farm import Farm, Overloaded
+from app.farm import Farm, Overloaded, Unavailable
 from app.jobs import CANCELED, FAILED, FINAL_STATES, Chunk
-from models.errors import NoSpeakableText, UnknownVoice
+from app.offload import offload
+from models.errors import BreakTooLong, NoSpeakableText, UnknownVoice
 from models.espeak import SAMPLE_RATE
 from models.frontend import prepare
 from models.voices import get_voice
-from web.blocking import offload
 from web.errors import ApiError
 
 log = logging.getLogger("voxfarm.web")
@@ -32,18 +32,24 @@ POLL_S = 15.0
 CHUNKS_PER_WAIT = 16
 
 
+def break_error(exc: BreakTooLong, field: str) -> ApiError:
+    """A break tag over the cap: 422 saying the cap (jobs, the socket, books alike)."""
+    return ApiError(422, "invalid_break", str(exc), field=field, limit=exc.limit_ms)
+
+
 def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
                 request_id: str = "") -> dict:
     """Validate the voice, run the frontend off the hub, and submit the job."""
     try:
-        voice = get_voice(voice_name)
-        segments = offload("frontend", prepare, text, voice.name)
+        voice, segments = offload("frontend", _frontend, text, voice_name)
     except UnknownVoice as exc:
         raise ApiError(422, "unknown_voice", f"unknown voice '{voice_name}'", field="voice",
                        valid=exc.valid) from None
     except NoSpeakableText:
         raise ApiError(422, "no_speakable_text", "the text has nothing that can be spoken",
                        field="text") from None
+    except BreakTooLong as exc:
+        raise break_error(exc, "text") from None
     try:
         return farm.submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=len(text),
                            sample_rate=SAMPLE_RATE, request_id=request_id)
@@ -51,6 +57,18 @@ def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
         raise ApiError(503, "overloaded", f"the farm is busy ({exc.depth} segments waiting)",
                        headers={"Retry-After": exc.retry_after_s},
                        retry_after=exc.retry_after_s) from None
+    except Unavailable:
+        retry_after = farm.settings.retry_after_s
+        raise ApiError(503, "broker_unavailable",
+                       "the farm could not queue the job in time; nothing was queued",
+                       headers={"Retry-After": retry_after}, retry_after=retry_after) from None
+
+
+def _frontend(text: str, voice_name: str):
+    """The voice and the text's segments; eSpeak (and its lock) is only ever used from the
+    frontend thread, never from the hub (see web/blocking.py)."""
+    voice = get_voice(voice_name)
+    return voice, prepare(text, voice.name)
 
 
 def streamable_job(farm: Farm, job_id: str) -> dict:

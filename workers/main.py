@@ -13,7 +13,7 @@ import threading
 
 from celery import Celery, signals
 
-from app.celery_app import BOOK_QUEUE, WORKER_QUEUES, make_celery
+from app.celery_app import ACOUSTIC_QUEUE, BOOK_QUEUE, WORKER_QUEUES, make_celery
 from app.settings import Settings
 from tasks import runtime
 
@@ -32,7 +32,12 @@ def build_worker_app(settings: Settings | None = None) -> Celery:
 
 
 class Heartbeat:
-    """Marks this worker live on its queue every few seconds, until shutdown."""
+    """Marks this worker live on its queue every few seconds, until shutdown.
+
+    The acoustic pool's heartbeat also sweeps jobs whose web process died mid-submit (see
+    `Farm.sweep_unpublished`): the web cannot sweep its own, being dead, and the acoustic
+    pool is the one every job needs anyway.
+    """
 
     def __init__(self, celery: Celery, queue: str, name: str) -> None:
         self.celery, self.queue, self.name = celery, queue, name
@@ -46,6 +51,9 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 farm.heartbeat(self.queue, self.name)
+                if self.queue == ACOUSTIC_QUEUE:
+                    for job_id in farm.sweep_unpublished():
+                        log.warning("job %s failed: its segments were never all queued", job_id)
             except Exception:  # Redis down: readiness already says so; keep trying
                 log.warning("heartbeat to Redis failed", exc_info=True)
             self._stop.wait(HEARTBEAT_EVERY_S)
