@@ -2,6 +2,15 @@
 
 The acoustic task writes here and hands the vocoder the key, so a mel never travels through
 the broker. Hit and miss counts are farm-wide counters in the stats hash.
+
+Identical segments share one entry (a book says "Yes." many times), so an entry is dropped
+early only when no segment still needs it: each acoustic stage `hold`s the entry it hands
+on, each vocoder stage `release`s it, and a book's release drops the entry at zero (a book's
+mel is rarely wanted again; keeping it a TTL would hold a whole book's worth in Redis). An
+interactive release leaves the entry to its TTL, for the next identical request. Delivery is
+at least once, so the count can drift: a redelivered hold keeps an entry until its TTL (the
+count expires with it), a redelivered release may drop it early, and the vocoder regenerates
+a missing mel, as for any expired one.
 """
 
 from __future__ import annotations
@@ -20,11 +29,39 @@ def mel_cache_key(model_id: str, phonemes: str, voice: str, speed: float) -> str
     return hashlib.sha256(material.encode()).hexdigest()[:40]
 
 
+_HOLD = """
+local n = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return n
+"""
+
+# KEYS: the mel, its count. ARGV: '1' to drop the mel when nobody needs it any more.
+_RELEASE = """
+local n = redis.call('DECR', KEYS[2])
+if n <= 0 then
+  redis.call('DEL', KEYS[2])
+  if ARGV[1] == '1' then redis.call('DEL', KEYS[1]) end
+end
+return n
+"""
+
+
 class MelCache:
     def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int) -> None:
         self.r = r
         self.keys = keys
         self.ttl_s = ttl_s
+        self._hold = r.register_script(_HOLD)
+        self._release = r.register_script(_RELEASE)
+
+    def hold(self, digest: str) -> int:
+        """One more segment will read this mel; returns how many will."""
+        return int(self._hold(keys=[self.keys.mel_refs(digest)], args=[self.ttl_s]))
+
+    def release(self, digest: str, drop: bool) -> int:
+        """A segment has read its mel. With `drop`, the entry goes once nobody needs it."""
+        return int(self._release(keys=[self.keys.mel(digest), self.keys.mel_refs(digest)],
+                                 args=["1" if drop else "0"]))
 
     def touch(self, digest: str) -> bool:
         """True (and the TTL renewed) when the mel is cached: a hit needs no model work."""

@@ -27,6 +27,32 @@ logconfig_dict = __import__("app.logging_setup", fromlist=["gunicorn_logconfig"]
     .gunicorn_logconfig(loglevel)
 
 
+def _json_error(sock, status_int, reason, mesg):
+    """gunicorn's own refusals (414 request line too long, 431 headers too large, 400 bad
+    request line) in the API's one JSON error shape instead of gunicorn's HTML page."""
+    import json
+
+    from gunicorn import util
+
+    codes = {400: "bad_request", 414: "uri_too_long", 431: "headers_too_large"}
+    body = json.dumps({"error": {"code": codes.get(status_int, "http_error"),
+                                 "message": f"{reason}: {mesg}"[:300]}}).encode()
+    head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    util.write_nonblock(sock, head.encode("latin1") + body)
+
+
+def _install_json_errors() -> None:
+    # The workers call `util.write_error` by module attribute, so replacing it here (in the
+    # master, before any worker forks) reaches every worker.
+    from gunicorn import util
+
+    util.write_error = _json_error
+
+
+_install_json_errors()
+
+
 def _role_suffix(binds) -> str:
     last = (binds or ["web"])[0].rsplit(":", 1)[-1]
     return "".join(c for c in last if c.isalnum()) or "web"

@@ -21,7 +21,28 @@ def json_body(request: Request) -> dict:
         raise ApiError(400, "invalid_json", "the request body is not valid JSON")
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "the request body must be a JSON object")
-    return body
+    return check_unicode(body)
+
+
+def check_unicode(value: object, field: str | None = None):
+    """`value` (parsed JSON) unchanged, or a 422 naming the field whose string holds a lone
+    UTF-16 surrogate. JSON may escape one (`"\\ud800"`), but it is no character: it cannot be
+    encoded as UTF-8, so it would fail deep in the frontend (or a book's digest) instead."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            name = field or "body"
+            raise ApiError(422, "invalid_text", f"'{name}' holds a lone UTF-16 surrogate, "
+                           "which is not a character", field=field) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_unicode(key, field)
+            check_unicode(item, key if field is None else field)
+    elif isinstance(value, list):
+        for item in value:
+            check_unicode(item, field)
+    return value
 
 
 def text_field(body: dict, max_chars: int) -> str:

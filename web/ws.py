@@ -121,6 +121,7 @@ class Session:
             raise ApiError(400, "invalid_json", "the message is not valid JSON") from None
         if not isinstance(msg, dict):
             raise ApiError(400, "invalid_json", "the message must be a JSON object")
+        v.check_unicode(msg)
         unknown = sorted(set(msg) - _KNOWN_KEYS)
         if unknown:
             raise ApiError(422, "unknown_field", f"unknown field '{unknown[0]}'; a message "
@@ -252,11 +253,21 @@ class Session:
 
 @sock.route("/v1/ws", bp=ws_bp)
 def websocket(ws) -> None:
-    session = Session(ws, farm())
+    serve(ws, farm())
+
+
+def serve(ws, f: Farm) -> None:
+    """One socket's session, however it ends; nothing escapes to the server."""
+    session = Session(ws, f)
     try:
         session.run()
     except ConnectionClosed:
         pass
+    except OSError as exc:
+        # The client stopped reading (a send timed out) or vanished (reset, broken pipe):
+        # an ordinary end of a socket, not a server fault.
+        log.info("socket dropped: the client stopped reading or went away (%s)",
+                 exc.__class__.__name__)
     except redis.RedisError as exc:
         log.warning("socket closed, Redis unavailable: %s", exc)
         _close_with(ws, ApiError(503, "redis_unavailable",
