@@ -27,5 +27,40 @@ class UnknownVoice(SpeechError):
         return (type(self), (self.name, self.valid))
 
 
+class UnknownSpeaker(SpeechError):
+    """The voice has no speaker of that name or index; ``valid`` lists its speakers."""
+
+    def __init__(self, voice: str, speaker: str, valid: list[str] | None = None) -> None:
+        self.voice = voice
+        self.speaker = speaker
+        self.valid: list[str] = list(valid or [])
+        shown = ", ".join(self.valid) if self.valid else "(one speaker only)"
+        super().__init__(f"voice {voice!r} has no speaker {speaker!r}; speakers: {shown}")
+
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return (type(self), (self.voice, self.speaker, self.valid))
+
+
+class VoiceUnavailable(SpeechError):
+    """The voice's files could not be loaded by the worker (broken or mismatched files)."""
+
+
 class NoSpeakableText(SpeechError):
     """The text yields no speakable phonemes (only punctuation, tags or whitespace)."""
+
+
+class BreakTooLong(SpeechError):
+    """A ``[break=...]`` tag asks for a longer pause than one break may last.
+
+    Refused rather than cut to the cap: a pause silently shorter than asked surprises.
+    """
+
+    def __init__(self, tag: str, limit_ms: int) -> None:
+        self.tag = tag
+        self.limit_ms = limit_ms
+        shown = tag if len(tag) <= 40 else tag[:36] + "...]"
+        super().__init__(f"{shown} is too long: a break lasts at most {limit_ms // 1000} s "
+                         f"({limit_ms} ms)")
+
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return (type(self), (self.tag, self.limit_ms))
