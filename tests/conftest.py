@@ -133,7 +133,8 @@ def running_farm(redis_url: str, db: int, log_dir: Path, workers: bool = True,
                VOXFARM_VISIBILITY_TIMEOUT=str(settings.visibility_timeout),
                VOXFARM_MAX_RETRIES=str(settings.max_retries),
                VOXFARM_STORE=str(settings.store_dir),
-               VOXFARM_PUBLISH_GRACE_S=str(settings.publish_grace_s))
+               VOXFARM_PUBLISH_GRACE_S=str(settings.publish_grace_s),
+               VOXFARM_VOICES_DIR=settings.voices_dir)
     for k in ("VOXFARM_BROKER_URL", "VOXFARM_RESULT_URL", "VOXFARM_CACHE_URL"):
         env.pop(k, None)
     tf = FarmUnderTest(settings, Farm(settings), env, log_dir)

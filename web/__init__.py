@@ -20,8 +20,9 @@ def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Fl
     register_error_handlers(app, settings.retry_after_s)
     # The voice list comes from libespeak-ng once per process: read it now, so no request
     # handler on the hub ever calls into the library (the frontend thread alone does).
-    from models.voices import list_voices
+    from models.voices import list_voices, use_voices_dir
 
+    use_voices_dir(settings.voices_dir)
     list_voices()
 
     # First, so its request hooks (request id, HTTP metrics) wrap every other blueprint.

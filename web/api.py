@@ -15,7 +15,6 @@ from app.farm import Farm
 from app.jobs import DONE
 from app.offload import offload
 from models.encode import CONTENT_TYPES, encode, wav_bytes
-from models.espeak import SAMPLE_RATE
 from models.voices import list_voices
 from web import validation as v
 from web.errors import ApiError
@@ -98,8 +97,8 @@ def cancel_job(job_id: str):
     return jsonify(job_view(farm().jobs.get(job_id) or job))
 
 
-def _chunk_wav(pcm: bytes) -> bytes:
-    return wav_bytes(np.frombuffer(pcm, dtype="<i2"), SAMPLE_RATE)
+def _chunk_wav(pcm: bytes, sample_rate: int) -> bytes:
+    return wav_bytes(np.frombuffer(pcm, dtype="<i2"), sample_rate)
 
 
 @api.get("/v1/jobs/<job_id>/chunks")
@@ -126,6 +125,7 @@ def get_chunks(job_id: str):
         resp = Response(status=204)
         resp.headers["X-Next-After"] = str(cursor)
         return resp
+    rate = job["sample_rate"]
     return jsonify({
         "job_id": job_id,
         "state": job["state"],
@@ -133,9 +133,9 @@ def get_chunks(job_id: str):
         "chunks": [{
             "index": c.index,
             "format": "wav",
-            "sample_rate": SAMPLE_RATE,
-            "duration_s": round(len(c.pcm) / 2 / SAMPLE_RATE, 3),
-            "audio": base64.b64encode(_chunk_wav(c.pcm)).decode(),
+            "sample_rate": rate,
+            "duration_s": round(len(c.pcm) / 2 / rate, 3),
+            "audio": base64.b64encode(_chunk_wav(c.pcm, rate)).decode(),
         } for c in chunks],
         "next_after": cursor,
         "end": end,
@@ -154,24 +154,27 @@ def get_audio(job_id: str):
     if any(p is None for p in parts):
         raise ApiError(410, "audio_expired", "the job's audio has expired")
     pcm = np.frombuffer(b"".join(parts), dtype="<i2")
-    data = wav_bytes(pcm, SAMPLE_RATE) if fmt == "wav" else offload(
-        "encode", encode, pcm, SAMPLE_RATE, fmt)
+    rate = job["sample_rate"]
+    data = wav_bytes(pcm, rate) if fmt == "wav" else offload("encode", encode, pcm, rate, fmt)
     return Response(data, mimetype=CONTENT_TYPES[fmt], headers={
         "Content-Disposition": f'attachment; filename="{job_id}.{fmt}"'})
 
 
 @api.get("/v1/voices")
 def voices():
-    return jsonify({"voices": [
-        {"name": vc.name, "language": vc.language, "display_name": vc.display_name,
-         "variant": vc.variant} for vc in list_voices()]})
+    default = farm().settings.default_voice
+    return jsonify({"default": default, "voices": [
+        {"name": vc.name, "engine": vc.engine, "language": vc.language,
+         "display_name": vc.display_name, "variant": vc.variant,
+         "sample_rate": vc.sample_rate, "speakers": list(vc.speakers)}
+        for vc in list_voices()]})
 
 
 @api.get("/v1/stats")
 def stats():
     f = farm()
     return jsonify({
-        "mel_cache": f.mel_cache.stats(),
+        "mel_cache": {**f.mel_cache.stats(), **f.mel_cache.size()},
         "queues": {q: {"depth": f.queue_depth(q), "workers": len(f.live_workers(q))}
                    for q in ("acoustic", "vocoder")},
     })

@@ -21,12 +21,10 @@ import time
 from flask import Blueprint, Response, current_app, jsonify, request, send_file, url_for
 
 from app.books import (
-    ACTIVE_STATES,
     BOOK_FORMATS,
     CANCELED,
     DEFAULT_FORMATS,
     DONE,
-    FAILED,
     QUEUED,
     RENDERING,
     book_id_for,
@@ -40,12 +38,13 @@ from app.celery_app import ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE
 from app.farm import Farm
 from app.offload import offload
 from models.book_parse import EXTENSIONS, Book, BookError, Chapter, finish, parse_book
-from models.errors import UnknownVoice
-from models.espeak import SAMPLE_RATE
+from models.errors import BreakTooLong
+from models.frontend import check_breaks
 from models.voices import get_voice
 from web import validation as v
 from web.api import iso_time
 from web.errors import ApiError
+from web.synthesis import break_error, voice_or_422
 
 books_api = Blueprint("books", __name__)
 
@@ -122,7 +121,7 @@ def _book_or_404(book_id: str) -> dict:
 
 
 def _formats(value: object) -> tuple[str, ...]:
-    if value is None or value == "":
+    if value is None:  # not given (an empty form field is not given either)
         return DEFAULT_FORMATS
     if isinstance(value, str):
         value = [p.strip() for p in value.split(",") if p.strip()]
@@ -155,18 +154,24 @@ def _json_book(body: dict) -> Book:
     return finish(Book(body.get("title") or "Untitled", body.get("author") or "", parsed))
 
 
-def _settings_fields(fields) -> tuple[str, float, tuple[str, ...]]:
+def _settings_fields(fields, form: bool) -> tuple[str, float, tuple[str, ...]]:
+    """voice, speed and formats from a multipart form (strings; an empty one means the
+    default) or a JSON body (typed, as POST /v1/jobs takes them: a field that is there must
+    be valid, so `"voice": 0` is refused rather than read as the default voice)."""
     settings = farm().settings
-    voice_name = fields.get("voice") or settings.default_voice
+    if form:
+        fields = {k: value for k, value in fields.items() if value != ""}
+    else:
+        for name in ("voice", "speed", "formats"):
+            if name in fields and fields[name] is None:
+                raise ApiError(422, "invalid_type", f"'{name}' is null; leave it out for the "
+                               "default", field=name)
+    voice_name = fields.get("voice", settings.default_voice)
     if not isinstance(voice_name, str):
         raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
-    try:
-        voice = get_voice(voice_name)
-    except UnknownVoice as exc:
-        raise ApiError(422, "unknown_voice", f"unknown voice '{voice_name}'", field="voice",
-                       valid=exc.valid) from None
+    voice = voice_or_422(voice_name)
     speed = fields.get("speed", 1.0)
-    if isinstance(speed, str):
+    if form:
         try:
             speed = float(speed)
         except ValueError:
@@ -174,6 +179,18 @@ def _settings_fields(fields) -> tuple[str, float, tuple[str, ...]]:
                            field="speed") from None
     speed = v.speed_field({"speed": speed})
     return voice.name, speed, _formats(fields.get("formats"))
+
+
+def _breaks_within_cap(book: Book) -> Book:
+    """The book, if no break tag in it is over the cap (else BreakTooLong): refused at
+    upload, as on a job, rather than failing on a worker later."""
+    for chapter in book.chapters:
+        check_breaks(chapter.text)
+    return book
+
+
+def _parse_upload(data: bytes, name: str) -> Book:
+    return _breaks_within_cap(parse_book(data, name))
 
 
 # A queued book whose prepare task has not started after this long lost its message.
@@ -201,7 +218,7 @@ def create_book():
                            field="file")
         form = request.form.to_dict()
         form["formats"] = ",".join(request.form.getlist("formats"))
-        voice, speed, formats = _settings_fields(form)
+        voice, speed, formats = _settings_fields(form, form=True)
         name = upload.filename or ""
         ext = name.lower().rsplit(".", 1)[-1] if "." in name else ""
         if f".{ext}" not in EXTENSIONS:
@@ -212,17 +229,21 @@ def create_book():
         source = (data, ext)
         try:
             # Parsing is CPU work: off the gevent hub, on the encode pool's threads.
-            book = offload("encode", parse_book, data, name)
+            book = offload("encode", _parse_upload, data, name)
         except BookError as exc:
             raise ApiError(_STATUS.get(exc.code, 422), exc.code, exc.message,
                            field="file") from None
+        except BreakTooLong as exc:
+            raise break_error(exc, "file") from None
     elif request.is_json:
         body = v.json_body(request)
-        voice, speed, formats = _settings_fields(body)
+        voice, speed, formats = _settings_fields(body, form=False)
         try:
-            book = _json_book(body)
+            book = _breaks_within_cap(_json_book(body))
         except BookError as exc:
             raise ApiError(422, exc.code, exc.message, field="chapters") from None
+        except BreakTooLong as exc:
+            raise break_error(exc, "chapters") from None
     else:
         raise ApiError(415, "unsupported_media_type", "send the book as multipart/form-data "
                        "(field 'file') or as JSON chapters")
@@ -242,7 +263,7 @@ def create_book():
             f.store.put(base + f"source.{source[1]}", source[0])
         created = f.books.create(book_id, title=book.title, author=book.author, voice=voice,
                                  speed=speed, formats=formats, chapters=len(book.chapters),
-                                 words=book.words, sample_rate=SAMPLE_RATE,
+                                 words=book.words, sample_rate=get_voice(voice).sample_rate,
                                  source_format=book.source_format)
         if created:
             send_prepare(f.celery, book_id)
@@ -335,7 +356,7 @@ def cancel(book_id: str):
     for a finished book, delete it. The record stays, saying canceled."""
     rec = _book_or_404(book_id)
     books = farm().books
-    books.move(book_id, (*ACTIVE_STATES, DONE, FAILED), CANCELED, finished_at=time.time())
+    books.cancel(book_id)
     offload("encode", books.remove, book_id)
     return jsonify(book_view(books.get(book_id) or rec))
 

@@ -6,16 +6,17 @@ segment is encoded the moment its chunk is stored.
 
 Decisions (the README, "Streaming" has the table and the reasons):
 
-* `voice`: OpenAI's voice names map to eSpeak NG voices (`OPENAI_VOICES`, overridable with
-  `VOXFARM_OPENAI_VOICES="alloy=en-us+f2,echo=en+m1"`); a farm voice name (`en-us+f3`, `cmn`)
-  is taken as is; anything else is a 422 listing both.
+* `voice`: OpenAI's voice names are the farm's default voice, the neural English one
+  (`OPENAI_VOICES`, each overridable with `VOXFARM_OPENAI_VOICES="alloy=en-us+f2,echo=NAME:2"`);
+  a farm voice name (`en_us-joe-medium`, `en-us+f3`, `cmn`, `NAME:SPEAKER`) is taken as is;
+  anything else is a 422 listing both.
 * `model`: any non-empty string; the farm has one engine per deployment, so the name is
   accepted and not used, the way other OpenAI-compatible servers treat it.
 * `speed`: OpenAI accepts 0.25-4.0 and so does this endpoint; the farm renders 0.5-2.0, so a
   value outside that is clamped, and the applied speed is in `X-Voxfarm-Speed`. Outside
   0.25-4.0 is a 422, as OpenAI refuses it too.
 * `pcm` is 24 kHz 16-bit mono without a header, as OpenAI's is (clients hard-code the rate);
-  `wav` keeps the farm's 22,050 Hz (its header says so); `opus` is Ogg Opus at 48 kHz.
+  `wav` keeps the voice's own rate (its header says so); `opus` is Ogg Opus at 48 kHz.
 * Errors keep the API's one shape and add OpenAI's `type` and `param`, which the OpenAI
   client reads into its exception.
 """
@@ -29,8 +30,8 @@ from flask import Blueprint, current_app, request
 from app.farm import Farm
 from app.jobs import FINAL_STATES
 from models.encode import StreamEncoder
-from models.espeak import SAMPLE_RATE
-from models.voices import list_voices
+from models.errors import UnknownSpeaker, UnknownVoice
+from models.voices import get_voice, list_voices
 from web import validation as v
 from web.errors import ApiError
 from web.streams import encoded_audio, streaming_response
@@ -38,23 +39,12 @@ from web.synthesis import ChunkFollower, submit_text
 
 openai_compat = Blueprint("openai_compat", __name__)
 
-# OpenAI voice -> eSpeak NG voice. Female OpenAI voices get eSpeak's female variants, male
-# ones the male variants; fable is OpenAI's British voice, so it gets the British `en` base.
-OPENAI_VOICES: dict[str, str] = {
-    "alloy": "en-us",
-    "ash": "en-us+m3",
-    "ballad": "en+m2",
-    "coral": "en-us+f3",
-    "echo": "en-us+m1",
-    "fable": "en+m3",
-    "onyx": "en-us+m4",
-    "nova": "en-us+f4",
-    "sage": "en-us+f1",
-    "shimmer": "en-us+f5",
-    "verse": "en-us+m2",
-    "marin": "en-us+f2",
-    "cedar": "en-us+m5",
-}
+# OpenAI's voice names. Each one is the farm's default voice (the neural English voice)
+# unless `VOXFARM_OPENAI_VOICES` maps it elsewhere ("alloy=en_us-joe-medium,fable=en+m3", or
+# a multi-speaker voice's speakers: "nova=NAME:SPEAKER"): the bundled voice has one speaker,
+# and a neural voice beats eSpeak's variants for every name.
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage",
+                 "shimmer", "verse", "marin", "cedar")
 
 # response_format -> (stream encoder format, output rate or None for the farm's own)
 RESPONSE_FORMATS: dict[str, tuple[str, int | None]] = {
@@ -76,7 +66,7 @@ def farm() -> Farm:
 
 def voice_table() -> dict[str, str]:
     """The OpenAI voice table with `VOXFARM_OPENAI_VOICES` overrides applied."""
-    table = dict(OPENAI_VOICES)
+    table = dict.fromkeys(OPENAI_VOICES, farm().settings.default_voice)
     for item in os.environ.get("VOXFARM_OPENAI_VOICES", "").split(","):
         name, _, voice = item.partition("=")
         if name.strip() and voice.strip():
@@ -95,11 +85,13 @@ def resolve_voice(name: object) -> str:
     table = voice_table()
     if name.lower() in table:
         return table[name.lower()]
-    farm_voices = [vc.name for vc in list_voices()]
-    if name in farm_voices:
-        return name
-    raise _error(422, "unknown_voice", f"unknown voice '{name}'", "voice",
-                 valid=sorted(table) + farm_voices)
+    try:
+        return get_voice(name).name
+    except UnknownVoice:
+        raise _error(422, "unknown_voice", f"unknown voice '{name}'", "voice",
+                     valid=sorted(table) + [vc.name for vc in list_voices()]) from None
+    except UnknownSpeaker as exc:
+        raise _error(422, "unknown_speaker", str(exc), "voice", valid=exc.valid) from None
 
 
 def resolve_speed(body: dict) -> float:
@@ -151,7 +143,7 @@ def speech():
         err.extra.setdefault("param", err.field)
         raise
     fmt, out_rate = RESPONSE_FORMATS[response_format]
-    encoder = StreamEncoder(fmt, SAMPLE_RATE, out_rate)
+    encoder = StreamEncoder(fmt, job["sample_rate"], out_rate)
     f = farm()
     job_id = job["id"]
 

@@ -145,10 +145,10 @@ def _schemas(settings: Settings) -> dict:
                 "input": {"type": "string", "minLength": 1,
                           "maxLength": settings.max_text_chars},
                 "voice": {"type": "string",
-                          "description": "an OpenAI voice name (mapped: "
-                                         + ", ".join(f"{k}→{v}" for k, v in
-                                                     OPENAI_VOICES.items())
-                                         + ") or a farm voice from `GET /v1/voices`"},
+                          "description": "an OpenAI voice name (" + ", ".join(OPENAI_VOICES)
+                                         + ": the farm's default voice unless "
+                                         "VOXFARM_OPENAI_VOICES maps it) or a farm voice "
+                                         "from `GET /v1/voices`"},
                 "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS),
                                     "default": "mp3"},
                 "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0, "default": 1.0,
@@ -175,9 +175,16 @@ def _schemas(settings: Settings) -> dict:
             },
         },
         "Voice": {
-            "type": "object", "required": ["name", "language"],
-            "properties": {"name": {"type": "string"}, "language": {"type": "string"},
-                           "display_name": {"type": "string"}, "variant": nullable_str},
+            "type": "object",
+            "required": ["name", "engine", "language", "sample_rate", "speakers"],
+            "properties": {"name": {"type": "string"},
+                           "engine": {"type": "string", "enum": ["piper", "espeak"]},
+                           "language": {"type": "string"},
+                           "display_name": {"type": "string"}, "variant": nullable_str,
+                           "sample_rate": {"type": "integer"},
+                           "speakers": {"type": "array", "items": {"type": "string"},
+                                        "description": "a multi-speaker voice's speakers, "
+                                                       "addressed as NAME:SPEAKER"}},
         },
     }
 
@@ -290,7 +297,8 @@ def _paths(settings: Settings) -> dict:
         "/v1/voices": {"get": {
             "tags": ["farm"], "operationId": "listVoices", "summary": "The voices offered",
             "responses": {"200": _json({"type": "object", "required": ["voices"],
-                                        "properties": {"voices": {"type": "array",
+                                        "properties": {"default": {"type": "string"},
+                                                       "voices": {"type": "array",
                                                                   "items": _ref("Voice")}}},
                                        "every voice name `voice` accepts")}}},
         "/v1/stats": {"get": {

@@ -18,7 +18,6 @@ from flask import Blueprint, Response, current_app, request, stream_with_context
 from app.farm import Farm
 from app.offload import offload
 from models.encode import StreamEncoder
-from models.espeak import SAMPLE_RATE
 from web.errors import ApiError
 from web.synthesis import ChunkFollower, streamable_job
 
@@ -85,8 +84,8 @@ def streaming_response(body, content_type: str, headers: dict | None = None) -> 
 def stream_job(job_id: str):
     fmt = stream_format(request.args.get("format", "wav"), JOB_STREAM_FORMATS)
     f = farm()
-    streamable_job(f, job_id)
-    encoder = StreamEncoder(fmt, SAMPLE_RATE)
+    job = streamable_job(f, job_id)
+    encoder = StreamEncoder(fmt, job["sample_rate"])
     follower = ChunkFollower(f, job_id)
     return streaming_response(encoded_audio(follower, encoder), encoder.content_type,
                               {"X-Job-Id": job_id})

@@ -15,10 +15,9 @@ import redis
 from app.farm import Farm, Overloaded, Unavailable
 from app.jobs import CANCELED, FAILED, FINAL_STATES, Chunk
 from app.offload import offload
-from models.errors import BreakTooLong, NoSpeakableText, UnknownVoice
-from models.espeak import SAMPLE_RATE
+from models.errors import BreakTooLong, NoSpeakableText, UnknownSpeaker, UnknownVoice
 from models.frontend import prepare
-from models.voices import get_voice
+from models.voices import Voice, get_voice
 from web.errors import ApiError
 
 log = logging.getLogger("voxfarm.web")
@@ -37,14 +36,27 @@ def break_error(exc: BreakTooLong, field: str) -> ApiError:
     return ApiError(422, "invalid_break", str(exc), field=field, limit=exc.limit_ms)
 
 
+def voice_or_422(name: str, field: str = "voice") -> Voice:
+    """The voice called `name` (`NAME:SPEAKER` for one speaker), or the API's 422 for it.
+
+    The voice list is read once at app start, so this touches no engine and may run on the
+    hub."""
+    try:
+        return get_voice(name)
+    except UnknownVoice as exc:
+        raise ApiError(422, "unknown_voice", f"unknown voice '{name}'", field=field,
+                       valid=exc.valid) from None
+    except UnknownSpeaker as exc:
+        raise ApiError(422, "unknown_speaker", str(exc), field=field,
+                       valid=exc.valid) from None
+
+
 def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
                 request_id: str = "") -> dict:
     """Validate the voice, run the frontend off the hub, and submit the job."""
+    voice = voice_or_422(voice_name)
     try:
-        voice, segments = offload("frontend", _frontend, text, voice_name)
-    except UnknownVoice as exc:
-        raise ApiError(422, "unknown_voice", f"unknown voice '{voice_name}'", field="voice",
-                       valid=exc.valid) from None
+        segments = offload("frontend", prepare, text, voice.name)
     except NoSpeakableText:
         raise ApiError(422, "no_speakable_text", "the text has nothing that can be spoken",
                        field="text") from None
@@ -52,7 +64,7 @@ def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
         raise break_error(exc, "text") from None
     try:
         return farm.submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=len(text),
-                           sample_rate=SAMPLE_RATE, request_id=request_id)
+                           sample_rate=voice.sample_rate, request_id=request_id)
     except Overloaded as exc:
         raise ApiError(503, "overloaded", f"the farm is busy ({exc.depth} segments waiting)",
                        headers={"Retry-After": exc.retry_after_s},
@@ -62,13 +74,6 @@ def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
         raise ApiError(503, "broker_unavailable",
                        "the farm could not queue the job in time; nothing was queued",
                        headers={"Retry-After": retry_after}, retry_after=retry_after) from None
-
-
-def _frontend(text: str, voice_name: str):
-    """The voice and the text's segments; eSpeak (and its lock) is only ever used from the
-    frontend thread, never from the hub (see web/blocking.py)."""
-    voice = get_voice(voice_name)
-    return voice, prepare(text, voice.name)
 
 
 def streamable_job(farm: Farm, job_id: str) -> dict:
@@ -100,6 +105,7 @@ class ChunkFollower:
         self.cursor = after
         self.idle_s = idle_s
         self.total: int | None = None
+        self.sample_rate = 0  # the job's, known after the first poll
         self.ended = False
         self.outcome: str | None = None
         self._last_progress = time.monotonic()
@@ -117,6 +123,7 @@ class ChunkFollower:
             self._end("expired")
             return []
         self.total = job["total"]
+        self.sample_rate = job["sample_rate"]
         if chunks:
             self.cursor = chunks[-1].index
             self._last_progress = time.monotonic()

@@ -41,12 +41,10 @@ from simple_websocket import ConnectionClosed
 
 from app.farm import Farm
 from app.jobs import FINAL_STATES
-from models.errors import UnknownVoice
-from models.espeak import SAMPLE_RATE
 from models.voices import get_voice
 from web import validation as v
 from web.errors import ApiError
-from web.synthesis import ChunkFollower, submit_text
+from web.synthesis import ChunkFollower, submit_text, voice_or_422
 
 log = logging.getLogger("voxfarm.web")
 
@@ -134,11 +132,7 @@ class Session:
             voice = msg["voice"]
             if not isinstance(voice, str) or not voice:
                 raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
-            try:
-                voice = get_voice(voice).name
-            except UnknownVoice as exc:
-                raise ApiError(422, "unknown_voice", f"unknown voice '{voice}'", field="voice",
-                               valid=exc.valid) from None
+            voice = voice_or_422(voice).name
         if "speed" in msg:
             speed = v.speed_field(msg)
         text = msg.get("text", "")
@@ -184,7 +178,7 @@ class Session:
         self.started.append(job["id"])
         self.jobs.append(job)
         self.send({"type": "job.started", "job_id": job["id"], "segments": job["total"],
-                   "text": text})
+                   "sample_rate": job["sample_rate"], "text": text})
 
     # -- audio -------------------------------------------------------------------------------
 
@@ -198,7 +192,7 @@ class Session:
             samples = len(chunk.pcm) // 2
             self.send({"type": "segment.started", "job_id": follower.job_id,
                        "index": chunk.index, "samples": samples,
-                       "duration_s": round(samples / SAMPLE_RATE, 3)})
+                       "duration_s": round(samples / follower.sample_rate, 3)})
             for start in range(0, len(chunk.pcm), AUDIO_FRAME_BYTES):
                 self.ws.send(bytes(chunk.pcm[start:start + AUDIO_FRAME_BYTES]))
             self.send({"type": "segment.done", "job_id": follower.job_id, "index": chunk.index})
@@ -234,7 +228,9 @@ class Session:
     # -- the loop ----------------------------------------------------------------------------
 
     def run(self) -> None:
-        self.send({"type": "ready", "sample_rate": SAMPLE_RATE, "encoding": "pcm_s16le",
+        # The default voice's rate; every job.started says its own (voices differ).
+        rate = get_voice(self.voice).sample_rate
+        self.send({"type": "ready", "sample_rate": rate, "encoding": "pcm_s16le",
                    "channels": 1, "voice": self.voice, "max_message_bytes": MAX_MESSAGE_BYTES})
         while True:
             # Busy: take what the client sent meanwhile without waiting; idle: wait for it.

@@ -1,6 +1,9 @@
 """Farm vs direct in-process synthesis, side by side in one run.
 
-    .venv/bin/python tests/bench/bench_farm.py [--sentences 50]
+    .venv/bin/python tests/bench/bench_farm.py [--sentences 50] [--voice en-us]
+
+The voice is the farm's default (the neural `en_us-joe-medium`) unless `--voice` names
+another (`en-us` for eSpeak + Griffin-Lim).
 
 Direct: the same frontend, acoustic and vocoder code called in this process. Farm: the same
 sentences as jobs over HTTP to gunicorn (gevent), through the acoustic and vocoder worker
@@ -57,26 +60,41 @@ def pct(values: list[float], p: float) -> float:
 class Direct:
     """The same frontend, acoustic and vocoder code, called in this process."""
 
-    def __init__(self) -> None:
-        from models.acoustic import load_acoustic
-        from models.vocoder import load_vocoder
+    def __init__(self, voice: str = "") -> None:
+        from app.settings import Settings
+        from models.voices import PIPER, get_voice
 
-        self.acoustic, self.vocoder = load_acoustic("espeak"), load_vocoder("griffinlim")
+        self.voice = get_voice(voice or Settings().default_voice)
+        if self.voice.engine == PIPER:
+            from models.piper import PiperAcoustic, PiperVocoder
+
+            self.acoustic = PiperAcoustic(model_path=self.voice.model_path)
+            self.vocoder = PiperVocoder(model_path=self.voice.model_path)
+        else:
+            from models.acoustic import load_acoustic
+            from models.vocoder import load_vocoder
+
+            self.acoustic, self.vocoder = load_acoustic("espeak"), load_vocoder("griffinlim")
         self("Warm up the models once.")
 
     def __call__(self, text: str) -> int:
         from models.encode import pcm16
         from models.frontend import prepare
+        from models.voices import PIPER
 
         n = 0
-        for seg in prepare(text, "en-us"):
-            mel = self.acoustic.synthesize(seg.phonemes, "en-us", 1.0)
-            n += len(pcm16(self.vocoder.vocode([mel])[0].numpy()))
+        for seg in prepare(text, self.voice.name):
+            if self.voice.engine == PIPER:
+                features = self.acoustic.synthesize(seg.phonemes, speed=1.0, seed=seg.index)
+            else:
+                features = self.acoustic.synthesize(seg.phonemes, self.voice.name, 1.0)
+            n += len(pcm16(self.vocoder.vocode([features])[0].numpy()))
         return n
 
 
-def farm_job(base: str, text: str, session: requests.Session) -> None:
-    resp = session.post(f"{base}/v1/jobs", json={"text": text}, timeout=60)
+def farm_job(base: str, text: str, session: requests.Session, voice: str = "") -> None:
+    body = {"text": text, **({"voice": voice} if voice else {})}
+    resp = session.post(f"{base}/v1/jobs", json=body, timeout=60)
     resp.raise_for_status()
     job = resp.json()
     after = -1
@@ -98,29 +116,29 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - t0
 
 
-def latency_run(base: str, texts: list[str]) -> tuple[list[float], list[float]]:
+def latency_run(base: str, texts: list[str], voice: str) -> tuple[list[float], list[float]]:
     """Direct and farm alternate sentence by sentence, so both see the same machine load."""
-    direct, session = Direct(), requests.Session()
-    farm_job(base, "Warm up the workers once.", session)
+    direct, session = Direct(voice), requests.Session()
+    farm_job(base, "Warm up the workers once.", session, voice)
     direct_lat, farm_lat = [], []
     for t in texts:
         direct_lat.append(timed(direct, t))
-        farm_lat.append(timed(farm_job, base, t, session))
+        farm_lat.append(timed(farm_job, base, t, session, voice))
     return direct_lat, farm_lat
 
 
-def throughput_run(base: str, texts: list[str]) -> tuple[float, float]:
+def throughput_run(base: str, texts: list[str], voice: str) -> tuple[float, float]:
     """Seconds for all sentences: direct one after another; farm all submitted at once (the
     two stages pipeline across the worker processes)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    direct = Direct()
+    direct = Direct(voice)
     direct_s = timed(lambda: [direct(t) for t in texts])
     batch = [t.replace(".", ", again.") for t in texts]  # new text: no mel-cache hits
 
     def all_jobs() -> None:
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda t: farm_job(base, t, requests.Session()), batch))
+            list(pool.map(lambda t: farm_job(base, t, requests.Session(), voice), batch))
 
     return direct_s, timed(all_jobs)
 
@@ -129,6 +147,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sentences", type=int, default=50)
     ap.add_argument("--redis-url", default=None)
+    ap.add_argument("--voice", default="", help="default: the farm's default voice")
     args = ap.parse_args()
     texts = sentences(args.sentences)
 
@@ -136,8 +155,8 @@ def main() -> None:
     with (redis_url_or_embedded(args.redis_url, tmp) as url,
           running_farm(url, 0, tmp) as tf,
           gunicorn_server(tf.env, tmp / "web.log") as base):
-        direct_lat, farm_lat = latency_run(base, texts)
-        direct_total, farm_total = throughput_run(base, texts)
+        direct_lat, farm_lat = latency_run(base, texts, args.voice)
+        direct_total, farm_total = throughput_run(base, texts, args.voice)
 
     n = len(texts)
     rows = [
@@ -146,7 +165,9 @@ def main() -> None:
         ("mean latency (ms)", statistics.mean(direct_lat) * 1e3, statistics.mean(farm_lat) * 1e3),
         ("throughput (sentences/s)", n / direct_total, n / farm_total),
     ]
-    print(f"\n{n} sentences, 1 acoustic + 1 vocoder worker, gunicorn gevent, Redis on loopback\n")
+    voice = args.voice or "the default voice"
+    print(f"\n{n} sentences, {voice}, 1 acoustic + 1 vocoder worker, gunicorn gevent, "
+          "Redis on loopback\n")
     print(f"| {'metric':<30} | {'direct':>10} | {'farm':>10} | {'farm/direct':>11} |")
     print(f"|{'-' * 32}|{'-' * 12}|{'-' * 12}|{'-' * 13}|")
     for name, d, f in rows:

@@ -131,7 +131,7 @@ def test_openai_client_streams_every_format(oai, fmt, codec, rate):
     text = "The OpenAI client reads this. It arrives as the farm renders it."
     with oai.audio.speech.with_streaming_response.create(
             model="tts-1", voice="nova", input=text, response_format=fmt) as resp:
-        assert resp.headers["X-Voxfarm-Voice"] == "en-us+f4"
+        assert resp.headers["X-Voxfarm-Voice"] == "en_us-joe-medium"  # the neural default
         data = b"".join(resp.iter_bytes())
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.audio[0]

