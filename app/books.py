@@ -176,6 +176,12 @@ class BookStore:
             self.store.delete(key)
         return int(done), state.decode() if isinstance(state, bytes) else str(state)
 
+    def cancel(self, book_id: str) -> tuple[bool, str | None]:
+        """Cancel a book, or delete a finished one: the same one transition also clears an
+        earlier failure's error, which would otherwise still say why a canceled book failed."""
+        return self.move(book_id, (*ACTIVE_STATES, DONE, FAILED), CANCELED,
+                         finished_at=time.time(), error="", error_chapter="", error_text="")
+
     def fail(self, book_id: str, chapter: int, text: str, message: str) -> bool:
         moved, _ = self.move(book_id, (QUEUED, PREPARING, RENDERING, ASSEMBLING), FAILED,
                              finished_at=time.time(), error=message,

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from models.errors import NoSpeakableText, UnknownVoice
+from models.errors import BreakTooLong, NoSpeakableText, SpeechError, UnknownVoice
 from models.espeak import get_engine
 from models.frontend import (
+    MAX_BREAK_MS,
     MAX_SEGMENT_PHONEMES,
     Segment,
     normalize,
@@ -276,3 +277,21 @@ def test_absurdly_long_numbers_are_read_digit_by_digit() -> None:
 )
 def test_normalize_english_numbers_unchanged_by_the_speed_fix(text: str, spoken: str) -> None:
     assert normalize(text, "en") == spoken
+
+
+# -- break lengths (issue 13, item 13): over the cap is refused, not silently cut ------------
+
+
+@pytest.mark.parametrize("tag", ["[break=999999s]", "[break=10.5s]", "[break=10001ms]",
+                                 "[break=10001]", "[break=" + "9" * 400 + "s]"])
+def test_break_over_the_cap_is_refused_naming_the_cap(tag: str) -> None:
+    with pytest.raises(BreakTooLong) as caught:
+        prepare(f"Wait {tag} then go.", "en-us")
+    assert isinstance(caught.value, SpeechError)
+    assert caught.value.limit_ms == MAX_BREAK_MS
+    assert f"{MAX_BREAK_MS // 1000} s" in str(caught.value) and tag[:12] in str(caught.value)
+
+
+def test_break_at_the_cap_is_kept_and_a_run_of_breaks_adds_up_to_the_cap() -> None:
+    segments = prepare("Wait [break=10s] then go [break=6s] [break=6s] and stop.", "en-us")
+    assert [s.pause_ms for s in segments] == [MAX_BREAK_MS, MAX_BREAK_MS, 0]
