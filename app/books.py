@@ -82,12 +82,51 @@ end
 return {0, state}
 """
 
+# A re-submit asking for formats the record lacks. ARGV: the formats asked for. The record's
+# formats become the union (files already made stay valid); a done book goes back to
+# assembling to package its stored segments again. Returns {repackage (0/1), state}.
+_ADD_FORMATS = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state or state == 'canceled' then return {0, state or ''} end
+local have, list = {}, {}
+for f in string.gmatch(redis.call('HGET', KEYS[1], 'formats') or '', '[^,]+') do
+  have[f] = true
+  table.insert(list, f)
+end
+local added = false
+for i = 1, #ARGV do
+  if not have[ARGV[i]] then
+    have[ARGV[i]] = true
+    table.insert(list, ARGV[i])
+    added = true
+  end
+end
+if not added then return {0, state} end
+table.sort(list)
+redis.call('HSET', KEYS[1], 'formats', table.concat(list, ','))
+if state == 'done' then
+  redis.call('HSET', KEYS[1], 'state', 'assembling')
+  return {1, 'assembling'}
+end
+return {0, state}
+"""
 
-def book_id_for(content_digest: str, *, voice: str, speed: float, formats: tuple[str, ...],
-                acoustic_model: str, vocoder: str) -> str:
-    """Same content and settings, same id: a re-submit finds the book it already made."""
-    key = json.dumps([content_digest, voice, round(speed, 3), sorted(formats), acoustic_model,
-                      vocoder])
+# The assembly finished, having packaged ARGV[1] (the formats it read). ARGV: formats, now,
+# duration. Done only if nobody added a format meanwhile; else {2, ...}: package again.
+_ASSEMBLED = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'assembling' then return {0, state or ''} end
+if (redis.call('HGET', KEYS[1], 'formats') or '') ~= ARGV[1] then return {2, state} end
+redis.call('HSET', KEYS[1], 'state', 'done', 'finished_at', ARGV[2], 'duration_s', ARGV[3])
+return {1, 'done'}
+"""
+
+
+def book_id_for(content_digest: str, *, voice: str, speed: float, acoustic_model: str,
+                vocoder: str) -> str:
+    """Same content and audio settings, same id: a re-submit finds the book it already made.
+    The formats are not in it: they only package the same audio (see `add_formats`)."""
+    key = json.dumps([content_digest, voice, round(speed, 3), acoustic_model, vocoder])
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
@@ -108,7 +147,27 @@ def output_key(book_id: str, name: str) -> str:
 
 
 def chapter_file(n: int) -> str:
+    """Where chapter n's MP3 is kept in the store (a key; users see `chapter_download_name`)."""
     return f"chapters/{n:03d}.mp3"
+
+
+# -- the names a user sees: downloads, the manifest, the CLI's output folder (one naming) ----
+
+
+def file_stem(title: str) -> str:
+    """A title as a file name: letters, digits, spaces, '-' and '_' kept, the rest '_'."""
+    return "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip()[:120]
+
+
+def book_download_name(title: str, book_id: str, fmt: str) -> str:
+    """`The Tiny Book.m4b` (the book's id when the title has no usable character)."""
+    return f"{file_stem(title) or book_id}.{fmt}"
+
+
+def chapter_download_name(n: int, title: str) -> str:
+    """`001 The Beginning.mp3` for chapter 0: numbered from 1, as a player lists tracks."""
+    stem = file_stem(title)
+    return f"{n + 1:03d} {stem}.mp3" if stem else f"{n + 1:03d}.mp3"
 
 
 class BookStore:
@@ -121,6 +180,8 @@ class BookStore:
         self._create = r.register_script(_CREATE)
         self._store_segment = r.register_script(_STORE_SEGMENT)
         self._transition = r.register_script(_TRANSITION)
+        self._add_formats = r.register_script(_ADD_FORMATS)
+        self._assembled = r.register_script(_ASSEMBLED)
 
     def _keys(self, book_id: str) -> list[str]:
         return [self.keys.book(book_id), self.keys.book_done(book_id)]
@@ -181,6 +242,20 @@ class BookStore:
         earlier failure's error, which would otherwise still say why a canceled book failed."""
         return self.move(book_id, (*ACTIVE_STATES, DONE, FAILED), CANCELED,
                          finished_at=time.time(), error="", error_chapter="", error_text="")
+
+    def add_formats(self, book_id: str, formats: tuple[str, ...]) -> bool:
+        """Add formats to a book (a re-submit with other `formats`): the audio is the same, so
+        nothing is rendered again. True when the book was done and went back to assembling:
+        the caller sends the assembly, which packages the stored segments in every format."""
+        out = self._add_formats(keys=self._keys(book_id), args=list(formats))
+        return bool(out[0])
+
+    def assembled(self, book_id: str, formats: list[str], duration_s: float) -> tuple[int, str]:
+        """The assembly of `formats` is written: (1, "done"); (2, "assembling") when formats
+        were added while it ran (assemble again); (0, state) when the book left assembling."""
+        out = self._assembled(keys=self._keys(book_id),
+                              args=[",".join(formats), repr(time.time()), duration_s])
+        return int(out[0]), out[1].decode() if isinstance(out[1], bytes) else str(out[1])
 
     def fail(self, book_id: str, chapter: int, text: str, message: str) -> bool:
         moved, _ = self.move(book_id, (QUEUED, PREPARING, RENDERING, ASSEMBLING), FAILED,

@@ -37,6 +37,8 @@ from app.books import (
     PREPARING,
     QUEUED,
     RENDERING,
+    book_download_name,
+    chapter_download_name,
     chapter_file,
     output_key,
     plan_key,
@@ -233,9 +235,13 @@ def _assemble(farm, rec: dict) -> dict:
             chapters, meta, rec["sample_rate"], m4b=m4b, mp3=mp3,
             chapter_file=(lambda n: store.writer(output_key(book_id, chapter_file(n))))
             if "chapters" in formats else None,
-            chapter_name=(lambda n: chapter_file(n)) if "chapters" in formats else None)
+            # The manifest names each file as the download and the CLI's folder do.
+            chapter_name=(lambda n: chapter_download_name(n, rec["chapter_list"][n]["title"]))
+            if "chapters" in formats else None)
     manifest = {"book_id": book_id, "title": book["title"], "author": book.get("author") or "",
                 "voice": rec["voice"], "speed": rec["speed"], "formats": sorted(formats),
+                "files": {fmt: book_download_name(book["title"], book_id, fmt)
+                          for fmt in ("m4b", "mp3") if fmt in formats},
                 **manifest}
     store.put(output_key(book_id, "manifest.json"), json.dumps(manifest, indent=2).encode())
     return manifest
@@ -253,8 +259,10 @@ def assemble(self: BookTask, book_id: str, **_: object) -> str:
     farm.store.sweep_abandoned(prefix(book_id), farm.settings.task_time_limit)
     manifest = offload("encode", _assemble, farm, rec,
                        timeout_s=farm.settings.task_time_limit)
-    moved, state = books.move(book_id, (ASSEMBLING,), "done", finished_at=time.time(),
-                              duration_s=manifest["duration_s"])
+    outcome, state = books.assembled(book_id, rec["formats"], manifest["duration_s"])
+    if outcome == 2:
+        # A re-submit added formats while this one encoded: package them too.
+        send_assemble(farm.celery, book_id)
     if state == CANCELED:
         books.remove(book_id)  # canceled while we encoded: leave nothing behind
     return state or "gone"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from urllib.parse import quote
 
 from flask import Blueprint, Response, current_app, jsonify, request, send_file, url_for
 
@@ -27,11 +28,14 @@ from app.books import (
     DONE,
     QUEUED,
     RENDERING,
+    book_download_name,
     book_id_for,
+    chapter_download_name,
     chapter_file,
     output_key,
     prefix,
     resume,
+    send_assemble,
     send_prepare,
 )
 from app.celery_app import ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE
@@ -249,7 +253,7 @@ def create_book():
                        "(field 'file') or as JSON chapters")
 
     settings = f.settings
-    book_id = book_id_for(book.digest(), voice=voice, speed=speed, formats=formats,
+    book_id = book_id_for(book.digest(), voice=voice, speed=speed,
                           acoustic_model=settings.acoustic_model, vocoder=settings.vocoder)
     existing = f.books.get(book_id)
     if existing is None or existing["state"] == CANCELED:
@@ -269,7 +273,11 @@ def create_book():
             send_prepare(f.celery, book_id)
     else:
         created = False
-        if _stalled(f, existing):
+        if f.books.add_formats(book_id, formats):
+            # Done, and asked in formats it lacks: package the stored segments again (the
+            # audio is the same; nothing is rendered twice).
+            send_assemble(f.celery, book_id)
+        elif _stalled(f, existing):
             # A re-submit of a stalled book nudges it on (its message was lost with a
             # crashed web process, or the broker's queues were lost): every stage is
             # idempotent and stored segments are skipped, so nothing is rendered twice.
@@ -298,8 +306,12 @@ def _send(key: str, mimetype: str, download_name: str):
         fh = store.open(key)
     except KeyError:
         raise ApiError(410, "audio_missing", "the book's audio is gone") from None
+    # The name may hold any letter (a Chinese title): RFC 6266's UTF-8 form beside an ASCII
+    # fallback, as send_file writes it for the local store.
+    ascii_name = download_name.encode("ascii", "replace").decode().replace("?", "_")
     return Response(iter(lambda: fh.read(256 * 1024), b""), mimetype=mimetype, headers={
-        "Content-Disposition": f'attachment; filename="{download_name}"'})
+        "Content-Disposition": f"attachment; filename=\"{ascii_name}\"; "
+                               f"filename*=UTF-8''{quote(download_name)}"})
 
 
 def _done_or_409(rec: dict) -> None:
@@ -320,7 +332,8 @@ def audio(book_id: str):
         raise ApiError(404, "format_not_rendered", f"the book was not rendered as {fmt}; "
                        f"its formats are {', '.join(rec['formats'])}", field="format")
     _done_or_409(rec)
-    return _send(output_key(book_id, f"book.{fmt}"), AUDIO_TYPES[fmt], f"{book_id}.{fmt}")
+    return _send(output_key(book_id, f"book.{fmt}"), AUDIO_TYPES[fmt],
+                 book_download_name(rec["title"], book_id, fmt))
 
 
 @books_api.get("/v1/books/<book_id>/chapters/<int:n>/audio")
@@ -334,7 +347,7 @@ def chapter_audio(book_id: str, n: int):
                        f"{len(rec['chapter_list']) - 1}")
     _done_or_409(rec)
     return _send(output_key(book_id, chapter_file(n)), "audio/mpeg",
-                 f"{book_id}-{n:03d}.mp3")
+                 chapter_download_name(n, rec["chapter_list"][n]["title"]))
 
 
 @books_api.get("/v1/books/<book_id>/manifest")
