@@ -15,8 +15,10 @@ $(STAMP): setup.cfg pyproject.toml
 
 setup: $(STAMP)
 
+# PORT (the web, 8000) and METRICS_PORT (the pools' metrics: this one and the next two, 9101)
+# move the farm; ARGS passes anything else to `voxfarm up` (ARGS="--var var2 --flower").
 run: $(STAMP)
-	$(VENV)/bin/voxfarm up --port $${PORT:-8000}
+	$(VENV)/bin/voxfarm up --port $${PORT:-8000} --metrics-port $${METRICS_PORT:-9101} $(ARGS)
 
 # The browser tests (tests/browser) need Debian's chromium; without it they skip, and this
 # banner, printed after the run, says so where nobody can miss it.

@@ -4,6 +4,11 @@
     voxfarm worker acoustic|vocoder    one worker pool
     voxfarm flower                     Flower against the farm's broker
     voxfarm say "text" -o out.wav      synthesize through a farm's HTTP API
+    voxfarm book render FILE -o DIR    render a book through a farm's HTTP API
+
+`voxfarm up` writes where the farm listens to `<var>/farm.json` (app/farmstate.py); `say`,
+`book render` and `flower` read it, so they find the farm `make run` started by themselves.
+Flags and environment variables (VOXFARM_SERVER, VOXFARM_REDIS_URL) win over the file.
 
 Subcommands import what they run lazily: `say` needs neither Celery workers nor torch.
 """
@@ -19,6 +24,7 @@ import sys
 import threading
 import time
 import wave
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -75,26 +81,116 @@ class Supervisor:
                 proc.wait()
 
 
+def _settings():
+    from app.settings import Settings
+
+    return Settings.from_env()
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _url_host(host: str) -> str:
+    """The address a client on this host connects to for a listener bound to `host`."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _port_taken(host: str, port: int) -> bool:
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        # As the servers bind: a port left in TIME_WAIT is free, one with a listener is not.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+# Unix socket paths are limited to 108 bytes; past that gunicorn could not bind its control
+# socket, so a farm in a deep var dir runs without one.
+_MAX_SOCKET_PATH = 100
+
+
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The interface every listener binds: the web, the pools' metrics and "
+                   "Flower. The embedded Redis stays on loopback (it has no password).")
+@click.option("--port", default=8000, show_default=True, type=int, help="The web's port.")
 @click.option("--web-workers", default=2, show_default=True, type=int)
-@click.option("--var", "var_dir", default="var", show_default=True,
-              help="Where the embedded Redis and the artifact store keep their data.")
+@click.option("--var", "var_dir", default=lambda: _settings().var_dir, show_default="var",
+              help="This farm's own directory: the embedded Redis's data, the artifact "
+                   "store, gunicorn's control socket and farm.json (where the farm "
+                   "listens, for the client commands). Two farms on one host need two. "
+                   "[env VOXFARM_VAR]")
 @click.option("--metrics-port", "metrics_port", default=9101, show_default=True, type=int,
               help="The acoustic pool's metrics port; vocoder and book take the next two "
                    "(0: off).")
-def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int) -> None:
-    """Start the whole farm: Redis (embedded unless configured), web, acoustic, vocoder."""
+@click.option("--flower", "with_flower", is_flag=True,
+              help="Start Flower too (basic auth from VOXFARM_FLOWER_USER and "
+                   "VOXFARM_FLOWER_PASSWORD; without them only on a loopback --host).")
+@click.option("--flower-port", default=5555, show_default=True, type=int)
+def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
+       with_flower: bool, flower_port: int) -> None:
+    """Start the whole farm: Redis (embedded unless configured), web, acoustic, vocoder and
+    book pools, and Flower with --flower."""
+    from app import farmstate
     from app.embedded_redis import EmbeddedRedis
+
+    var = Path(var_dir).resolve()
+    running = farmstate.live_state(var)
+    if running is not None:
+        raise click.UsageError(f"a farm already runs from {var_dir} (pid {running.pid}, "
+                               f"{running.web_url}); stop it, or give this one a directory "
+                               "of its own with --var DIR")
+    pools = ("acoustic", "vocoder", "book")
+    metrics = {pool: metrics_port + i for i, pool in enumerate(pools)} if metrics_port else {}
+    listeners = {f"{port} (web, --port)": port,
+                 **{f"{p} ({pool} metrics, --metrics-port)": p for pool, p in metrics.items()}}
+    if with_flower:
+        listeners[f"{flower_port} (Flower, --flower-port)"] = flower_port
+    taken = [name for name, p in listeners.items() if _port_taken(host, p)]
+    if taken:
+        raise click.UsageError(f"in use on {host}: {', '.join(taken)}. Pick free ports, e.g. "
+                               "`voxfarm up --port 8100 --metrics-port 9201` or "
+                               "`PORT=8100 METRICS_PORT=9201 make run`")
+    flower_args: list[str] = []
+    if with_flower:
+        settings = _settings()
+        if not (settings.flower_user and settings.flower_password):
+            if not _is_loopback(host):
+                raise click.UsageError("--flower on a non-loopback --host needs "
+                                       "VOXFARM_FLOWER_USER and VOXFARM_FLOWER_PASSWORD")
+            flower_args = ["--no-auth"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # Said once here instead of Celery's multi-line SecurityWarning in every worker
+        # (workers/main.py silences it: the farm accepts JSON messages only).
+        click.echo("running as root: the workers accept JSON messages only; a normal user "
+                   "is still the better choice")
 
     env = dict(os.environ)
     redis_server = None
     if not (env.get("VOXFARM_REDIS_URL") or env.get("REDIS_URL")):
-        redis_server = EmbeddedRedis(Path(var_dir) / "redis").start()
+        redis_server = EmbeddedRedis(var / "redis").start()
         env["VOXFARM_REDIS_URL"] = redis_server.url
         click.echo(f"embedded Redis on {redis_server.url} (data in {var_dir}/redis)")
-    env.setdefault("VOXFARM_STORE", str(Path(var_dir) / "store"))
+    redis_url = env.get("VOXFARM_REDIS_URL") or env["REDIS_URL"]
+    env.setdefault("VOXFARM_STORE", str(var / "store"))
+    control_socket = str(var / "gunicorn.ctl")
+    control = (["--control-socket", control_socket] if len(control_socket) <= _MAX_SOCKET_PATH
+               else ["--no-control-socket"])
     py = sys.executable
     sup = Supervisor()
     stopping = threading.Event()
@@ -105,23 +201,32 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int) 
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    web_url = f"http://{_url_host(host)}:{port}"
     try:
         sup.spawn("web", [py, "-m", "gunicorn", "-c", str(ROOT / "ops" / "gunicorn.conf.py"),
-                          "--bind", f"{host}:{port}", "--workers", str(web_workers),
+                          "--bind", f"{host}:{port}", "--workers", str(web_workers), *control,
                           "web.wsgi:app"], env)
-        sup.spawn("acoustic", [py, "-m", "app.cli", "worker", "acoustic",
-                               "--metrics-port", str(metrics_port)], env)
-        sup.spawn("vocoder", [py, "-m", "app.cli", "worker", "vocoder",
-                              "--metrics-port", str(metrics_port + 1 if metrics_port else 0)],
-                  env)
-        sup.spawn("book", [py, "-m", "app.cli", "worker", "book",
-                           "--metrics-port", str(metrics_port + 2 if metrics_port else 0)], env)
-        click.echo(f"voxfarm on http://{host}:{port}  (Ctrl-C stops everything)")
+        for pool in pools:
+            sup.spawn(pool, [py, "-m", "app.cli", "worker", pool,
+                             "--metrics-port", str(metrics.get(pool, 0)),
+                             "--metrics-addr", host], env)
+        flower_url = ""
+        if with_flower:
+            sup.spawn("flower", [py, "-m", "app.cli", "flower", "--port", str(flower_port),
+                                 "--address", host, *flower_args], env)
+            flower_url = f"http://{_url_host(host)}:{flower_port}"
+        state_file = farmstate.write_state(
+            var, farmstate.new_state(web_url, redis_url, metrics, flower_url))
+        click.echo(f"voxfarm on {web_url}  (Ctrl-C stops everything; where it listens: "
+                   f"{state_file})")
+        if flower_url:
+            click.echo(f"Flower on {flower_url}")
         died = sup.wait_any()
         if died and not stopping.is_set():
             click.echo(f"{died} exited with {sup.procs[died].returncode}; stopping the farm",
                        err=True)
     finally:
+        farmstate.remove_state(var)
         sup.stop()
         if redis_server:
             redis_server.stop()
@@ -183,15 +288,25 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
               help="Interface to listen on (0.0.0.0 for all).")
 @click.option("--no-auth", is_flag=True,
               help="Run without basic auth; allowed on a loopback address only.")
+@click.option("--var", "var_dir", default=lambda: _settings().var_dir, show_default="var",
+              help="Without VOXFARM_REDIS_URL, watch the farm whose farm.json is here.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def flower(port: int, address: str, no_auth: bool, extra: tuple[str, ...]) -> None:
+def flower(port: int, address: str, no_auth: bool, var_dir: str,
+           extra: tuple[str, ...]) -> None:
     """Run Flower against the farm's broker, behind basic auth from the settings
     (VOXFARM_FLOWER_USER, VOXFARM_FLOWER_PASSWORD)."""
     import ipaddress
 
+    from kombu.utils.url import maybe_sanitize_url
+
+    from app import farmstate
     from app.celery_app import make_celery
     from app.settings import Settings
 
+    if not (os.environ.get("VOXFARM_REDIS_URL") or os.environ.get("REDIS_URL")):
+        running = farmstate.live_state(var_dir)
+        if running is not None:  # the farm `voxfarm up` started (its embedded Redis)
+            os.environ["VOXFARM_REDIS_URL"] = running.redis_url
     settings = Settings.from_env()
     user, password = settings.flower_user, settings.flower_password
     if no_auth:
@@ -214,6 +329,8 @@ def flower(port: int, address: str, no_auth: bool, extra: tuple[str, ...]) -> No
     if not no_auth:
         # Through Flower's environment option, so the password is not on the command line.
         os.environ["FLOWER_BASIC_AUTH"] = f"{user}:{password}"
+    click.echo(f"Flower on http://{_url_host(address)}:{port}, broker "
+               f"{maybe_sanitize_url(settings.broker)}")
     make_celery(settings).start(["flower", f"--port={port}",
                                  f"--address={address}", *extra])
 
@@ -229,6 +346,50 @@ def _api_error(resp) -> str:
         return f"{resp.status_code} {resp.text[:200]}"
 
 
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+_SERVER_HELP = ("The farm's URL [env VOXFARM_SERVER; default: the farm in --var's farm.json, "
+                f"else {DEFAULT_SERVER}].")
+_VAR_HELP = "Where `voxfarm up` wrote farm.json [env VOXFARM_VAR; default: var]."
+
+
+def _find_server(flag: str | None, var_dir: str) -> tuple[str, str]:
+    """The farm to talk to, and how it was found: the flag, VOXFARM_SERVER, the state file
+    of a running `voxfarm up`, or the default."""
+    from app import farmstate
+
+    if flag:
+        return flag.rstrip("/"), "--server"
+    if _settings().server_url:
+        return _settings().server_url.rstrip("/"), "VOXFARM_SERVER"
+    running = farmstate.live_state(var_dir)
+    if running is not None:
+        return running.web_url, str(farmstate.state_path(var_dir))
+    return DEFAULT_SERVER, "the default"
+
+
+@contextmanager
+def _reaching(server: str, found_by: str, var_dir: str):
+    """One line, not a traceback, when nothing answers at `server`."""
+    import requests
+
+    from app import farmstate
+
+    try:
+        yield
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        stale = farmstate.read_state(var_dir)
+        if found_by == "the default" and stale is not None:
+            why = (f"{farmstate.state_path(var_dir)} is left from a farm that stopped "
+                   f"(pid {stale.pid})")
+        else:
+            kind = "timed out" if isinstance(exc, requests.Timeout) else "nothing answers"
+            why = f"{kind} at {server} (from {found_by})"
+        raise click.ClickException(
+            f"no farm is running: {why}. Start one with `make run` (or `voxfarm up`), or "
+            "point --server / VOXFARM_SERVER at a running farm") from None
+
+
 @main.command()
 @click.argument("text")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
@@ -236,10 +397,17 @@ def _api_error(resp) -> str:
 @click.option("--voice", default=None,
               help="A name from GET /v1/voices (default: the farm's default voice).")
 @click.option("--speed", default=1.0, show_default=True, type=float)
-@click.option("--server", default=os.environ.get("VOXFARM_SERVER", "http://127.0.0.1:8000"),
-              show_default=True)
-def say(text: str, output: str, voice: str, speed: float, server: str) -> None:
+@click.option("--server", default=None, help=_SERVER_HELP)
+@click.option("--var", "var_dir", default=lambda: _settings().var_dir, help=_VAR_HELP)
+def say(text: str, output: str, voice: str, speed: float, server: str | None,
+        var_dir: str) -> None:
     """Synthesize TEXT through a running farm and write it to OUTPUT."""
+    server, found_by = _find_server(server, var_dir)
+    with _reaching(server, found_by, var_dir):
+        _say(text, output, voice, speed, server)
+
+
+def _say(text: str, output: str, voice: str, speed: float, server: str) -> None:
     import requests
 
     fmt = Path(output).suffix.lstrip(".").lower() or "wav"
@@ -301,16 +469,23 @@ def book() -> None:
 @click.option("--speed", default=1.0, show_default=True, type=float)
 @click.option("--formats", default="m4b,chapters", show_default=True,
               help="Any of m4b, mp3, chapters (comma separated).")
-@click.option("--server", default=os.environ.get("VOXFARM_SERVER", "http://127.0.0.1:8000"),
-              show_default=True)
+@click.option("--server", default=None, help=_SERVER_HELP)
+@click.option("--var", "var_dir", default=lambda: _settings().var_dir, help=_VAR_HELP)
 def book_render(file: str, out_dir: str, voice: str, speed: float, formats: str,
-                server: str) -> None:
+                server: str | None, var_dir: str) -> None:
     """Render FILE (.epub, .txt, .md, .html) into OUTPUT: an M4B with chapters, chapter MP3s
     and a manifest. The farm keeps rendering after a Ctrl-C; the same command again resumes
-    the same book (its id comes from the content and settings) and downloads it when done."""
+    the same book (its id comes from the content, voice and speed) and downloads it when
+    done; with other --formats it reuses the rendered audio and only packages it anew."""
+    server, found_by = _find_server(server, var_dir)
+    with _reaching(server, found_by, var_dir):
+        _book_render(file, out_dir, voice, speed, formats, server)
+
+
+def _book_render(file: str, out_dir: str, voice: str, speed: float, formats: str,
+                 server: str) -> None:
     import requests
 
-    server = server.rstrip("/")
     with open(file, "rb") as f:
         resp = requests.post(f"{server}/v1/books", files={"file": (Path(file).name, f)},
                              data={**({"voice": voice} if voice else {}),
@@ -319,8 +494,15 @@ def book_render(file: str, out_dir: str, voice: str, speed: float, formats: str,
     if resp.status_code not in (200, 202):
         raise click.ClickException(_api_error(resp))
     bk = resp.json()
-    click.echo(f"book {bk['id']}: '{bk['title']}' "
-               f"({'new' if resp.status_code == 202 else 'resuming'})")
+    if resp.status_code == 202:
+        how = "new"
+    elif bk["state"] == "done":
+        how = "rendered before; downloading it"
+    elif bk["state"] == "assembling" and bk["segments"]["done"] == bk["segments"]["total"]:
+        how = "rendered before; packaging it in the formats asked for"
+    else:
+        how = "resuming"
+    click.echo(f"book {bk['id']}: '{bk['title']}' ({how})")
     if bk["state"] == "failed":
         click.echo(f"it failed before: {bk['error']}; retrying what is missing")
         r = requests.post(f"{server}{bk['links']['retry']}", timeout=60)
@@ -337,7 +519,7 @@ def book_render(file: str, out_dir: str, voice: str, speed: float, formats: str,
         raise click.ClickException(f"book {bk['id']} {bk['state']}: {err.get('message')} "
                                    f"(chapter {err.get('chapter')}: {err.get('text')!r}); "
                                    "run the command again to retry what is missing")
-    _download_book(server, bk, Path(out_dir))
+    _download_book(server, bk, Path(out_dir), formats)
 
 
 def _watch_book(server: str, bk: dict) -> dict:
@@ -365,32 +547,45 @@ def _watch_book(server: str, bk: dict) -> dict:
             time.sleep(1.0)
 
 
-def _download_book(server: str, bk: dict, out: Path) -> None:
+def _download_book(server: str, bk: dict, out: Path, formats: str) -> None:
+    """Download the formats asked for under the names the book's manifest gives them (the
+    names the API's downloads carry too), and a manifest.json listing exactly those files."""
+    import json
+
     import requests
 
+    asked = {f.strip().lower() for f in formats.split(",") if f.strip()}
     out.mkdir(parents=True, exist_ok=True)
-    stem = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in bk["title"]).strip()
-    stem = stem or bk["id"]
+    r = requests.get(f"{server}{bk['links']['manifest']}", timeout=60)
+    if r.status_code != 200:
+        raise click.ClickException(_api_error(r))
+    manifest = r.json()
 
-    def fetch(url: str, dest: Path) -> None:
-        with requests.get(f"{server}{url}", stream=True, timeout=300) as r:
-            if r.status_code != 200:
-                raise click.ClickException(_api_error(r))
+    def fetch(url: str, name: str) -> None:
+        dest = out / Path(name).name  # a name, never a path out of the folder
+        with requests.get(f"{server}{url}", stream=True, timeout=300) as resp:
+            if resp.status_code != 200:
+                raise click.ClickException(_api_error(resp))
             tmp = dest.with_suffix(dest.suffix + ".part")
             with open(tmp, "wb") as f:
-                for block in r.iter_content(256 * 1024):
+                for block in resp.iter_content(256 * 1024):
                     f.write(block)
             tmp.replace(dest)
         click.echo(f"wrote {dest}")
 
-    for fmt in ("m4b", "mp3"):
-        if fmt in bk["links"]:
-            fetch(bk["links"][fmt], out / f"{stem}.{fmt}")
-    for ch in bk["chapters"]:
-        if "audio" in ch:
-            safe = "".join(c if c.isalnum() or c in " -_" else "_" for c in ch["title"])
-            fetch(ch["audio"], out / f"{ch['index'] + 1:03d} {safe.strip()}.mp3")
-    fetch(bk["links"]["manifest"], out / "manifest.json")
+    files = {fmt: name for fmt, name in manifest.get("files", {}).items() if fmt in asked}
+    for fmt, name in files.items():
+        fetch(bk["links"][fmt], name)
+    manifest["files"] = files
+    manifest["formats"] = [f for f in manifest.get("formats", []) if f in asked]
+    for ch in manifest["chapters"]:
+        if "chapters" in asked and ch.get("file") and ch.get("audio"):
+            fetch(ch["audio"], ch["file"])
+        else:  # not downloaded: the manifest names only what is in the folder
+            ch.pop("file", None)
+        ch.pop("audio", None)  # a link into the farm, not a file here
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
+    click.echo(f"wrote {out / 'manifest.json'}")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,12 @@ class Settings:
     stream_write_timeout_s: float = 60.0
 
     store_dir: str = "var/store"
+    # Where `voxfarm up` keeps the embedded Redis, the store and `farm.json` (the state file
+    # that tells the client commands where the farm listens: app/farmstate.py).
+    var_dir: str = "var"
+    # The farm a client command (`voxfarm say`, `book render`) talks to; empty: the one in
+    # var_dir's state file, else http://127.0.0.1:8000.
+    server_url: str = ""
     # Largest book upload (file or JSON chapters); past it the API answers 413.
     max_book_bytes: int = 50 * 1024 * 1024
 
@@ -113,6 +119,8 @@ class Settings:
             stream_write_timeout_s=float(_env("STREAM_WRITE_TIMEOUT_S",
                                               str(d.stream_write_timeout_s))),
             store_dir=_env("STORE", d.store_dir),
+            var_dir=_env("VAR", d.var_dir),
+            server_url=_env("SERVER", d.server_url),
             max_book_bytes=int(_env("MAX_BOOK_BYTES", str(d.max_book_bytes))),
             flower_user=_env("FLOWER_USER", ""),
             flower_password=_env("FLOWER_PASSWORD", ""),

@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import warnings
 
 from celery import Celery, signals
+from celery.exceptions import SecurityWarning
 
 from app.celery_app import ACOUSTIC_QUEUE, BOOK_QUEUE, WORKER_QUEUES, make_celery
 from app.settings import Settings
@@ -83,6 +85,11 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
 
         start_metrics_server(metrics_port, metrics_addr)
     hostname = name or f"{queue}-{device.replace(':', '')}@{socket.gethostname()}"
+    # Celery prints a screenful on every start as root. What it guards against is pickle
+    # (code execution from a message), and the farm accepts JSON only (app/celery_app.py);
+    # `voxfarm up` says once that it runs as root.
+    warnings.filterwarnings("ignore", message="You're running the worker with superuser",
+                            category=SecurityWarning)
     heartbeat = Heartbeat(celery, queue, hostname)
 
     def preload(**_: object) -> None:
