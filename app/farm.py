@@ -15,7 +15,14 @@ from celery import Celery
 
 from app.artifacts import open_store
 from app.books import BookStore
-from app.celery_app import ACOUSTIC_QUEUE, ACOUSTIC_TASK, QUEUES, VOCODER_TASK, make_celery
+from app.celery_app import (
+    ACOUSTIC_QUEUE,
+    ACOUSTIC_TASK,
+    QUEUES,
+    VOCODER_TASK,
+    WORKER_QUEUES,
+    make_celery,
+)
 from app.jobs import JobStore
 from app.keys import Keys
 from app.melcache import MelCache
@@ -161,8 +168,13 @@ class Farm:
             except Exception as exc:
                 return {"ready": False, "redis": "ok",
                         name: f"unreachable: {exc.__class__.__name__}", "missing": [name]}
-        pools = {q: self.live_workers(q) for q in QUEUES}
-        missing = [q for q, w in pools.items() if not w]
+        # Every pool is reported; the interactive ones decide readiness. The book pool may
+        # be scaled to zero while no book waits (ops/k8s/scaledobjects.yaml): without it
+        # books queue and nothing else stops, so it is a warning, not a 503.
+        pools = {q: self.live_workers(q) for q in WORKER_QUEUES}
+        missing = [q for q in QUEUES if not pools[q]]
         return {"ready": not missing, "redis": "ok",
                 "workers": {q: len(w) for q, w in pools.items()},
-                "missing": [f"no live worker on queue '{q}'" for q in missing]}
+                "missing": [f"no live worker on queue '{q}'" for q in missing],
+                "warnings": [f"no live worker on queue '{q}': its work waits until one "
+                             "starts" for q, w in pools.items() if not w and q not in QUEUES]}

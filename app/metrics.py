@@ -68,7 +68,10 @@ MEL_CACHE = Counter(
     ["result"])
 SEGMENTS = Counter("voxfarm_segments_total", "Segments rendered to audio and stored.")
 AUDIO_SECONDS = Counter("voxfarm_audio_seconds_total", "Seconds of audio rendered.")
-JOBS_SUBMITTED = Counter("voxfarm_jobs_submitted_total", "Jobs accepted (202) by the web.")
+# Every way a job enters the farm: POST /v1/jobs, the OpenAI speech endpoint, the WebSocket.
+JOB_ENTRIES = ("jobs", "openai", "websocket")
+JOBS_SUBMITTED = Counter("voxfarm_jobs_submitted_total",
+                         "Jobs accepted by the web, by entry point.", ["entry"])
 JOBS_FINISHED = Counter(
     "voxfarm_jobs_finished_total", "Jobs that reached a final state, counted once each.",
     ["state"])

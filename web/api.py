@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import numpy as np
 from flask import Blueprint, Response, current_app, g, jsonify, request, url_for
 
+from app.celery_app import WORKER_QUEUES
 from app.farm import Farm
 from app.jobs import DONE
 from app.offload import offload
@@ -173,10 +174,12 @@ def voices():
 @api.get("/v1/stats")
 def stats():
     f = farm()
+    # Every queue of every pool, the books' too; a batch queue's workers are its pool's.
+    live = {pool: len(f.live_workers(pool)) for pool in WORKER_QUEUES}
     return jsonify({
         "mel_cache": {**f.mel_cache.stats(), **f.mel_cache.size()},
-        "queues": {q: {"depth": f.queue_depth(q), "workers": len(f.live_workers(q))}
-                   for q in ("acoustic", "vocoder")},
+        "queues": {q: {"depth": f.queue_depth(q), "workers": live[pool], "pool": pool}
+                   for pool, queues in WORKER_QUEUES.items() for q in queues},
     })
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import redis
 
+from app import metrics
 from app.farm import Farm, Overloaded, Unavailable
 from app.jobs import CANCELED, FAILED, FINAL_STATES, Chunk
 from app.offload import offload
@@ -52,8 +53,9 @@ def voice_or_422(name: str, field: str = "voice") -> Voice:
 
 
 def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
-                request_id: str = "") -> dict:
-    """Validate the voice, run the frontend off the hub, and submit the job."""
+                request_id: str = "", entry: str = "jobs") -> dict:
+    """Validate the voice, run the frontend off the hub, and submit the job; count it in
+    `voxfarm_jobs_submitted_total` under `entry` (app.metrics.JOB_ENTRIES)."""
     voice = voice_or_422(voice_name)
     try:
         segments = offload("frontend", prepare, text, voice.name)
@@ -63,7 +65,7 @@ def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
     except BreakTooLong as exc:
         raise break_error(exc, "text") from None
     try:
-        return farm.submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=len(text),
+        job = farm.submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=len(text),
                            sample_rate=voice.sample_rate, request_id=request_id)
     except Overloaded as exc:
         raise ApiError(503, "overloaded", f"the farm is busy ({exc.depth} segments waiting)",
@@ -74,6 +76,8 @@ def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
         raise ApiError(503, "broker_unavailable",
                        "the farm could not queue the job in time; nothing was queued",
                        headers={"Retry-After": retry_after}, retry_after=retry_after) from None
+    metrics.JOBS_SUBMITTED.labels(entry).inc()
+    return job
 
 
 def streamable_job(farm: Farm, job_id: str) -> dict:

@@ -170,7 +170,8 @@ class Session:
         if not text.strip():
             return
         try:
-            job = submit_text(self.farm, text, self.voice, self.speed, "wav")
+            job = submit_text(self.farm, text, self.voice, self.speed, "wav",
+                              entry="websocket")
         except ApiError as err:
             if err.code == "no_speakable_text":
                 return  # punctuation or a pause tag alone: nothing to say, nothing wrong

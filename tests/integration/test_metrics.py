@@ -159,7 +159,7 @@ def test_metrics_move_by_what_happened(obs):
     # The web saw one accepted job; the two gunicorn workers' counts add up.
     assert d("web", "voxfarm_http_requests_total", method="POST", route="/v1/jobs",
              status="202") == 1
-    assert d("web", "voxfarm_jobs_submitted_total") == 1
+    assert d("web", "voxfarm_jobs_submitted_total", entry="jobs") == 1
     polls = d("web", "voxfarm_http_requests_total", method="GET", route="/v1/jobs/<job_id>",
               status="200")
     assert polls >= 1
@@ -264,7 +264,11 @@ def test_queue_depth_readiness_and_cancel_without_workers(redis_url, tmp_path):
         ready = client.get("/readyz")
         assert ready.status_code == 503
         assert ready.get_json()["missing"] == [f"no live worker on queue '{q}'"
-                                               for q in ready.get_json()["workers"]]
+                                               for q in ("acoustic", "vocoder")]
+        # The book pool is reported too; without it books wait, nothing else stops.
+        assert ready.get_json()["workers"] == {"acoustic": 0, "vocoder": 0, "book": 0}
+        assert ready.get_json()["warnings"] == [
+            "no live worker on queue 'book': its work waits until one starts"]
         assert metric("voxfarm_workers_live", queue="acoustic") == 0
         job = client.post("/v1/jobs", json={"text": TEXT}).get_json()
         n = job["segments"]["total"]
