@@ -1,8 +1,13 @@
 """`POST /v1/audio/speech`, the OpenAI speech API, so OpenAI clients can use the farm.
 
-Request: `model`, `input`, `voice`, optional `response_format` (default mp3) and `speed`.
-The body streams as segments render (chunked transfer): the job is submitted, then each
-segment is encoded the moment its chunk is stored.
+Request: `model`, `input`, `voice`, optional `response_format` (default mp3), `speed`,
+`stream_format` and `instructions`. The body streams as segments render (chunked transfer):
+the job is submitted, then each segment is encoded the moment its chunk is stored. With
+`stream_format: "sse"` the same bytes go out base64-encoded in `speech.audio.delta` events,
+then one `speech.audio.done`, as OpenAI sends them.
+
+Also `GET /v1/models` (and `/v1/models/{id}`) and `GET /v1/audio/voices` (Kokoro-FastAPI's
+shape, `{"voices": [...]}`): clients such as OpenWebUI and SillyTavern list them first.
 
 Decisions (the README, "Streaming" has the table and the reasons):
 
@@ -11,7 +16,10 @@ Decisions (the README, "Streaming" has the table and the reasons):
   a farm voice name (`en_us-joe-medium`, `en-us+f3`, `cmn`, `NAME:SPEAKER`) is taken as is;
   anything else is a 422 listing both.
 * `model`: any non-empty string; the farm has one engine per deployment, so the name is
-  accepted and not used, the way other OpenAI-compatible servers treat it.
+  accepted and not used, the way other OpenAI-compatible servers treat it. `/v1/models`
+  lists the usual names (`OPENAI_MODELS`) for clients that pick one from a list.
+* `instructions` (OpenAI's "speak cheerfully"): accepted when it is a string, and not used:
+  the voices have no style control, and a request should not fail for asking.
 * `speed`: OpenAI accepts 0.25-4.0 and so does this endpoint; the farm renders 0.5-2.0, so a
   value outside that is clamped, and the applied speed is in `X-Voxfarm-Speed`. Outside
   0.25-4.0 is a 422, as OpenAI refuses it too.
@@ -23,9 +31,11 @@ Decisions (the README, "Streaming" has the table and the reasons):
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 
-from flask import Blueprint, current_app, request
+from flask import Blueprint, current_app, jsonify, request
 
 from app.farm import Farm
 from app.jobs import FINAL_STATES
@@ -58,6 +68,12 @@ RESPONSE_FORMATS: dict[str, tuple[str, int | None]] = {
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac",
                  "flac": "audio/flac", "wav": "audio/wav", "pcm": "audio/pcm"}
 OPENAI_SPEED_MIN, OPENAI_SPEED_MAX = 0.25, 4.0
+# `stream_format`: raw audio bytes (OpenAI's default) or server-sent events.
+STREAM_FORMATS = ("audio", "sse")
+# What `GET /v1/models` lists; `model` takes any name, and every one is the farm's engine.
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "voxfarm")
+# `created` of every listed model (OpenAI clients read an integer there): 2026-11-30.
+MODELS_CREATED = 1796083200
 
 
 def farm() -> Farm:
@@ -134,10 +150,16 @@ def speech():
                      f"{', '.join(RESPONSE_FORMATS)}", "response_format",
                      valid=list(RESPONSE_FORMATS))
     speed = resolve_speed(body)
+    stream_format = body.get("stream_format") or "audio"
+    if not isinstance(stream_format, str) or stream_format not in STREAM_FORMATS:
+        raise _error(422, "unsupported_format", "'stream_format' must be one of "
+                     f"{', '.join(STREAM_FORMATS)}", "stream_format", valid=list(STREAM_FORMATS))
+    if not isinstance(body.get("instructions", ""), str | None):
+        raise _error(422, "invalid_type", "'instructions' must be a string", "instructions")
 
     try:
         job = submit_text(farm(), text, voice, speed, "wav",
-                          request.headers.get("X-Request-ID", ""))
+                          request.headers.get("X-Request-ID", ""), entry="openai")
     except ApiError as err:
         err.extra.setdefault("type", "invalid_request_error")
         err.extra.setdefault("param", err.field)
@@ -152,8 +174,58 @@ def speech():
         if outcome in ("disconnected", "stalled") and f.jobs.state(job_id) not in FINAL_STATES:
             f.jobs.cancel(job_id)
 
-    return streaming_response(
-        encoded_audio(ChunkFollower(f, job_id), encoder, on_end),
-        CONTENT_TYPES[response_format],
-        {"X-Job-Id": job_id, "X-Voxfarm-Voice": voice, "X-Voxfarm-Speed": speed},
-    )
+    follower = ChunkFollower(f, job_id)
+    audio = encoded_audio(follower, encoder, on_end)
+    headers = {"X-Job-Id": job_id, "X-Voxfarm-Voice": voice, "X-Voxfarm-Speed": speed}
+    if stream_format == "sse":
+        return streaming_response(sse_events(audio, follower, len(text)), "text/event-stream",
+                                  headers)
+    return streaming_response(audio, CONTENT_TYPES[response_format], headers)
+
+
+def _event(data: dict) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+def sse_events(audio, follower: ChunkFollower, chars: int):
+    """OpenAI's speech events: each piece of the encoded audio as it is made, base64, in a
+    `speech.audio.delta`; then `speech.audio.done` with the usage. The farm counts no tokens:
+    `input_tokens` is the input's length in characters and `output_tokens` 0. A job that ends
+    early (canceled, failed, stalled) ends with an `error` event instead, which the OpenAI
+    client raises as an APIError."""
+    for data in audio:
+        yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+    if follower.outcome == "done":
+        yield _event({"type": "speech.audio.done",
+                      "usage": {"input_tokens": chars, "output_tokens": 0,
+                                "total_tokens": chars}})
+    else:
+        yield _event({"type": "error", "error": {
+            "code": f"job_{follower.outcome}", "type": "server_error",
+            "message": f"the speech job ended early ({follower.outcome}); "
+                       "GET /v1/jobs/{id} says why"}})
+
+
+def _model(name: str) -> dict:
+    return {"id": name, "object": "model", "created": MODELS_CREATED, "owned_by": "voxfarm"}
+
+
+@openai_compat.get("/v1/models")
+def models():
+    """OpenAI's model list: the names `model` is usually given (any name works)."""
+    return jsonify({"object": "list", "data": [_model(m) for m in OPENAI_MODELS]})
+
+
+@openai_compat.get("/v1/models/<model_id>")
+def model(model_id: str):
+    if model_id not in OPENAI_MODELS:
+        raise _error(404, "model_not_found", f"no model '{model_id}'; the farm lists "
+                     f"{', '.join(OPENAI_MODELS)}", "model", valid=list(OPENAI_MODELS))
+    return jsonify(_model(model_id))
+
+
+@openai_compat.get("/v1/audio/voices")
+def audio_voices():
+    """Every name `voice` takes, as Kokoro-FastAPI lists them: the OpenAI names first, then
+    the farm's own voices (`GET /v1/voices` has the details)."""
+    return jsonify({"voices": [*voice_table(), *(vc.name for vc in list_voices())]})

@@ -17,7 +17,7 @@ from flask import Blueprint, current_app, jsonify, render_template
 from app.settings import Settings
 from models.encode import CONTENT_TYPES
 from web.openai_compat import CONTENT_TYPES as SPEECH_CONTENT_TYPES
-from web.openai_compat import OPENAI_VOICES, RESPONSE_FORMATS
+from web.openai_compat import OPENAI_MODELS, OPENAI_VOICES, RESPONSE_FORMATS, STREAM_FORMATS
 from web.streams import JOB_STREAM_FORMATS
 from web.validation import AUDIO_FORMATS, SPEED_MAX, SPEED_MIN
 
@@ -53,6 +53,24 @@ def _audio(types: list[str], description: str, headers: dict | None = None) -> d
     out = {"description": description, "content": {t: {"schema": _AUDIO} for t in types}}
     if headers:
         out["headers"] = headers
+    return out
+
+
+def _speech_response() -> dict:
+    """`POST /v1/audio/speech`'s 200: the audio's bytes, or events with `stream_format: sse`."""
+    out = _audio(sorted(set(SPEECH_CONTENT_TYPES.values())),
+                 "audio in `response_format`, chunked; with `stream_format: sse`, "
+                 "server-sent events",
+                 {"X-Job-Id": {"schema": {"type": "string"}},
+                  "X-Voxfarm-Voice": {"schema": {"type": "string"}},
+                  "X-Voxfarm-Speed": {"schema": {"type": "string"}}})
+    out["content"]["text/event-stream"] = {"schema": {
+        "type": "string",
+        "description": "`data: {\"type\": \"speech.audio.delta\", \"audio\": BASE64}` per "
+                       "piece of audio, then `data: {\"type\": \"speech.audio.done\", "
+                       "\"usage\": {\"input_tokens\", \"output_tokens\", \"total_tokens\"}}` "
+                       "(input_tokens: characters), or an `error` event if the job ended "
+                       "early"}}
     return out
 
 
@@ -154,7 +172,23 @@ def _schemas(settings: Settings) -> dict:
                 "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0, "default": 1.0,
                           "description": f"clamped to the farm's {SPEED_MIN}-{SPEED_MAX}; "
                                          "the applied value is in `X-Voxfarm-Speed`"},
+                "stream_format": {"type": "string", "enum": list(STREAM_FORMATS),
+                                  "default": "audio",
+                                  "description": "`audio`: the bytes of `response_format`; "
+                                                 "`sse`: the same bytes base64-encoded in "
+                                                 "`speech.audio.delta` events, then one "
+                                                 "`speech.audio.done`"},
+                "instructions": {"type": ["string", "null"],
+                                 "description": "accepted and not used: the voices have no "
+                                                "style control"},
             },
+        },
+        "Model": {
+            "type": "object", "required": ["id", "object", "created", "owned_by"],
+            "description": "An OpenAI model entry; every one is the farm's engine.",
+            "properties": {"id": {"type": "string", "enum": list(OPENAI_MODELS)},
+                           "object": {"const": "model"}, "created": {"type": "integer"},
+                           "owned_by": {"type": "string"}},
         },
         "Book": {
             "type": "object", "required": ["id", "state", "segments", "chapters", "links"],
@@ -275,13 +309,32 @@ def _paths(settings: Settings) -> dict:
             "requestBody": {"required": True, "content": {
                 "application/json": {"schema": _ref("SpeechRequest")}}},
             "responses": {
-                "200": _audio(sorted(set(SPEECH_CONTENT_TYPES.values())),
-                              "audio in `response_format`, chunked",
-                              {"X-Job-Id": {"schema": {"type": "string"}},
-                               "X-Voxfarm-Voice": {"schema": {"type": "string"}},
-                               "X-Voxfarm-Speed": {"schema": {"type": "string"}}}),
+                "200": _speech_response(),
                 "400": bad_request, "413": too_large, "415": not_json, "422": invalid,
                 "503": _UNAVAILABLE}}},
+        "/v1/models": {"get": {
+            "tags": ["openai"], "operationId": "listModels",
+            "summary": "OpenAI's model list: the names `model` usually takes (any works)",
+            "responses": {"200": _json({
+                "type": "object", "required": ["object", "data"], "properties": {
+                    "object": {"const": "list"},
+                    "data": {"type": "array", "items": _ref("Model")}}},
+                "the models")}}},
+        "/v1/models/{model_id}": {"get": {
+            "tags": ["openai"], "operationId": "getModel", "summary": "One model",
+            "parameters": [{"name": "model_id", "in": "path", "required": True,
+                            "schema": {"type": "string"}}],
+            "responses": {"200": _json(_ref("Model"), "the model"),
+                          "404": _error("not a listed model (`model_not_found`)")}}},
+        "/v1/audio/voices": {"get": {
+            "tags": ["openai"], "operationId": "listSpeechVoices",
+            "summary": "Every name `voice` takes, Kokoro-FastAPI style",
+            "responses": {"200": _json({
+                "type": "object", "required": ["voices"], "properties": {
+                    "voices": {"type": "array", "items": {"type": "string"},
+                               "description": "OpenAI's voice names, then the farm's "
+                                              "voices (details in `GET /v1/voices`)"}}},
+                "the voice names")}}},
         "/v1/ws": {"get": {
             "tags": ["streaming"], "operationId": "websocket",
             "summary": "WebSocket: text in as it is written, PCM frames and events out",
@@ -306,9 +359,13 @@ def _paths(settings: Settings) -> dict:
             "summary": "Mel cache counters, queue depths and live workers",
             "responses": {"200": _json({"type": "object", "properties": {
                 "mel_cache": {"type": "object"},
-                "queues": {"type": "object", "additionalProperties": {
-                    "type": "object", "properties": {"depth": {"type": "integer"},
-                                                     "workers": {"type": "integer"}}}}}},
+                "queues": {
+                    "type": "object", "description": "every queue, batch and book included",
+                    "additionalProperties": {"type": "object", "properties": {
+                        "depth": {"type": "integer"},
+                        "workers": {"type": "integer",
+                                    "description": "live workers of the pool reading it"},
+                        "pool": {"type": "string"}}}}}},
                 "the farm's counters"), "503": _UNAVAILABLE}}},
         "/healthz": {"get": {
             "tags": ["health"], "operationId": "healthz", "summary": "The web process is up",
@@ -316,10 +373,15 @@ def _paths(settings: Settings) -> dict:
                 "status": {"const": "ok"}}}, "alive")}}},
         "/readyz": {"get": {
             "tags": ["health"], "operationId": "readyz",
-            "summary": "Redis reachable and a live worker on every queue",
+            "summary": "Redis reachable and a live worker on every interactive pool",
+            "description": "`workers` counts every pool's live workers (acoustic, vocoder, "
+                           "book). Readiness needs the acoustic and vocoder pools; a book "
+                           "pool with no worker (scaled to zero) is a `warnings` entry.",
             "responses": {
                 "200": _json({"type": "object", "required": ["ready"],
-                              "properties": {"ready": {"type": "boolean"}}}, "ready"),
+                              "properties": {"ready": {"type": "boolean"},
+                                             "workers": {"type": "object"},
+                                             "warnings": {"type": "array"}}}, "ready"),
                 "503": _json({"type": "object", "required": ["ready"],
                               "properties": {"ready": {"const": False},
                                              "missing": {"type": "array"}}},
