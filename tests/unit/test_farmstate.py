@@ -1,0 +1,100 @@
+"""The farm's state file, and what the client commands say when no farm answers (issue 14).
+
+No farm runs here: `voxfarm up` refuses before it starts anything, and `voxfarm say` finds
+nothing to talk to. tests/e2e/test_two_farms.py runs real farms."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from app import farmstate
+from app.embedded_redis import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def voxfarm(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("VOXFARM_SERVER", "VOXFARM_VAR", "VOXFARM_REDIS_URL", "REDIS_URL")}
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, env={**clean, **env, "PYTHONPATH": str(ROOT)},
+                          timeout=60)
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_state_round_trip_and_a_dead_farm_is_no_farm(tmp_path):
+    state = farmstate.new_state("http://127.0.0.1:8100", "redis://127.0.0.1:6399/0",
+                                {"acoustic": 9201, "vocoder": 9202, "book": 9203},
+                                "http://127.0.0.1:5556")
+    path = farmstate.write_state(tmp_path, state)
+    assert path == tmp_path / "farm.json" and oct(path.stat().st_mode & 0o777) == "0o600"
+    assert farmstate.read_state(tmp_path) == state
+    assert farmstate.live_state(tmp_path) == state  # this process wrote it: alive
+    stale = farmstate.FarmState(state.web_url, state.redis_url, pid=dead_pid())
+    farmstate.write_state(tmp_path, stale)
+    assert farmstate.read_state(tmp_path) == stale and farmstate.live_state(tmp_path) is None
+    farmstate.remove_state(tmp_path)  # not this process's file: left alone
+    assert path.exists()
+    farmstate.write_state(tmp_path, state)
+    farmstate.remove_state(tmp_path)
+    assert not path.exists() and farmstate.read_state(tmp_path) is None
+    path.write_text("{not json")
+    assert farmstate.read_state(tmp_path) is None
+
+
+def test_say_with_no_farm_prints_one_line_saying_how_to_start_one(tmp_path):
+    port = free_port()
+    proc = voxfarm("say", "Hello.", "-o", "x.wav", "--server", f"http://127.0.0.1:{port}",
+                   cwd=tmp_path)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("Error: no farm is running: nothing answers at "
+                               f"http://127.0.0.1:{port} (from --server)")
+    assert "make run" in lines[0] and "voxfarm up" in lines[0]
+    # The same from VOXFARM_SERVER, and from `book render`.
+    book = tmp_path / "b.txt"
+    book.write_text("Some text.")
+    proc = voxfarm("book", "render", str(book), "-o", "out", cwd=tmp_path,
+                   VOXFARM_SERVER=f"http://127.0.0.1:{port}")
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
+    assert "(from VOXFARM_SERVER)" in proc.stderr
+
+
+def test_say_names_a_state_file_left_by_a_farm_that_stopped(tmp_path):
+    farmstate.write_state(tmp_path / "var", farmstate.FarmState(
+        f"http://127.0.0.1:{free_port()}", "redis://127.0.0.1:1/0", pid=dead_pid()))
+    proc = voxfarm("say", "Hello.", "-o", "x.wav", cwd=tmp_path)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
+    assert "var/farm.json is left from a farm that stopped" in proc.stderr
+
+
+def test_up_refuses_a_second_farm_in_the_same_var_dir(tmp_path):
+    # A live pid (this test's) in the file: a farm runs from there.
+    farmstate.write_state(tmp_path / "var", farmstate.new_state(
+        "http://127.0.0.1:8100", "redis://127.0.0.1:1/0", {}))
+    proc = voxfarm("up", "--port", str(free_port()), "--metrics-port", "0", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "a farm already runs from var" in proc.stderr and "--var DIR" in proc.stderr
+
+
+def test_up_names_the_ports_in_use_and_how_to_move(tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = voxfarm("up", "--port", str(free_port()), "--metrics-port", str(port),
+                       cwd=tmp_path)
+    assert proc.returncode == 2
+    assert f"{port} (acoustic metrics, --metrics-port)" in proc.stderr
+    assert "--port 8100 --metrics-port 9201" in proc.stderr
+    assert not (tmp_path / "var" / "farm.json").exists()  # nothing was started
