@@ -379,6 +379,11 @@ def _reaching(server: str, found_by: str, var_dir: str):
         yield
     except (requests.ConnectionError, requests.Timeout) as exc:
         stale = farmstate.read_state(var_dir)
+        if found_by == str(farmstate.state_path(var_dir)):
+            # Its `voxfarm up` runs: the web is still starting, or went down on its own.
+            raise click.ClickException(
+                f"the farm in {found_by} (pid {stale.pid if stale else '?'}) does not answer "
+                f"at {server}: still starting? Try again in a moment, or see its log") from None
         if found_by == "the default" and stale is not None:
             why = (f"{farmstate.state_path(var_dir)} is left from a farm that stopped "
                    f"(pid {stale.pid})")

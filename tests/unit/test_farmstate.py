@@ -78,6 +78,16 @@ def test_say_names_a_state_file_left_by_a_farm_that_stopped(tmp_path):
     assert "var/farm.json is left from a farm that stopped" in proc.stderr
 
 
+def test_say_to_a_farm_still_starting_says_so(tmp_path):
+    # The state file's `voxfarm up` runs (this test's pid) but its web does not answer yet.
+    port = free_port()
+    farmstate.write_state(tmp_path / "var", farmstate.new_state(
+        f"http://127.0.0.1:{port}", "redis://127.0.0.1:1/0", {}))
+    proc = voxfarm("say", "Hello.", "-o", "x.wav", cwd=tmp_path)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
+    assert f"does not answer at http://127.0.0.1:{port}: still starting?" in proc.stderr
+
+
 def test_up_refuses_a_second_farm_in_the_same_var_dir(tmp_path):
     # A live pid (this test's) in the file: a farm runs from there.
     farmstate.write_state(tmp_path / "var", farmstate.new_state(
