@@ -255,9 +255,15 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
               help="torch threads per process (default: 1 for acoustic, whose eSpeak "
                    "stage is single-threaded, so more threads only spin against the "
                    "vocoder's; torch's own default for vocoder).")
+@click.option("--work", default="all", show_default=True,
+              type=click.Choice(["all", "interactive", "batch"]),
+              help="Which queue of the stage: interactive jobs, book (batch) segments, or "
+                   "both with interactive first.")
+@click.option("--nice", default=0, show_default=True, type=int,
+              help="Lower the pool's OS priority by this much (e.g. 10 for a batch pool).")
 def worker(queue: str, device: str, concurrency: int | None, pool: str | None, loglevel: str,
            name: str | None, metrics_port: int, metrics_addr: str,
-           threads: int | None) -> None:
+           threads: int | None, work: str, nice: int) -> None:
     """Run one worker pool on its queue."""
     # The book pool orchestrates (waits on Redis, the store, the broker): gevent, many
     # greenlets. It must patch before the worker opens a socket.
@@ -279,7 +285,7 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
         threads = 1 if queue == "acoustic" else 0
     run_worker(queue, device=device, concurrency=concurrency, pool=pool, loglevel=loglevel,
                name=name, metrics_port=metrics_port, metrics_addr=metrics_addr,
-               threads=threads)
+               threads=threads, work=work, nice=nice)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

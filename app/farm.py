@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+import redis
 from celery import Celery
 
 from app.artifacts import open_store
@@ -80,29 +81,53 @@ class Farm:
 
     def submit(self, segments: Iterable, *, voice: str, speed: float, fmt: str, chars: int,
                sample_rate: int, request_id: str = "") -> dict:
-        """Create the job and enqueue its segments.
+        """Create the job and enqueue its segments as `segments` yields them.
+
+        Publish as you go: segment 0 is on the acoustic queue while the frontend still works
+        on the rest of the text, and the job's segment count is sealed at the end (the job
+        cannot finish before). The record is written when the first segment exists, so text
+        with nothing speakable leaves nothing behind.
 
         Raises Overloaded when the farm is full (nothing written), Unavailable when the broker
-        could not take the segments in time (the job is marked failed with the reason). A web
-        process killed between the record and the last publish leaves the job in the
+        could not take a segment in time (the job is marked failed with the reason). Anything
+        `segments` raises before its first segment propagates with nothing written; after
+        it, the job is failed first. A web process killed mid-way leaves the job in the
         unpublished set, where `sweep_unpublished` finds it.
         """
-        segments = list(segments)
         depth = self.queue_depth(ACOUSTIC_QUEUE)
-        if depth + len(segments) > self.settings.max_queue_depth:
+        if depth + 1 > self.settings.max_queue_depth:
             raise Overloaded(depth, self.settings.retry_after_s)
-        job = self.jobs.create(total=len(segments), voice=voice, speed=speed, fmt=fmt,
-                               chars=chars, sample_rate=sample_rate, request_id=request_id)
-        specs = (asdict(SegmentSpec(job["id"], seg.index, seg.phonemes, voice, speed,
-                                    seg.pause_ms)) for seg in segments)
+        job_id, count = None, 0
         try:
-            self.publish_segments(specs)
-        except Exception as exc:  # broker down, pool exhausted, publish timed out
-            self.jobs.fail(job["id"], f"the job could not be queued: {exc.__class__.__name__}")
-            self.jobs.mark_published(job["id"])
-            raise Unavailable(str(exc)) from exc
-        self.jobs.mark_published(job["id"])
-        return job
+            for seg in segments:
+                if job_id is None:
+                    job_id = self.jobs.create(voice=voice, speed=speed, fmt=fmt, chars=chars,
+                                              sample_rate=sample_rate,
+                                              request_id=request_id)["id"]
+                spec = SegmentSpec(job_id, seg.index, seg.phonemes, voice, speed, seg.pause_ms)
+                try:
+                    self.publish_segments([asdict(spec)])
+                except Exception as exc:  # broker down, pool exhausted, publish timed out
+                    raise Unavailable(str(exc)) from exc
+                count += 1
+        except BaseException as exc:  # a failed publish, the frontend, the client leaving
+            if job_id is not None:
+                self._abandon(job_id, exc)
+            raise
+        if job_id is None:
+            raise ValueError("no segments to submit")
+        self.jobs.seal(job_id, count)
+        self.jobs.mark_published(job_id)
+        return self.jobs.get(job_id)
+
+    def _abandon(self, job_id: str, exc: BaseException) -> None:
+        """Fail a job whose submission broke off; if Redis is gone too, the sweeper will."""
+        try:
+            reason = f"{exc.__class__.__name__}: {exc}"[:300]
+            self.jobs.fail(job_id, f"the job could not be queued: {reason}")
+            self.jobs.mark_published(job_id)
+        except redis.RedisError:
+            pass
 
     def publish_segments(self, specs: Iterable[dict], regenerations: int = 0) -> int:
         """Enqueue one acoustic -> vocoder chain per spec through ONE pooled producer.

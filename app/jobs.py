@@ -3,6 +3,15 @@
 Every state change that depends on the current state runs as one Lua script, so a retried
 task, a cancel and the last segment racing each other still leave one consistent record:
 a chunk stored twice overwrites itself and is counted once, a canceled job never turns done.
+
+A job's audio is a sequence of chunks. Each segment is vocoded in windows, and each window
+is a chunk as soon as it exists, so a listener hears a segment's start while its end still
+renders. A segment declares its window count before its first window is stored (the first
+writer's count wins, so a retry cuts the same windows); chunks are numbered 0, 1, 2, ... in
+order across the job (segment 0's windows, then segment 1's), a numbering a reader can
+compute as far as the window counts are known. The job's segment count may be open while
+the web still segments the text (`total` is -1 until `seal`): segments are published as the
+frontend yields them, and the job is done once it is sealed and every window is stored.
 """
 
 from __future__ import annotations
@@ -21,21 +30,49 @@ FINAL_STATES = frozenset({DONE, FAILED, CANCELED})
 # Events streams are wake-up signals, not a log: a few hundred entries is plenty.
 EVENTS_MAXLEN = 500
 
-_STORE_CHUNK = """
+# KEYS: job_keys. ARGV: segment, window, pcm, now, ttl, samples, events maxlen,
+# "count:window_frames" the writer plans (used when the segment has none yet).
+_STORE_WINDOW = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -2 end
 if state == 'canceled' or state == 'failed' then return -1 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('SADD', KEYS[3], ARGV[1])
-local n = redis.call('SCARD', KEYS[3])
-redis.call('HSET', KEYS[1], 'done', n, 'audio_samples_' .. ARGV[1], ARGV[5])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'chunk', ARGV[1])
-if n >= tonumber(redis.call('HGET', KEYS[1], 'total')) and state ~= 'done' then
-  redis.call('HSET', KEYS[1], 'state', 'done', 'finished_at', ARGV[3])
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'state', 'done')
+redis.call('HSETNX', KEYS[5], ARGV[1], ARGV[8])
+local plan = redis.call('HGET', KEYS[5], ARGV[1])
+local count = tonumber(string.match(plan, '^(%d+)'))
+local field = ARGV[1] .. ':' .. ARGV[2]
+redis.call('HSET', KEYS[2], field, ARGV[3])
+if redis.call('SADD', KEYS[3], field) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'audio_samples_' .. ARGV[1], ARGV[6])
+  if ARGV[1] == '0' and ARGV[2] == '0' then
+    redis.call('HSETNX', KEYS[1], 'first_chunk_at', ARGV[4])
+  end
+  if redis.call('HINCRBY', KEYS[6], ARGV[1], 1) == count then
+    redis.call('HINCRBY', KEYS[1], 'done', 1)
+  end
 end
-for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
-return n
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'chunk', field)
+local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
+local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
+if total >= 0 and done >= total and state ~= 'done' then
+  redis.call('HSET', KEYS[1], 'state', 'done', 'finished_at', ARGV[4])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'state', 'done')
+end
+for i = 1, 6 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+return done
+"""
+
+# KEYS: job_keys. ARGV: total, now, events maxlen. Closes the job's segment count; the job
+# is done at once if every segment is already stored.
+_SEAL = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return -2 end
+redis.call('HSET', KEYS[1], 'total', ARGV[1])
+local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
+if (state == 'queued' or state == 'running') and done >= tonumber(ARGV[1]) then
+  redis.call('HSET', KEYS[1], 'state', 'done', 'finished_at', ARGV[2])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'state', 'done')
+end
+return done
 """
 
 # ARGV: from-states (comma separated), to-state, timestamp field, now, error
@@ -60,8 +97,14 @@ UNPUBLISHED_ERROR = "the web process stopped before the job's segments were all 
 
 @dataclass
 class Chunk:
-    index: int
+    index: int  # the chunk's place in the job's audio: 0, 1, 2, ...
     pcm: bytes  # 16-bit little-endian mono
+    segment: int = 0
+    window: int = 0
+    segment_end: bool = True  # the segment's last window (its pause included)
+
+
+OPEN_TOTAL = -1  # a job's segment count while the web still segments its text
 
 
 class JobStore:
@@ -74,12 +117,13 @@ class JobStore:
         self.waiting = waiting or r
         self.keys = keys
         self.ttl_s = ttl_s
-        self._store_chunk = r.register_script(_STORE_CHUNK)
+        self._store_window = r.register_script(_STORE_WINDOW)
+        self._seal = r.register_script(_SEAL)
         self._transition = r.register_script(_TRANSITION)
 
     # -- writing -----------------------------------------------------------------------------
 
-    def create(self, *, total: int, voice: str, speed: float, fmt: str, chars: int,
+    def create(self, *, total: int = OPEN_TOTAL, voice: str, speed: float, fmt: str, chars: int,
                sample_rate: int, request_id: str = "") -> dict:
         job_id = uuid.uuid4().hex
         record = {
@@ -135,13 +179,38 @@ class JobStore:
             return False, None
         return bool(out[0]), out[1].decode()
 
-    def store_chunk(self, job_id: str, index: int, pcm: bytes) -> int:
-        """Store segment `index`'s audio; idempotent. Returns segments done, -1 if the job
-        was canceled or failed (nothing stored), -2 if the job is unknown or expired."""
-        return int(self._store_chunk(
+    def seal(self, job_id: str, total: int) -> int:
+        """The job has `total` segments (every one is published). Returns segments done."""
+        return int(self._seal(keys=self.keys.job_keys(job_id),
+                              args=[total, repr(time.time()), EVENTS_MAXLEN]))
+
+    def store_window(self, job_id: str, segment: int, window: int, pcm: bytes,
+                     plan: tuple[int, int]) -> int:
+        """Store window `window` of segment `segment`; idempotent. `plan` is the writer's
+        (window count, frames per window) for the segment; the first writer's plan stands
+        (see `window_plan`). Returns segments done, -1 if the job was canceled or failed
+        (nothing stored), -2 if the job is unknown or expired."""
+        return int(self._store_window(
             keys=self.keys.job_keys(job_id),
-            args=[index, pcm, repr(time.time()), self.ttl_s, len(pcm) // 2, EVENTS_MAXLEN],
+            args=[segment, window, pcm, repr(time.time()), self.ttl_s, len(pcm) // 2,
+                  EVENTS_MAXLEN, f"{plan[0]}:{plan[1]}"],
         ))
+
+    def window_plan(self, job_id: str, segment: int, plan: tuple[int, int]) -> tuple[int, int]:
+        """The segment's (window count, frames per window): `plan` unless a writer (an
+        earlier try of the same segment) set one already, which then stands."""
+        key = self.keys.windows(job_id)
+        with self.r.pipeline() as p:
+            p.hsetnx(key, segment, f"{plan[0]}:{plan[1]}")
+            p.hget(key, segment)
+            p.expire(key, self.ttl_s)
+            _, raw, _ = p.execute()
+        count, frames = raw.decode().split(":")
+        return int(count), int(frames)
+
+    def store_chunk(self, job_id: str, index: int, pcm: bytes) -> int:
+        """Store segment `index`'s audio as its one window."""
+        return self.store_window(job_id, index, 0, pcm, (1, 0))
 
     def count_cache(self, job_id: str, hit: bool) -> None:
         self.r.hincrby(self.keys.job(job_id), "cache_hits" if hit else "cache_misses", 1)
@@ -168,21 +237,49 @@ class JobStore:
         s = self.r.hget(self.keys.job(job_id), "state")
         return s.decode() if s else None
 
-    def chunks_from(self, job_id: str, first: int, total: int, limit: int) -> list[Chunk]:
-        """The consecutive run of stored chunks starting at `first` (at most `limit`)."""
-        last = min(total, first + limit)
-        if first >= last:
-            return []
-        values = self.r.hmget(self.keys.chunks(job_id), list(range(first, last)))
+    def _order(self, job_id: str, total: int) -> tuple[list[tuple[int, int, bool]], bool]:
+        """The job's chunks in order as (segment, window, segment's last window), as far as
+        window counts are known, and whether that is all of them (sealed, and every
+        segment's count known)."""
+        counts = {int(k): int(v.split(b":")[0])
+                  for k, v in self.r.hgetall(self.keys.windows(job_id)).items()}
+        order: list[tuple[int, int, bool]] = []
+        segment = 0
+        while segment in counts:
+            n = counts[segment]
+            order.extend((segment, w, w == n - 1) for w in range(n))
+            segment += 1
+        return order, total >= 0 and segment >= total
+
+    def chunk_count(self, job_id: str, total: int) -> int | None:
+        """How many chunks the job has, once every segment's window count is known."""
+        order, complete = self._order(job_id, total)
+        return len(order) if complete else None
+
+    def chunks_from(self, job_id: str, first: int, total: int,
+                    limit: int) -> tuple[list[Chunk], int | None]:
+        """The consecutive run of stored chunks starting at chunk `first` (at most `limit`),
+        and the job's chunk count (None while not yet known)."""
+        order, complete = self._order(job_id, total)
+        count = len(order) if complete else None
+        wanted = order[first:first + limit] if first >= 0 else []
+        if not wanted:
+            return [], count
+        values = self.r.hmget(self.keys.chunks(job_id), [f"{s}:{w}" for s, w, _ in wanted])
         run = []
-        for i, v in zip(range(first, last), values, strict=True):
+        for i, ((s, w, end), v) in enumerate(zip(wanted, values, strict=True)):
             if v is None:
                 break
-            run.append(Chunk(i, v))
-        return run
+            run.append(Chunk(first + i, v, s, w, end))
+        return run, count
 
     def all_chunks(self, job_id: str, total: int) -> list[bytes | None]:
-        return self.r.hmget(self.keys.chunks(job_id), list(range(total))) if total else []
+        """Every chunk of the job in order (None where one is missing or expired)."""
+        order, complete = self._order(job_id, total)
+        if not complete:
+            return [None]
+        return self.r.hmget(self.keys.chunks(job_id), [f"{s}:{w}" for s, w, _ in order]) \
+            if order else []
 
     def last_event_id(self, job_id: str) -> bytes:
         last = self.r.xrevrange(self.keys.events(job_id), count=1)
@@ -199,7 +296,8 @@ class JobStore:
         """Long-poll: the chunks after cursor `after` as soon as the next one exists.
 
         Returns `(job, chunks)`: chunks is the consecutive run after the cursor (empty when
-        the wait ran out, or when the job ended without them). The event-stream mark is taken
+        the wait ran out, or when the job ended without them); `job["chunks"]` is the job's
+        chunk count, None while not yet known. The event-stream mark is taken
         before the chunks are read, so a chunk stored in between still wakes the wait.
         """
         deadline = time.monotonic() + wait_s
@@ -208,7 +306,7 @@ class JobStore:
             job = self.get(job_id)
             if job is None:
                 return None, []
-            chunks = self.chunks_from(job_id, after + 1, job["total"], limit)
+            chunks, job["chunks"] = self.chunks_from(job_id, after + 1, job["total"], limit)
             if chunks or job["state"] in FINAL_STATES:
                 return job, chunks
             remaining = deadline - time.monotonic()

@@ -3,9 +3,11 @@
 Layout (prefix `vf` by default):
 
     {p}:job:{id}          hash   the job record (state, progress, timestamps, error)
-    {p}:job:{id}:chunks   hash   segment index -> 16-bit PCM of that segment
-    {p}:job:{id}:done     set    indices whose chunk is stored (counts each segment once)
+    {p}:job:{id}:chunks   hash   "segment:window" -> 16-bit PCM of that window of audio
+    {p}:job:{id}:done     set    "segment:window" of every stored window (each counted once)
     {p}:job:{id}:events   stream wake-ups for long-polls and streams (chunk, state)
+    {p}:job:{id}:windows  hash   segment -> its window count (set once, by its first writer)
+    {p}:job:{id}:wdone    hash   segment -> windows stored so far
     {p}:mel:{hash}        string a cached mel spectrogram (TTL)
     {p}:mel:{hash}:refs   string segments between their two stages that need that mel
     {p}:stats             hash   farm-wide counters (mel cache hits and misses, ...)
@@ -36,9 +38,16 @@ class Keys:
     def events(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:events"
 
+    def windows(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}:windows"
+
+    def windows_done(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}:wdone"
+
     def job_keys(self, job_id: str) -> list[str]:
-        """The four keys of a job, in the order the Lua scripts take them."""
-        return [self.job(job_id), self.chunks(job_id), self.done(job_id), self.events(job_id)]
+        """The keys of a job, in the order the Lua scripts take them."""
+        return [self.job(job_id), self.chunks(job_id), self.done(job_id), self.events(job_id),
+                self.windows(job_id), self.windows_done(job_id)]
 
     def book(self, book_id: str) -> str:
         return f"{self.prefix}:book:{book_id}"

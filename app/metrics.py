@@ -200,18 +200,20 @@ def gpu_sampler(device: str, every_s: float = 5.0):
 
 # -- per-job figures -----------------------------------------------------------------------
 
-# One round trip after a segment task: was segment 0 just stored (first audio of the job),
-# and has the job reached a final state not yet counted? HSETNX makes each count happen
+# One round trip after a segment task: has the job's first chunk been stored and not yet
+# counted (the job store stamps `first_chunk_at` when it stores it), and has the job reached
+# a final state not yet counted? HSETNX makes each count happen
 # once, whichever process (a vocoder worker, a failing task, the web's cancel) sees it first.
 # KEYS[1] the job hash; ARGV: segment index ('' for none), now.
 _OBSERVE_JOB = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local samples = '0'
 local first = 0
+local first_at = redis.call('HGET', KEYS[1], 'first_chunk_at') or '0'
 if ARGV[1] ~= '' then
   samples = redis.call('HGET', KEYS[1], 'audio_samples_' .. ARGV[1]) or '0'
-  if ARGV[1] == '0' and samples ~= '0' then
-    first = redis.call('HSETNX', KEYS[1], 'first_chunk_at', ARGV[2])
+  if first_at ~= '0' then
+    first = redis.call('HSETNX', KEYS[1], 'first_chunk_counted', '1')
   end
 end
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -221,7 +223,7 @@ if state == 'done' or state == 'failed' or state == 'canceled' then
 end
 return {first, ended, state, redis.call('HGET', KEYS[1], 'created_at') or '0',
         redis.call('HGET', KEYS[1], 'finished_at') or '0', samples,
-        redis.call('HGET', KEYS[1], 'sample_rate') or '0'}
+        redis.call('HGET', KEYS[1], 'sample_rate') or '0', first_at}
 """
 
 
@@ -244,13 +246,12 @@ class JobObserver:
         state = out[2].decode() if out[2] else None
         created, finished = float(out[3]), float(out[4])
         samples, rate = int(out[5]), int(out[6])
+        first_at = float(out[7])
         if index is not None and samples and rate:
             SEGMENTS.inc()
             AUDIO_SECONDS.inc(samples / rate)
-        if first and created:
-            # A job that segment 0 finished was done when it was stored: that instant.
-            stored_at = finished if state == "done" and finished else now
-            FIRST_CHUNK.observe(max(0.0, stored_at - created))
+        if first and created and first_at:
+            FIRST_CHUNK.observe(max(0.0, first_at - created))
         if ended and state:
             JOBS_FINISHED.labels(state).inc()
             if state == "done" and created and finished:

@@ -27,6 +27,7 @@ Everything is deterministic: same text and voice, same segments (the cache relie
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from models.errors import BreakTooLong, NoSpeakableText
@@ -257,18 +258,41 @@ def _bounded_g2p(text: str, language: str, voice: Voice) -> list[tuple[str, str]
 
 
 def prepare(text: str, voice: str) -> list[Segment]:
-    """Normalise, segment and phonemise ``text`` for ``voice``.
+    """Normalise, segment and phonemise ``text`` for ``voice``: every segment at once.
 
     Raises :class:`~models.errors.UnknownVoice` for a voice we do not offer,
     :class:`~models.errors.BreakTooLong` for a break tag over the cap and
     :class:`~models.errors.NoSpeakableText` when nothing speakable remains.
+    """
+    return list(iter_segments(text, voice))
+
+
+def iter_segments(text: str, voice: str) -> Iterator[Segment]:
+    """:func:`prepare`, one segment at a time, each as soon as it is known.
+
+    The farm publishes segment 0 while the rest of the text is still being phonemised. A
+    segment is held back until the next one exists (or the text ends), because a break tag
+    after it adds to its pause. The voice and the break tags are checked before the first
+    segment is yielded; :class:`~models.errors.NoSpeakableText` comes at the end, when
+    nothing was yielded.
     """
     spec = get_voice(voice)
     # A Piper voice in a language without a text frontend here is segmented like English and
     # gets no number reading (espeak still reads digits in its own language).
     language = spec.language if spec.language in LANGUAGES else "en"
     normalizes = spec.language in LANGUAGES
-    drafts: list[tuple[str, str, int]] = []  # (text, phonemes, pause_ms)
+    pending: tuple[str, str, int] | None = None  # (text, phonemes, pause_ms), held back
+    index = 0
+
+    def finish(draft: tuple[str, str, int]) -> Segment:
+        segment_text, phonemes, pause_ms = draft
+        return Segment(
+            index=index, text=segment_text, phonemes=phonemes,
+            # Piper's phonemes are IPA already.
+            ipa=phonemes if spec.engine == PIPER else _g2p(segment_text, spec, ipa=True),
+            pause_ms=pause_ms,
+        )
+
     for chunk, pause_ms in _parse_breaks(text):
         stripped = _strip_tags(chunk)
         normalized = normalize(stripped, language) if normalizes else " ".join(stripped.split())
@@ -276,22 +300,16 @@ def prepare(text: str, voice: str) -> list[Segment]:
             if not _speakable(piece):
                 continue
             for piece_text, phonemes in _bounded_g2p(piece, language, spec):
-                if _says_something(phonemes, spec):
-                    drafts.append((piece_text, phonemes, 0))
-        if pause_ms and drafts:
+                if not _says_something(phonemes, spec):
+                    continue
+                if pending is not None:
+                    yield finish(pending)
+                    index += 1
+                pending = (piece_text, phonemes, 0)
+        if pause_ms and pending is not None:
             # The pause follows the last segment spoken so far, so consecutive breaks add up.
-            last_text, last_phonemes, last_pause = drafts[-1]
-            drafts[-1] = (last_text, last_phonemes, min(last_pause + pause_ms, MAX_BREAK_MS))
-    if not drafts:
+            last_text, last_phonemes, last_pause = pending
+            pending = (last_text, last_phonemes, min(last_pause + pause_ms, MAX_BREAK_MS))
+    if pending is None:
         raise NoSpeakableText(f"no speakable text in {text[:80]!r}")
-    return [
-        Segment(
-            index=index,
-            text=segment_text,
-            phonemes=phonemes,
-            # Piper's phonemes are IPA already.
-            ipa=phonemes if spec.engine == PIPER else _g2p(segment_text, spec, ipa=True),
-            pause_ms=pause_ms,
-        )
-        for index, (segment_text, phonemes, pause_ms) in enumerate(drafts)
-    ]
+    yield finish(pending)

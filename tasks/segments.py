@@ -97,21 +97,55 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
             raise SpeechError("the mel expired from the cache before the vocoder ran")
         farm.publish_segments([spec], regenerations=regenerations + 1)
         raise Ignore()
-    from models.encode import pcm16
     from models.mel import mel_from_bytes
 
     voice = get_voice(spec["voice"])
     vocoder = runtime.vocoder_for(voice)
     features = mel_from_bytes(blob).to(vocoder.device)
-    if voice.engine == PIPER:
-        audio = vocoder.vocode([features], speaker=voice.speaker)[0].float().cpu().numpy()
-    else:
-        audio = vocoder.vocode([features])[0].float().cpu().numpy()
     pause = np.zeros(int(vocoder.sample_rate * spec["pause_ms"] / 1000), dtype=np.float32)
-    pcm = pcm16(np.concatenate([audio, pause]))
     if "book_id" in spec:  # book audio goes to the artifact store, not Redis
-        books.store_segment(farm, spec, pcm.tobytes())
+        audio = _vocode_whole(vocoder, voice, features)
+        books.store_segment(farm, spec, _pcm(audio, pause))
+    elif voice.engine == PIPER and farm.settings.vocoder_window_frames:
+        _stream_windows(farm, vocoder, voice, features, spec, pause)
     else:
-        farm.jobs.store_chunk(spec["job_id"], spec["index"], pcm.tobytes())
+        audio = _vocode_whole(vocoder, voice, features)
+        farm.jobs.store_chunk(spec["job_id"], spec["index"], _pcm(audio, pause))
     farm.mel_cache.release(mel_key, drop="book_id" in spec)
     return spec["index"]
+
+
+def _pcm(audio: np.ndarray, pause: np.ndarray | None = None) -> bytes:
+    from models.encode import pcm16
+
+    if pause is not None and len(pause):
+        audio = np.concatenate([audio, pause])
+    return pcm16(audio).tobytes()
+
+
+def _vocode_whole(vocoder, voice, features) -> np.ndarray:
+    if voice.engine == PIPER:
+        return vocoder.vocode([features], speaker=voice.speaker)[0].float().cpu().numpy()
+    return vocoder.vocode([features])[0].float().cpu().numpy()
+
+
+def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarray) -> None:
+    """Vocode the segment window by window, storing each as a chunk the moment it exists.
+
+    The window plan is the segment's first writer's (a retry on a worker with another
+    window setting cuts the same windows), and each window is rendered with context frames
+    on both sides, so the windows joined equal the whole segment's audio.
+    """
+    frames = int(features.shape[-1])
+    window = farm.settings.vocoder_window_frames
+    plan = (len(vocoder.windows(frames, window)), window)
+    _, window = farm.jobs.window_plan(spec["job_id"], spec["index"], plan)
+    cut = vocoder.windows(frames, window)
+    for w, piece in enumerate(cut):
+        audio = vocoder.vocode_window(features, piece, voice.speaker).float().cpu().numpy()
+        last = w == len(cut) - 1
+        stored = farm.jobs.store_window(spec["job_id"], spec["index"], w,
+                                        _pcm(audio, pause if last else None),
+                                        (len(cut), window))
+        if stored == -1:
+            raise Ignore()  # canceled or failed meanwhile: the rest is not wanted

@@ -57,12 +57,13 @@ class WorkerProc:
     env: dict
     log: Path
     proc: subprocess.Popen | None = None
+    extra: tuple[str, ...] = ()  # more `voxfarm worker` options (--work batch, --nice 10)
 
     def start(self) -> WorkerProc:
         out = open(self.log, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "worker", self.queue, "--loglevel", "WARNING",
-             "--name", f"{self.queue}-{os.getpid()}-{time.monotonic_ns()}@test"],
+             "--name", f"{self.queue}-{os.getpid()}-{time.monotonic_ns()}@test", *self.extra],
             env=self.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, cwd=ROOT)
         return self
@@ -100,8 +101,8 @@ class FarmUnderTest:
         """The farm's own Redis database."""
         return int(urlparse(self.settings.redis_url).path.lstrip("/") or 0)
 
-    def start_worker(self, queue: str) -> WorkerProc:
-        w = WorkerProc(queue, self.env, self.log_dir / f"{queue}.log").start()
+    def start_worker(self, queue: str, *extra: str) -> WorkerProc:
+        w = WorkerProc(queue, self.env, self.log_dir / f"{queue}.log", extra=extra).start()
         self.workers.append(w)
         return w
 
@@ -229,6 +230,22 @@ def decode_chunk(chunk: dict) -> np.ndarray:
     pcm, rate = wav_to_pcm(base64.b64decode(chunk["audio"]))
     assert rate == SR
     return pcm
+
+
+def assert_chunk_order(chunks: list[dict], segments: int, total: int | None = None) -> None:
+    """Chunks as a listener needs them: indices 0, 1, 2, ... with none missing or repeated,
+    and within them every segment's windows in order, each segment ending once."""
+    assert [c["index"] for c in chunks] == list(range(len(chunks)))
+    if total is not None:
+        assert len(chunks) == total
+    expected = []
+    for seg in range(segments):
+        windows = [c for c in chunks if c["segment"] == seg]
+        assert windows, f"segment {seg} has no chunk"
+        assert [c["window"] for c in windows] == list(range(len(windows)))
+        assert [c["segment_end"] for c in windows] == [False] * (len(windows) - 1) + [True]
+        expected += [(seg, w) for w in range(len(windows))]
+    assert [(c["segment"], c["window"]) for c in chunks] == expected
 
 
 def assert_speech(pcm: np.ndarray, words: int) -> None:

@@ -105,21 +105,22 @@ def _chunk_wav(pcm: bytes, sample_rate: int) -> bytes:
 @api.get("/v1/jobs/<job_id>/chunks")
 def get_chunks(job_id: str):
     """Long-poll for the chunks after cursor `after` (-1: from the start)."""
-    total = _job_or_404(job_id)["total"]
+    job = _job_or_404(job_id)
     after = v.int_arg(request.args, "after", -1, -1, 10**9)
-    if after > total - 1:
-        # A job's segment count is fixed when it is created: no chunk can come after this
-        # cursor, and answering "end" would tell a client with a bad cursor it has them all.
+    count = farm().jobs.chunk_count(job_id, job["total"])
+    if count is not None and after > count - 1:
+        # Every chunk of the job is planned: none can come after this cursor, and answering
+        # "end" would tell a client with a bad cursor it has them all.
         raise ApiError(422, "out_of_range", f"'after' is past the last chunk (index "
-                       f"{total - 1}); the job has {total} chunks", field="after",
-                       last=total - 1)
+                       f"{count - 1}); the job has {count} chunks", field="after",
+                       last=count - 1)
     wait = v.int_arg(request.args, "wait", 0, 0, farm().settings.max_wait_s)
     limit = v.int_arg(request.args, "max", MAX_CHUNKS_PER_POLL, 1, MAX_CHUNKS_PER_POLL)
     job, chunks = farm().jobs.wait_for_chunks(job_id, after, wait, limit)
     if job is None:
         raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
     cursor = chunks[-1].index if chunks else after
-    end = job["state"] == DONE and cursor >= job["total"] - 1
+    end = job["state"] == DONE and job["chunks"] is not None and cursor >= job["chunks"] - 1
     if not chunks and not end and job["state"] in ("failed", "canceled"):
         end = True  # nothing more will come
     if not chunks and not end:
@@ -130,9 +131,13 @@ def get_chunks(job_id: str):
     return jsonify({
         "job_id": job_id,
         "state": job["state"],
-        "total": job["total"],
+        "total": job["chunks"],
+        "segments": job["total"],
         "chunks": [{
             "index": c.index,
+            "segment": c.segment,
+            "window": c.window,
+            "segment_end": c.segment_end,
             "format": "wav",
             "sample_rate": rate,
             "duration_s": round(len(c.pcm) / 2 / rate, 3),

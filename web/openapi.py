@@ -137,17 +137,25 @@ def _schemas(settings: Settings) -> dict:
             "properties": {
                 "job_id": {"type": "string"},
                 "state": {"type": "string"},
-                "total": {"type": "integer"},
+                "total": {"type": ["integer", "null"],
+                          "description": "the job's chunk count, null until every segment's "
+                                         "window count is known"},
+                "segments": {"type": "integer", "description": "the job's segment count"},
                 "chunks": {"type": "array", "items": {
                     "type": "object",
-                    "required": ["index", "format", "sample_rate", "duration_s", "audio"],
+                    "required": ["index", "segment", "window", "segment_end", "format",
+                                 "sample_rate", "duration_s", "audio"],
                     "properties": {
                         "index": {"type": "integer", "minimum": 0},
+                        "segment": {"type": "integer", "minimum": 0},
+                        "window": {"type": "integer", "minimum": 0},
+                        "segment_end": {"type": "boolean",
+                                        "description": "the segment's last window"},
                         "format": {"const": "wav"},
                         "sample_rate": {"type": "integer"},
                         "duration_s": {"type": "number"},
                         "audio": {"type": "string", "contentEncoding": "base64",
-                                  "description": "a WAV file of this segment"}}}},
+                                  "description": "a WAV file of this window of a segment"}}}},
                 "next_after": {"type": "integer",
                                "description": "the cursor to pass as `after` next time"},
                 "end": {"type": "boolean", "description": "no more chunks will come"},

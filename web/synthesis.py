@@ -17,7 +17,7 @@ from app.farm import Farm, Overloaded, Unavailable
 from app.jobs import CANCELED, FAILED, FINAL_STATES, Chunk
 from app.offload import offload
 from models.errors import BreakTooLong, NoSpeakableText, UnknownSpeaker, UnknownVoice
-from models.frontend import prepare
+from models.frontend import Segment, iter_segments
 from models.voices import Voice, get_voice
 from web.errors import ApiError
 
@@ -58,15 +58,14 @@ def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
     `voxfarm_jobs_submitted_total` under `entry` (app.metrics.JOB_ENTRIES)."""
     voice = voice_or_422(voice_name)
     try:
-        segments = offload("frontend", prepare, text, voice.name)
+        job = farm.submit(_segments(text, voice.name), voice=voice.name, speed=speed,
+                          fmt=fmt, chars=len(text), sample_rate=voice.sample_rate,
+                          request_id=request_id)
     except NoSpeakableText:
         raise ApiError(422, "no_speakable_text", "the text has nothing that can be spoken",
                        field="text") from None
     except BreakTooLong as exc:
         raise break_error(exc, "text") from None
-    try:
-        job = farm.submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=len(text),
-                           sample_rate=voice.sample_rate, request_id=request_id)
     except Overloaded as exc:
         raise ApiError(503, "overloaded", f"the farm is busy ({exc.depth} segments waiting)",
                        headers={"Retry-After": exc.retry_after_s},
@@ -78,6 +77,15 @@ def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
                        headers={"Retry-After": retry_after}, retry_after=retry_after) from None
     metrics.JOBS_SUBMITTED.labels(entry).inc()
     return job
+
+
+def _segments(text: str, voice: str) -> Iterator[Segment]:
+    """The text's segments, each as the frontend thread finishes it (see app/offload.py):
+    the farm publishes segment 0 while the thread works on segment 1. The generator lives in
+    the one frontend thread; each step is one bounded offload."""
+    segments = iter_segments(text, voice)
+    while (segment := offload("frontend", next, segments, None)) is not None:
+        yield segment
 
 
 def streamable_job(farm: Farm, job_id: str) -> dict:
@@ -108,7 +116,7 @@ class ChunkFollower:
         self.job_id = job_id
         self.cursor = after
         self.idle_s = idle_s
-        self.total: int | None = None
+        self.total: int | None = None  # the job's chunk count, once known
         self.sample_rate = 0  # the job's, known after the first poll
         self.ended = False
         self.outcome: str | None = None
@@ -126,12 +134,12 @@ class ChunkFollower:
         if job is None:
             self._end("expired")
             return []
-        self.total = job["total"]
+        self.total = job["chunks"]
         self.sample_rate = job["sample_rate"]
         if chunks:
             self.cursor = chunks[-1].index
             self._last_progress = time.monotonic()
-        if self.cursor >= job["total"] - 1:
+        if self.total is not None and self.cursor >= self.total - 1:
             self._end("done")
         elif not chunks and job["state"] in FINAL_STATES:
             # canceled or failed (or done with chunks expired): nothing more will come

@@ -10,11 +10,14 @@ Text is spoken sentence by sentence: as soon as the buffer holds a finished sent
 part is submitted as a job; `flush` submits the rest. A change of voice or speed submits the
 text buffered under the old ones first. Server -> client:
 
-    {"type": "ready", "sample_rate": 22050, "encoding": "pcm_s16le", "channels": 1, ...}
-    {"type": "job.started", "job_id", "segments", "text"}
-    {"type": "segment.started", "job_id", "index", "samples", "duration_s"}
-    <binary frames: the segment's 16-bit little-endian PCM>
+    {"type": "ready", "sample_rate", "encoding": "pcm_s16le", "channels": 1, ...}
+    {"type": "job.started", "job_id", "segments", "sample_rate", "text"}
+    {"type": "segment.started", "job_id", "index", "segment", "window", "samples", ...}
+    <binary frames: that chunk's 16-bit little-endian PCM>
     {"type": "segment.done", "job_id", "index"}
+
+A pair of segment events frames each chunk: one window of a segment's audio (`index` is
+the chunk's place in the job, as in the long-poll), sent as soon as the vocoder has it.
     {"type": "job.done", "job_id", "audio_seconds"}
     {"type": "flushed"}            every job submitted before the flush has been sent
     {"type": "error", "error": {"code", "message", "field"?}, "job_id"?}
@@ -192,7 +195,8 @@ class Session:
         for chunk in follower.poll(READ_EVERY_S):
             samples = len(chunk.pcm) // 2
             self.send({"type": "segment.started", "job_id": follower.job_id,
-                       "index": chunk.index, "samples": samples,
+                       "index": chunk.index, "segment": chunk.segment,
+                       "window": chunk.window, "samples": samples,
                        "duration_s": round(samples / follower.sample_rate, 3)})
             for start in range(0, len(chunk.pcm), AUDIO_FRAME_BYTES):
                 self.ws.send(bytes(chunk.pcm[start:start + AUDIO_FRAME_BYTES]))

@@ -8,6 +8,7 @@ which pools have someone alive.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import warnings
@@ -15,7 +16,13 @@ import warnings
 from celery import Celery, signals
 from celery.exceptions import SecurityWarning
 
-from app.celery_app import ACOUSTIC_QUEUE, BOOK_QUEUE, WORKER_QUEUES, make_celery
+from app.celery_app import (
+    ACOUSTIC_QUEUE,
+    BATCH_QUEUES,
+    BOOK_QUEUE,
+    WORKER_QUEUES,
+    make_celery,
+)
 from app.settings import Settings
 from tasks import runtime
 
@@ -68,11 +75,24 @@ class Heartbeat:
             log.warning("could not remove the heartbeat", exc_info=True)
 
 
+def worker_queues(queue: str, work: str = "all") -> tuple[str, ...]:
+    """What a pool consumes: its interactive queue, its batch (book) queue, or both with the
+    interactive one first (`work` is "interactive", "batch" or "all")."""
+    if work == "all" or queue not in BATCH_QUEUES:
+        return WORKER_QUEUES[queue]
+    return (queue,) if work == "interactive" else (BATCH_QUEUES[queue],)
+
+
 def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str = "prefork",
                loglevel: str = "INFO", name: str | None = None, metrics_port: int = 0,
-               metrics_addr: str = "0.0.0.0", threads: int = 0) -> None:
+               metrics_addr: str = "0.0.0.0", threads: int = 0, work: str = "all",
+               nice: int = 0) -> None:
     if queue not in WORKER_QUEUES:
         raise SystemExit(f"unknown queue {queue!r}; one of {', '.join(WORKER_QUEUES)}")
+    if nice:
+        # Book work runs at a lower OS priority, so it takes only the CPU that interactive
+        # pools leave (the pool's processes inherit it from this parent).
+        os.nice(nice)
     runtime.configure(device, threads)
     celery = build_worker_app()
     # JSON logs, trace ids, task timing and metrics (tasks/observability.py). The metrics
@@ -90,7 +110,8 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     # `voxfarm up` says once that it runs as root.
     warnings.filterwarnings("ignore", message="You're running the worker with superuser",
                             category=SecurityWarning)
-    heartbeat = Heartbeat(celery, queue, hostname)
+    # A batch-only pool is live on its batch queue: /readyz asks about interactive ones.
+    heartbeat = Heartbeat(celery, BATCH_QUEUES[queue] if work == "batch" else queue, hostname)
 
     def preload(**_: object) -> None:
         # After the fork (prefork) or in the only process (solo): load the model this pool
@@ -105,7 +126,7 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     signals.worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
     signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
     celery.worker_main([
-        "worker", "--queues", ",".join(WORKER_QUEUES[queue]), "--hostname", hostname,
+        "worker", "--queues", ",".join(worker_queues(queue, work)), "--hostname", hostname,
         "--pool", pool,
         "--concurrency", str(concurrency), "--loglevel", loglevel, "--without-gossip",
         "--without-mingle", "--task-events",

@@ -1,11 +1,14 @@
 """A generated book through the whole farm: wall time, audio per wall hour, peak RSS of every
 process, and interactive latency idle vs while the book renders.
 
-    .venv/bin/python tests/bench/bench_book.py [--words 20000] [--chapters 20]
+    .venv/bin/python tests/bench/bench_book.py [--words 20000] [--chapters 20] [--shared]
 
-The farm is real: an embedded Redis, one acoustic, one vocoder and one book (gevent) worker
-process, the artifact store in a temporary folder; the web runs in this process (Flask test
-client), so "bench" in the RSS table is the web plus this driver. Interactive latency: a
+The farm is real: an embedded Redis, one acoustic and one vocoder worker for interactive
+jobs, one acoustic and one vocoder worker for book segments at OS priority 10 below them
+(`voxfarm worker STAGE --work batch --nice 10`, as `voxfarm up` runs them), and one book
+(gevent) worker, the artifact store in a temporary folder; with --shared, one acoustic and
+one vocoder worker take both kinds of work, interactive first. The web runs in this process
+(Flask test client), so "bench" in the RSS table is the web plus this driver. Interactive latency: a
 one-sentence job (distinct text each time, so no mel-cache hits) from POST to state done,
 measured 20 times on the idle farm, then once a second while the book renders.
 """
@@ -66,9 +69,12 @@ class RssWatch:
         return self.peak
 
 
+VOICE: dict = {}  # {"voice": NAME} with --voice
+
+
 def interactive(client, text: str) -> float:
     t0 = time.perf_counter()
-    job = client.post("/v1/jobs", json={"text": text}).get_json()
+    job = client.post("/v1/jobs", json={"text": text, **VOICE}).get_json()
     while client.get(f"/v1/jobs/{job['id']}").get_json()["state"] != "done":
         time.sleep(0.005)
     return time.perf_counter() - t0
@@ -78,10 +84,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--words", type=int, default=20_000)
     ap.add_argument("--chapters", type=int, default=20)
+    ap.add_argument("--shared", action="store_true",
+                    help="no batch pools: the interactive workers render the book too")
+    ap.add_argument("--voice", default="", help="default: the farm's default voice")
     args = ap.parse_args()
 
     from app.embedded_redis import EmbeddedRedis
     from web import create_app
+
+    if args.voice:
+        VOICE["voice"] = args.voice
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -89,6 +101,15 @@ def main() -> None:
         try:
             with running_farm(server.url, 0, tmp, book=True,
                               store_dir=str(tmp / "store")) as tf:
+                if not args.shared:  # the pools that already run take interactive work only
+                    for w in list(tf.workers):
+                        if w.queue in ("acoustic", "vocoder"):
+                            w.stop()
+                            tf.workers.remove(w)
+                            tf.start_worker(w.queue, "--work", "interactive")
+                            tf.start_worker(w.queue, "--work", "batch", "--nice", "10")
+                    tf.wait_live("acoustic")
+                    tf.wait_live("vocoder")
                 client = create_app(tf.settings, tf.farm).test_client()
                 watch = RssWatch({w.queue: w.proc.pid for w in tf.workers}
                                  | {"bench (web + driver)": os.getpid(),
@@ -100,7 +121,8 @@ def main() -> None:
                 idle = [interactive(client, next(probe)) for _ in range(20)]
 
                 t0 = time.perf_counter()
-                resp = client.post("/v1/books", json=book_json(args.words, args.chapters))
+                resp = client.post("/v1/books", json={**book_json(args.words, args.chapters),
+                                                      **VOICE})
                 assert resp.status_code == 202, resp.get_json()
                 book_id = resp.get_json()["id"]
                 during = []
@@ -129,9 +151,9 @@ def main() -> None:
         if xs:
             print(f"{name:<24}{len(xs):>5}{pct(xs, 0.5):>9.3f}{pct(xs, 0.99):>9.3f}")
     if during:
-        print(f"goal p99 during <= 2 x idle p50: {pct(during, 0.99):.3f} vs "
-              f"{2 * pct(idle, 0.5):.3f} -> "
-              f"{'met' if pct(during, 0.99) <= 2 * pct(idle, 0.5) else 'NOT met'}")
+        print(f"goal p99 during <= 1.5 x idle p50: {pct(during, 0.99):.3f} vs "
+              f"{1.5 * pct(idle, 0.5):.3f} -> "
+              f"{'met' if pct(during, 0.99) <= 1.5 * pct(idle, 0.5) else 'NOT met'}")
     print(f"\n{'process':<34}{'peak RSS':>12}")
     for name, rss in sorted(peaks.items()):
         print(f"{name:<34}{rss / 2**20:>9.0f} MiB")

@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 import requests
 
-from tests.conftest import SR, assert_speech, decode_chunk, gunicorn_server, running_farm
+from tests.conftest import (
+    SR,
+    assert_chunk_order,
+    assert_speech,
+    decode_chunk,
+    gunicorn_server,
+    running_farm,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -51,10 +58,11 @@ def done_job(server) -> dict:
 
 def test_job_lifecycle_over_http(server, done_job):
     assert done_job["state"] == "done"
-    total = done_job["segments"]["total"]
     page = requests.get(f"{server}/v1/jobs/{done_job['id']}/chunks",
                         params={"after": -1, "wait": 5}, timeout=30).json()
-    assert [c["index"] for c in page["chunks"]] == list(range(total))
+    total = page["total"]  # chunks: each segment's windows
+    assert page["segments"] == done_job["segments"]["total"]
+    assert_chunk_order(page["chunks"], page["segments"], total)
     assert page["end"] is True
     assert_speech(np.concatenate([decode_chunk(c) for c in page["chunks"]]), len(TEXT.split()))
     # At the end of a done job the long-poll says so at once instead of waiting.

@@ -37,9 +37,15 @@ def submit(server: str, text: str, **extra) -> dict:
 
 
 def polled_pcm(server: str, job_id: str) -> np.ndarray:
-    page = requests.get(f"{server}/v1/jobs/{job_id}/chunks", params={"after": -1, "wait": 5},
-                        timeout=30).json()
-    return np.concatenate([decode_chunk(c) for c in page["chunks"]])
+    """The job's audio through the long-poll, page by page to its end."""
+    after, parts = -1, []
+    while True:
+        page = requests.get(f"{server}/v1/jobs/{job_id}/chunks",
+                            params={"after": after, "wait": 30}, timeout=60).json()
+        parts += [decode_chunk(c) for c in page["chunks"]]
+        after = page["next_after"]
+        if page["end"]:
+            return np.concatenate(parts)
 
 
 def decode_all(data: bytes) -> tuple[np.ndarray, int]:
