@@ -136,8 +136,8 @@ _MAX_SOCKET_PATH = 100
                    "listens, for the client commands). Two farms on one host need two. "
                    "[env VOXFARM_VAR]")
 @click.option("--metrics-port", "metrics_port", default=9101, show_default=True, type=int,
-              help="The acoustic pool's metrics port; vocoder and book take the next two "
-                   "(0: off).")
+              help="The acoustic pool's metrics port; vocoder, book, acoustic-batch and "
+                   "vocoder-batch take the next four (0: off).")
 @click.option("--flower", "with_flower", is_flag=True,
               help="Start Flower too (basic auth from VOXFARM_FLOWER_USER and "
                    "VOXFARM_FLOWER_PASSWORD; without them only on a loopback --host).")
@@ -155,7 +155,16 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
         raise click.UsageError(f"a farm already runs from {var_dir} (pid {running.pid}, "
                                f"{running.web_url}); stop it, or give this one a directory "
                                "of its own with --var DIR")
-    pools = ("acoustic", "vocoder", "book")
+    # Interactive jobs get pools of their own; book segments run on batch pools at a lower
+    # OS priority, so a book never slows a listener (README, "Priority").
+    pool_args = {
+        "acoustic": ["acoustic", "--work", "interactive"],
+        "vocoder": ["vocoder", "--work", "interactive"],
+        "book": ["book"],
+        "acoustic-batch": ["acoustic", "--work", "batch", "--nice", str(BATCH_NICE)],
+        "vocoder-batch": ["vocoder", "--work", "batch", "--nice", str(BATCH_NICE)],
+    }
+    pools = tuple(pool_args)
     metrics = {pool: metrics_port + i for i, pool in enumerate(pools)} if metrics_port else {}
     listeners = {f"{port} (web, --port)": port,
                  **{f"{p} ({pool} metrics, --metrics-port)": p for pool, p in metrics.items()}}
@@ -207,7 +216,7 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
                           "--bind", f"{host}:{port}", "--workers", str(web_workers), *control,
                           "web.wsgi:app"], env)
         for pool in pools:
-            sup.spawn(pool, [py, "-m", "app.cli", "worker", pool,
+            sup.spawn(pool, [py, "-m", "app.cli", "worker", *pool_args[pool],
                              "--metrics-port", str(metrics.get(pool, 0)),
                              "--metrics-addr", host], env)
         flower_url = ""
@@ -234,6 +243,9 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
 
 
 # -- voxfarm worker / flower ---------------------------------------------------------------
+
+# How much lower the OS priority of `voxfarm up`'s book (batch) pools is.
+BATCH_NICE = 10
 
 
 @main.command()
