@@ -7,11 +7,15 @@ app is current, and the web publishes by task name, so it never imports `tasks/`
 
 from __future__ import annotations
 
-from celery import Celery
-from kombu import Queue
+import logging
+
+from celery import Celery, signals
+from kombu import Exchange, Queue
 
 from app import tracing
 from app.settings import Settings
+
+log = logging.getLogger(__name__)
 
 ACOUSTIC_QUEUE = "acoustic"
 VOCODER_QUEUE = "vocoder"
@@ -29,6 +33,13 @@ VOCODER_TASK = "voxfarm.vocoder.render"
 # on every publish, the chain's second stage included), the batch backlog is its own list
 # (LLEN is the book feeder's gauge), and a pool can be given to books alone by naming only
 # the batch queue.
+#
+# On RabbitMQ the same two queues per stage, not message priorities: the queues are quorum
+# queues (replicated, durable), and RabbitMQ 3.x's quorum queues have no priorities at all;
+# 4.x gives them two levels served 2:1, not strictly. A worker consumes [interactive, batch]
+# with a prefetch of one message per queue (quorum queues take no channel-wide prefetch), so
+# an interactive segment waits behind at most the running segment and one reserved batch
+# segment per worker process.
 BOOK_QUEUE = "book"
 ACOUSTIC_BATCH_QUEUE = "acoustic_batch"
 VOCODER_BATCH_QUEUE = "vocoder_batch"
@@ -62,8 +73,77 @@ def route_batch_segments(name, args, kwargs, options, task=None, **_):
     return None
 
 
-def celery_config(settings: Settings) -> dict:
+def redis_broker_config(settings: Settings) -> dict:
+    """Redis as broker: queues are lists, an unacked message sits in a hash until acked."""
     return {
+        "broker_transport_options": {
+            # An unacked message goes back to the queue after this long: longer than the
+            # longest task, or a slow task would run twice at once.
+            "visibility_timeout": settings.visibility_timeout,
+            # Look for such messages on every 10 s restore tick, not every tenth tick.
+            "unacked_restore_throttle": 1,
+            # Fail fast on a dead or stalled broker socket instead of hanging a request or a
+            # worker. Workers block in BRPOP for 1 s at a time, well inside this.
+            "socket_timeout": settings.publish_timeout_s,
+            "socket_connect_timeout": settings.publish_timeout_s,
+            # BRPOP a worker's queues in the order given (interactive before batch), not
+            # round robin: see BATCH_QUEUES above.
+            "queue_order_strategy": "priority",
+        },
+        "task_queues": [Queue(name, routing_key=name) for name in ALL_QUEUES],
+        "task_routes": (route_batch_segments, TASK_ROUTES),
+    }
+
+
+# One topic exchange for every queue. A retry's countdown on quorum queues goes through
+# Celery's native delayed delivery (a worker cannot hold a future task in memory: quorum
+# queues allow only a fixed prefetch per consumer), which parks the message in RabbitMQ's
+# delay queues and routes it back through a topic exchange; a direct one cannot do that.
+AMQP_EXCHANGE = "voxfarm"
+
+
+def amqp_broker_config(settings: Settings) -> dict:
+    """RabbitMQ as broker: durable quorum queues, confirmed publishes, heartbeats."""
+    exchange = Exchange(AMQP_EXCHANGE, type="topic", durable=True)
+    # Every publish (the web's, a chain's next stage, a retry, the book feeder's) waits for
+    # the broker at most this long, for the socket and for the confirm, then raises (the web
+    # answers 503, a task retries). Route options reach every publish.
+    bounds = {"timeout": settings.publish_timeout_s,
+              "confirm_timeout": settings.publish_timeout_s}
+
+    def route_batch_bounded(name, args, kwargs, options, task=None, **kw):
+        route = route_batch_segments(name, args, kwargs, options, task=task, **kw)
+        return None if route is None else {**route, **bounds}
+
+    return {
+        "broker_transport_options": {
+            # Publisher confirms: a publish returns once RabbitMQ has the message (written to
+            # a quorum of replicas), not once it is in a socket buffer that a dying
+            # connection would take with it. One round trip per message: measured in the
+            # README ("Broker: Redis or RabbitMQ").
+            "confirm_publish": True,
+        },
+        # Dead consumers are found by heartbeats (a killed process closes its socket and
+        # RabbitMQ requeues at once; a host cut off the network is seen after ~2 beats).
+        "broker_heartbeat": settings.broker_heartbeat_s,
+        "broker_connection_timeout": settings.publish_timeout_s,
+        # The broker requeues a lost connection's unacked messages at once, so a task still
+        # running on this side of a dropped connection is a second copy: stop it.
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # Quorum queues: replicated across the cluster's nodes, always durable, and each
+        # message carries a delivery count. (x-queue-type cannot change on a live queue.)
+        "task_queues": [Queue(name, exchange, routing_key=name, durable=True,
+                              queue_arguments={"x-queue-type": "quorum"})
+                        for name in ALL_QUEUES],
+        "task_routes": (route_batch_bounded,
+                        {glob: {**route, **bounds} for glob, route in TASK_ROUTES.items()}),
+    }
+
+
+def celery_config(settings: Settings) -> dict:
+    broker = amqp_broker_config if settings.broker_is_amqp else redis_broker_config
+    return {
+        **broker(settings),
         "broker_url": settings.broker,
         "result_backend": settings.result_backend,
         # JSON only: a pickled message from the broker would be code execution.
@@ -80,20 +160,6 @@ def celery_config(settings: Settings) -> dict:
         # Segment tasks are long next to a broker hop: reserve one at a time so an idle
         # process never watches another's backlog.
         "worker_prefetch_multiplier": 1,
-        "broker_transport_options": {
-            # An unacked message goes back to the queue after this long: longer than the
-            # longest task, or a slow task would run twice at once.
-            "visibility_timeout": settings.visibility_timeout,
-            # Look for such messages on every 10 s restore tick, not every tenth tick.
-            "unacked_restore_throttle": 1,
-            # Fail fast on a dead or stalled broker socket instead of hanging a request or a
-            # worker. Workers block in BRPOP for 1 s at a time, well inside this.
-            "socket_timeout": settings.publish_timeout_s,
-            "socket_connect_timeout": settings.publish_timeout_s,
-            # BRPOP a worker's queues in the order given (interactive before batch), not
-            # round robin: see BATCH_QUEUES above.
-            "queue_order_strategy": "priority",
-        },
         "redis_socket_timeout": settings.redis_timeout_s,
         "redis_socket_connect_timeout": 5,
         "broker_connection_retry_on_startup": True,
@@ -106,8 +172,6 @@ def celery_config(settings: Settings) -> dict:
                                       "interval_step": 0.2, "interval_max": 0.5},
         "task_time_limit": settings.task_time_limit,
         "task_soft_time_limit": max(1, settings.task_time_limit - 10),
-        "task_queues": [Queue(name, routing_key=name) for name in ALL_QUEUES],
-        "task_routes": (route_batch_segments, TASK_ROUTES),
         "task_default_queue": ACOUSTIC_QUEUE,
         "task_create_missing_queues": False,
         # Flower and monitoring read task events (received, started, succeeded...). No
@@ -126,4 +190,23 @@ def make_celery(settings: Settings | None = None) -> Celery:
     celery.set_default()
     # Every message this process publishes carries its publish time and the request id.
     tracing.install()
+    if settings.broker_is_amqp:
+        signals.worker_init.connect(declare_all_queues, weak=False,
+                                    dispatch_uid="voxfarm.declare_all_queues")
     return celery
+
+
+def declare_all_queues(sender, **_) -> None:
+    """A RabbitMQ worker declares every queue of the table, not only those it consumes, before
+    its consumer starts: Celery's delayed delivery then binds every queue to its exchanges (a
+    retry's countdown routed to an unbound queue would be dropped), and a publish to a pool
+    that has no worker yet waits in its queue."""
+    app = sender.app
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=3)
+            channel = conn.default_channel
+            for queue in app.amqp.queues.values():
+                queue.bind(channel).declare()
+    except Exception:  # the broker is not up yet: the consumer retries, and so do others
+        log.warning("could not declare the queues on the broker yet", exc_info=True)

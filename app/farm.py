@@ -16,6 +16,7 @@ from celery import Celery
 
 from app.artifacts import open_store
 from app.books import BookStore
+from app.broker import broker_queues
 from app.celery_app import (
     ACOUSTIC_QUEUE,
     ACOUSTIC_TASK,
@@ -66,9 +67,10 @@ class Farm:
         self.keys = Keys(settings.key_prefix)
         self.redis = redis_client(settings.redis_url, settings.redis_timeout_s)
         self.cache_redis = redis_client(settings.cache, settings.redis_timeout_s)
-        # The queues live on the broker, which may be its own server (AOF, noeviction).
-        self.broker_redis = (redis_client(settings.broker, settings.redis_timeout_s)
-                             if settings.broker != settings.redis_url else self.redis)
+        # The queues live on the broker: Redis (maybe its own server: AOF, noeviction) or
+        # RabbitMQ (app/broker.py). `broker_redis` is None with RabbitMQ.
+        self.broker = broker_queues(settings, self.redis)
+        self.broker_redis = self.broker.redis
         self.jobs = JobStore(self.redis, self.keys, settings.job_ttl,
                              waiting=blocking_client(settings.redis_url))
         self.mel_cache = MelCache(self.cache_redis, self.keys, settings.mel_cache_ttl)
@@ -161,9 +163,8 @@ class Farm:
     # -- health ------------------------------------------------------------------------------
 
     def queue_depth(self, queue: str) -> int:
-        # Kombu's Redis transport keeps a queue as a list under the queue's name; with
-        # priorities it adds suffixed lists, counted too.
-        return int(self.broker_redis.llen(queue))
+        """Messages waiting on `queue` (not those a worker holds), within the broker's bound."""
+        return self.broker.depth(queue)
 
     def heartbeat(self, queue: str, worker: str) -> None:
         self.redis.zadd(self.keys.workers(queue), {worker: time.time()})
@@ -184,7 +185,7 @@ class Farm:
             return {"ready": False, "redis": f"unreachable: {exc.__class__.__name__}",
                     "missing": ["redis"]}
         # A broker or cache on servers of their own are dependencies of their own.
-        for name, url, client in (("broker", self.settings.broker, self.broker_redis),
+        for name, url, client in (("broker", self.settings.broker, self.broker),
                                   ("cache", self.settings.cache, self.cache_redis)):
             if url == self.settings.redis_url:
                 continue

@@ -51,9 +51,15 @@ class Settings:
     # A task is killed past task_time_limit; an unacked message (its worker died) is
     # redelivered after visibility_timeout, which must outlast the longest task, or a slow
     # task would run twice at once. Kept close to it, so a crash delays a segment minutes,
-    # not an hour.
+    # not an hour. Redis broker only: RabbitMQ puts a message back the moment its
+    # consumer's connection closes (or misses its heartbeats), whatever the task's length.
     task_time_limit: int = 300
     visibility_timeout: int = 420
+    # RabbitMQ only (a Redis broker has no heartbeats): the worker and the broker exchange
+    # heartbeats this often, so a worker host cut off the network is declared dead, and its
+    # unacked messages go back to their queue, within about two intervals. RabbitMQ's own
+    # default (60 s) would hold a partitioned host's segment for two minutes.
+    broker_heartbeat_s: int = 10
     max_retries: int = 3
 
     # A Redis call that gets no answer for this long fails (the web answers 503); blocking
@@ -88,6 +94,11 @@ class Settings:
         return self.broker_url or self.redis_url
 
     @property
+    def broker_is_amqp(self) -> bool:
+        """RabbitMQ (`amqp://`, `amqps://`, `pyamqp://`) rather than Redis."""
+        return self.broker.split("://", 1)[0] in ("amqp", "amqps", "pyamqp")
+
+    @property
     def result_backend(self) -> str:
         return self.result_url or self.redis_url
 
@@ -119,6 +130,7 @@ class Settings:
             retry_after_s=int(_env("RETRY_AFTER_S", str(d.retry_after_s))),
             max_wait_s=int(_env("MAX_WAIT_S", str(d.max_wait_s))),
             visibility_timeout=int(_env("VISIBILITY_TIMEOUT", str(d.visibility_timeout))),
+            broker_heartbeat_s=int(_env("BROKER_HEARTBEAT_S", str(d.broker_heartbeat_s))),
             task_time_limit=int(_env("TASK_TIME_LIMIT", str(d.task_time_limit))),
             max_retries=int(_env("MAX_RETRIES", str(d.max_retries))),
             redis_timeout_s=float(_env("REDIS_TIMEOUT_S", str(d.redis_timeout_s))),
