@@ -27,6 +27,7 @@ import redis
 from app.embedded_redis import EmbeddedRedis, free_port
 from app.farm import Farm
 from app.settings import Settings
+from tests import brokers
 
 ROOT = Path(__file__).resolve().parents[1]
 SR = 22050
@@ -38,6 +39,19 @@ def with_db(url: str, offset: int) -> str:
     if url.count("/") > 2 and tail.isdigit():
         return f"{head}/{int(tail) + offset}"
     return f"{url.rstrip('/')}/{offset}"
+
+
+def pytest_report_header(config) -> str:
+    if not brokers.use_amqp():
+        return "voxfarm broker: Redis (VOXFARM_TEST_BROKER=amqp runs the farms on RabbitMQ)"
+    why = brokers.amqp_unavailable()
+    return f"voxfarm broker: RabbitMQ at {brokers.AMQP_WHERE}" + (
+        f" -- UNAVAILABLE: {why}; the farm tests skip" if why else "")
+
+
+def pytest_sessionstart(session) -> None:
+    if brokers.use_amqp() and not brokers.amqp_unavailable():
+        brokers.remove_stale_vhosts()
 
 
 @pytest.fixture(scope="session")
@@ -124,11 +138,21 @@ class FarmUnderTest:
 
 @contextmanager
 def running_farm(redis_url: str, db: int, log_dir: Path, workers: bool = True,
-                 book: bool = False, **overrides):
-    """A farm on database `db`: acoustic and vocoder workers, and a book worker if `book`."""
+                 book: bool = False, broker: str | None = None, **overrides):
+    """A farm on database `db`: acoustic and vocoder workers, and a book worker if `book`.
+
+    With VOXFARM_TEST_BROKER=amqp (or `broker="amqp"`) its queues are on RabbitMQ, in a
+    virtual host of its own (tests/brokers.py); Redis database `db` still holds its jobs and
+    cache."""
     url = with_db(redis_url, db)
     redis.Redis.from_url(url).flushdb()
-    settings = Settings.from_env().with_(redis_url=url, broker_url="", result_url="",
+    vhost, broker_url = "", ""
+    amqp = broker == "amqp" if broker else brokers.use_amqp()
+    if amqp:
+        if brokers.amqp_unavailable():
+            pytest.skip(f"VOXFARM_TEST_BROKER=amqp: {brokers.amqp_unavailable()}")
+        vhost, broker_url = brokers.create_vhost(str(db))
+    settings = Settings.from_env().with_(redis_url=url, broker_url=broker_url, result_url="",
                                         cache_url="", **overrides)
     env = dict(os.environ, VOXFARM_REDIS_URL=url, PYTHONUNBUFFERED="1",
                VOXFARM_VISIBILITY_TIMEOUT=str(settings.visibility_timeout),
@@ -138,6 +162,8 @@ def running_farm(redis_url: str, db: int, log_dir: Path, workers: bool = True,
                VOXFARM_VOICES_DIR=settings.voices_dir)
     for k in ("VOXFARM_BROKER_URL", "VOXFARM_RESULT_URL", "VOXFARM_CACHE_URL"):
         env.pop(k, None)
+    if broker_url:
+        env["VOXFARM_BROKER_URL"] = broker_url
     tf = FarmUnderTest(settings, Farm(settings), env, log_dir)
     try:
         if workers:
@@ -152,6 +178,8 @@ def running_farm(redis_url: str, db: int, log_dir: Path, workers: bool = True,
         yield tf
     finally:
         tf.stop()
+        if vhost:
+            brokers.delete_vhost(vhost)
 
 
 @pytest.fixture(scope="session")
