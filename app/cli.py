@@ -264,9 +264,9 @@ BATCH_NICE = 10
               help="Serve this pool's Prometheus metrics on this port (0: off).")
 @click.option("--metrics-addr", default="0.0.0.0", show_default=True)
 @click.option("--threads", default=None, type=int, envvar="VOXFARM_TORCH_THREADS",
-              help="torch threads per process (default: 1 for acoustic, whose eSpeak "
-                   "stage is single-threaded, so more threads only spin against the "
-                   "vocoder's; torch's own default for vocoder).")
+              help="torch threads per process (default 1: the pools run side by side, "
+                   "interactive and batch, so more threads per process only spin against "
+                   "each other; scale a pool with --concurrency instead).")
 @click.option("--work", default="all", show_default=True,
               type=click.Choice(["all", "interactive", "batch"]),
               help="Which queue of the stage: interactive jobs, book (batch) segments, or "
@@ -294,7 +294,7 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
     from workers.main import run_worker
 
     if threads is None:
-        threads = 1 if queue == "acoustic" else 0
+        threads = 1
     run_worker(queue, device=device, concurrency=concurrency, pool=pool, loglevel=loglevel,
                name=name, metrics_port=metrics_port, metrics_addr=metrics_addr,
                threads=threads, work=work, nice=nice)

@@ -61,9 +61,12 @@ class Direct:
     """The same frontend, acoustic and vocoder code, called in this process."""
 
     def __init__(self, voice: str = "") -> None:
+        import torch
+
         from app.settings import Settings
         from models.voices import PIPER, get_voice
 
+        torch.set_num_threads(1)  # as each of the farm's pool processes runs
         self.voice = get_voice(voice or Settings().default_voice)
         if self.voice.engine == PIPER:
             from models.piper import PiperAcoustic, PiperVocoder
