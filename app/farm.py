@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import redis
 from celery import Celery
@@ -33,6 +33,15 @@ from app.settings import Settings
 
 # A worker counts as live while its heartbeat is younger than this.
 WORKER_STALE_S = 15.0
+
+# A stage's recent run time: an exponentially weighted mean, each new run weighing 0.2.
+_RUN_EWMA = """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+local new = tonumber(ARGV[2])
+if old then new = 0.8 * tonumber(old) + 0.2 * new end
+redis.call('HSET', KEYS[1], ARGV[1], tostring(new))
+return tostring(new)
+"""
 
 
 class Unavailable(Exception):
@@ -59,6 +68,9 @@ class SegmentSpec:
     voice: str
     speed: float
     pause_ms: int
+    # [word, phoneme start, phoneme end, text start, text end] per spoken word (the
+    # frontend's models.words.WordSpan); the vocoder stage turns them into timestamps.
+    words: list = field(default_factory=list)
 
 
 class Farm:
@@ -74,6 +86,7 @@ class Farm:
         self.jobs = JobStore(self.redis, self.keys, settings.job_ttl,
                              waiting=blocking_client(settings.redis_url))
         self.mel_cache = MelCache(self.cache_redis, self.keys, settings.mel_cache_ttl)
+        self._run_ewma = self.redis.register_script(_RUN_EWMA)
         # Book files live in the artifact store; only their records are in Redis.
         self.store = open_store(settings.store_dir)
         self.books = BookStore(self.redis, self.keys, self.store)
@@ -99,6 +112,13 @@ class Farm:
         depth = self.queue_depth(ACOUSTIC_QUEUE)
         if depth + 1 > self.settings.max_queue_depth:
             raise Overloaded(depth, self.settings.retry_after_s)
+        wait = self.expected_wait_s(depth)
+        if wait is not None and wait > self.settings.max_queue_wait_s:
+            # Admitted, the job would wait longer than a caller should: say when to come
+            # back instead (a client timing out on an accepted job is worse than a 503).
+            retry = min(60, max(self.settings.retry_after_s,
+                                int(wait - self.settings.max_queue_wait_s) + 1))
+            raise Overloaded(depth, retry)
         job_id, count = None, 0
         try:
             for seg in segments:
@@ -106,7 +126,8 @@ class Farm:
                     job_id = self.jobs.create(voice=voice, speed=speed, fmt=fmt, chars=chars,
                                               sample_rate=sample_rate,
                                               request_id=request_id)["id"]
-                spec = SegmentSpec(job_id, seg.index, seg.phonemes, voice, speed, seg.pause_ms)
+                spec = SegmentSpec(job_id, seg.index, seg.phonemes, voice, speed, seg.pause_ms,
+                                   [w.to_list() for w in getattr(seg, "words", ())])
                 try:
                     self.publish_segments([asdict(spec)])
                 except Exception as exc:  # broker down, pool exhausted, publish timed out
@@ -161,6 +182,24 @@ class Farm:
         return self.jobs.sweep_unpublished(self.settings.publish_grace_s)
 
     # -- health ------------------------------------------------------------------------------
+
+    def record_run(self, stage: str, seconds: float) -> None:
+        """A segment stage took `seconds`: fold it into the stage's recent run time."""
+        self._run_ewma(keys=[self.keys.stats], args=[f"{stage}_run_s", repr(seconds)])
+
+    def expected_wait_s(self, acoustic_depth: int | None = None) -> float | None:
+        """How long a segment submitted now would wait before its audio: the segments ahead
+        of it in both stages, times the slower stage's recent run time per live worker. None
+        until both stages have run a segment (nothing to estimate from)."""
+        raw = self.redis.hmget(self.keys.stats, "acoustic_run_s", "vocoder_run_s")
+        if None in raw:
+            return None
+        per_segment = max(float(t) / max(1, len(self.live_workers(q)))
+                          for t, q in zip(raw, QUEUES, strict=True))
+        if acoustic_depth is None:
+            acoustic_depth = self.queue_depth(ACOUSTIC_QUEUE)
+        ahead = acoustic_depth + self.queue_depth(QUEUES[1])
+        return ahead * per_segment
 
     def queue_depth(self, queue: str) -> int:
         """Messages waiting on `queue` (not those a worker holds), within the broker's bound."""

@@ -45,6 +45,10 @@ class Settings:
     max_text_chars: int = 20_000
     # Past this many segments waiting on the acoustic queue the farm answers 503.
     max_queue_depth: int = 5_000
+    # A job whose first audio would wait longer than this for the pools (the segments ahead
+    # of it times the slower stage's recent run time per live worker) is refused with 503
+    # and Retry-After instead of being accepted and served too late.
+    max_queue_wait_s: float = 20.0
     retry_after_s: int = 5
     max_wait_s: int = 60
 
@@ -127,6 +131,7 @@ class Settings:
             job_ttl=int(_env("JOB_TTL", str(d.job_ttl))),
             max_text_chars=int(_env("MAX_TEXT_CHARS", str(d.max_text_chars))),
             max_queue_depth=int(_env("MAX_QUEUE_DEPTH", str(d.max_queue_depth))),
+            max_queue_wait_s=float(_env("MAX_QUEUE_WAIT_S", str(d.max_queue_wait_s))),
             retry_after_s=int(_env("RETRY_AFTER_S", str(d.retry_after_s))),
             max_wait_s=int(_env("MAX_WAIT_S", str(d.max_wait_s))),
             visibility_timeout=int(_env("VISIBILITY_TIMEOUT", str(d.visibility_timeout))),

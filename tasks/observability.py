@@ -88,6 +88,12 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
         stage = _stage(task.name)
         metrics.TASK_RUN.labels(stage).observe(run_s)
         metrics.TASKS.labels(stage, state or "UNKNOWN").inc()
+        if stage in ("acoustic", "vocoder") and state == "SUCCESS":
+            try:  # the web's admission estimate (Farm.expected_wait_s) reads it
+                runtime.farm().record_run(stage, run_s)
+            except Exception:
+                logging.getLogger("voxfarm.metrics").warning("run time not recorded",
+                                                             exc_info=True)
         spec = _spec(args, kwargs)
         job_state = None
         if spec and state in _OBSERVE_OUTCOMES and (stage != "acoustic" or state != "SUCCESS"):

@@ -230,3 +230,29 @@ def test_overloaded_farm_says_503_with_retry_after(redis_url, tmp_path):
         assert resp.get_json()["error"]["code"] == "overloaded"
         assert tf.farm.queue_depth("acoustic") == depth  # nothing enqueued
         assert len(tf.farm.redis.keys(tf.farm.keys.job("*"))) == 1  # no job record written
+
+
+def test_a_farm_too_slow_for_its_backlog_says_503_with_when_to_come_back(redis_url, tmp_path):
+    """Admission by expected wait: the segments ahead times the slower stage's recent run
+    time per live worker. A job that would wait past VOXFARM_MAX_QUEUE_WAIT_S is refused,
+    with a Retry-After that grows with the wait, and nothing is written."""
+    from web import create_app
+
+    with running_farm(redis_url, 3, tmp_path, workers=False, max_queue_wait_s=5) as tf:
+        client = create_app(tf.settings, tf.farm).test_client()
+        text = " ".join(f"Sentence {i} waits for a worker." for i in range(8))
+        submit(client, text)  # no run time known yet: nothing to estimate, admitted
+        tf.farm.record_run("acoustic", 0.5)
+        tf.farm.record_run("vocoder", 2.0)  # the slower stage: 8 ahead x 2 s = 16 s > 5 s
+        assert tf.farm.expected_wait_s() == pytest.approx(16.0)
+        jobs_before = len(tf.farm.redis.keys(tf.farm.keys.job("*")))
+        resp = client.post("/v1/jobs", json={"text": "One more, please."})
+        assert resp.status_code == 503
+        assert resp.get_json()["error"]["code"] == "overloaded"
+        assert int(resp.headers["Retry-After"]) == 12  # 16 s expected, 5 s allowed: ~11 s more
+        assert len(tf.farm.redis.keys(tf.farm.keys.job("*"))) == jobs_before
+        # Recent runs are quicker: the estimate falls (each new run weighs 0.2) and it admits.
+        for _ in range(20):
+            tf.farm.record_run("vocoder", 0.1)
+        assert tf.farm.expected_wait_s() < 5
+        assert client.post("/v1/jobs", json={"text": "Now it fits."}).status_code == 202
