@@ -20,9 +20,9 @@ from app.broker import broker_queues
 from app.celery_app import (
     ACOUSTIC_QUEUE,
     ACOUSTIC_TASK,
+    ALL_QUEUES,
     QUEUES,
     VOCODER_TASK,
-    WORKER_QUEUES,
     make_celery,
 )
 from app.jobs import JobStore
@@ -233,13 +233,14 @@ class Farm:
             except Exception as exc:
                 return {"ready": False, "redis": "ok",
                         name: f"unreachable: {exc.__class__.__name__}", "missing": [name]}
-        # Every pool is reported; the interactive ones decide readiness. The book pool may
-        # be scaled to zero while no book waits (ops/k8s/scaledobjects.yaml): without it
-        # books queue and nothing else stops, so it is a warning, not a 503.
-        pools = {q: self.live_workers(q) for q in WORKER_QUEUES}
-        missing = [q for q in QUEUES if not pools[q]]
+        # Every queue's consumers are reported (a worker heartbeats on each queue it reads);
+        # the interactive ones decide readiness. The book and batch pools may be scaled to
+        # zero while no book waits (ops/k8s/scaledobjects.yaml): without them books queue
+        # and nothing else stops, so they are warnings, not a 503.
+        live = {q: self.live_workers(q) for q in ALL_QUEUES}
+        missing = [q for q in QUEUES if not live[q]]
         return {"ready": not missing, "redis": "ok",
-                "workers": {q: len(w) for q, w in pools.items()},
+                "workers": {q: len(w) for q, w in live.items()},
                 "missing": [f"no live worker on queue '{q}'" for q in missing],
                 "warnings": [f"no live worker on queue '{q}': its work waits until one "
-                             "starts" for q, w in pools.items() if not w and q not in QUEUES]}
+                             "starts" for q, w in live.items() if not w and q not in QUEUES]}

@@ -99,10 +99,9 @@ class MelCache:
         return {"entries": entries, "bytes": total}
 
     def stats(self) -> dict[str, int]:
-        raw = self.r.hgetall(self.keys.stats)
-        out = {k.decode(): int(v) for k, v in raw.items()}
-        hits, misses = out.get("mel_cache_hits", 0), out.get("mel_cache_misses", 0)
-        out.setdefault("mel_cache_hits", hits)
-        out.setdefault("mel_cache_misses", misses)
-        out["mel_cache_hit_rate"] = round(hits / (hits + misses), 4) if hits + misses else None
-        return out
+        # Its own two fields only: the farm keeps other figures in the same hash (the stages'
+        # run-time averages, floats), and /v1/stats must not trip over them.
+        hits, misses = (int(v or 0) for v in self.r.hmget(
+            self.keys.stats, "mel_cache_hits", "mel_cache_misses"))
+        rate = round(hits / (hits + misses), 4) if hits + misses else None
+        return {"mel_cache_hits": hits, "mel_cache_misses": misses, "mel_cache_hit_rate": rate}

@@ -179,11 +179,12 @@ def voices():
 @api.get("/v1/stats")
 def stats():
     f = farm()
-    # Every queue of every pool, the books' too; a batch queue's workers are its pool's.
-    live = {pool: len(f.live_workers(pool)) for pool in WORKER_QUEUES}
+    # Every queue of every stage, the books' too, with the workers consuming it (a worker
+    # heartbeats on each queue it reads) and the stage (`pool`) it belongs to.
     return jsonify({
         "mel_cache": {**f.mel_cache.stats(), **f.mel_cache.size()},
-        "queues": {q: {"depth": f.queue_depth(q), "workers": live[pool], "pool": pool}
+        "queues": {q: {"depth": f.queue_depth(q), "workers": len(f.live_workers(q)),
+                       "pool": pool}
                    for pool, queues in WORKER_QUEUES.items() for q in queues},
     })
 

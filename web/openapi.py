@@ -372,7 +372,7 @@ def _paths(settings: Settings) -> dict:
                     "additionalProperties": {"type": "object", "properties": {
                         "depth": {"type": "integer"},
                         "workers": {"type": "integer",
-                                    "description": "live workers of the pool reading it"},
+                                    "description": "live workers consuming it"},
                         "pool": {"type": "string"}}}}}},
                 "the farm's counters"), "503": _UNAVAILABLE}}},
         "/healthz": {"get": {
@@ -382,9 +382,10 @@ def _paths(settings: Settings) -> dict:
         "/readyz": {"get": {
             "tags": ["health"], "operationId": "readyz",
             "summary": "Redis reachable and a live worker on every interactive pool",
-            "description": "`workers` counts every pool's live workers (acoustic, vocoder, "
-                           "book). Readiness needs the acoustic and vocoder pools; a book "
-                           "pool with no worker (scaled to zero) is a `warnings` entry.",
+            "description": "`workers` counts the live workers consuming each queue "
+                           "(acoustic, vocoder, their batch queues, book). Readiness needs "
+                           "the acoustic and vocoder queues; a book or batch queue with no "
+                           "worker (scaled to zero) is a `warnings` entry.",
             "responses": {
                 "200": _json({"type": "object", "required": ["ready"],
                               "properties": {"ready": {"type": "boolean"},

@@ -41,15 +41,17 @@ def build_worker_app(settings: Settings | None = None) -> Celery:
 
 
 class Heartbeat:
-    """Marks this worker live on its queue every few seconds, until shutdown.
+    """Marks this worker live on every queue it consumes every few seconds, until shutdown
+    (a pool taking interactive and batch work is live on both: /readyz and /v1/stats count
+    the consumers of each queue, batch pools apart or not).
 
     The acoustic pool's heartbeat also sweeps jobs whose web process died mid-submit (see
     `Farm.sweep_unpublished`): the web cannot sweep its own, being dead, and the acoustic
     pool is the one every job needs anyway.
     """
 
-    def __init__(self, celery: Celery, queue: str, name: str) -> None:
-        self.celery, self.queue, self.name = celery, queue, name
+    def __init__(self, celery: Celery, queues: tuple[str, ...], name: str) -> None:
+        self.celery, self.queues, self.name = celery, queues, name
         self._stop = threading.Event()
 
     def start(self) -> None:
@@ -59,8 +61,9 @@ class Heartbeat:
         farm = runtime.farm(self.celery)
         while not self._stop.is_set():
             try:
-                farm.heartbeat(self.queue, self.name)
-                if self.queue == ACOUSTIC_QUEUE:
+                for queue in self.queues:
+                    farm.heartbeat(queue, self.name)
+                if ACOUSTIC_QUEUE in self.queues:
                     for job_id in farm.sweep_unpublished():
                         log.warning("job %s failed: its segments were never all queued", job_id)
             except Exception:  # Redis down: readiness already says so; keep trying
@@ -70,7 +73,8 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         try:
-            runtime.farm(self.celery).worker_gone(self.queue, self.name)
+            for queue in self.queues:
+                runtime.farm(self.celery).worker_gone(queue, self.name)
         except Exception:
             log.warning("could not remove the heartbeat", exc_info=True)
 
@@ -110,8 +114,9 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     # `voxfarm up` says once that it runs as root.
     warnings.filterwarnings("ignore", message="You're running the worker with superuser",
                             category=SecurityWarning)
-    # A batch-only pool is live on its batch queue: /readyz asks about interactive ones.
-    heartbeat = Heartbeat(celery, BATCH_QUEUES[queue] if work == "batch" else queue, hostname)
+    # Live on each queue it consumes: a batch-only pool on its batch queue alone, which
+    # /readyz reports beside the interactive ones (that decide readiness).
+    heartbeat = Heartbeat(celery, worker_queues(queue, work), hostname)
 
     def preload(**_: object) -> None:
         # After the fork (prefork) or in the only process (solo): load the model this pool

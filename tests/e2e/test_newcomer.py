@@ -118,12 +118,16 @@ def test_bad_stream_format_and_instructions_are_refused(oai):
 def test_readyz_and_stats_see_the_book_pool(server):
     ready = requests.get(f"{server}/readyz", timeout=10).json()
     assert ready["ready"] is True
-    assert ready["workers"] == {"acoustic": 1, "vocoder": 1, "book": 1}
+    # Every queue's consumers (these workers read both their queues), the book pool's too.
+    assert ready["workers"] == {"acoustic": 1, "vocoder": 1, "acoustic_batch": 1,
+                                "vocoder_batch": 1, "book": 1}
     assert ready["warnings"] == []
-    queues = requests.get(f"{server}/v1/stats", timeout=10).json()["queues"]
+    resp = requests.get(f"{server}/v1/stats", timeout=10)
+    assert resp.status_code == 200, resp.text
+    queues = resp.json()["queues"]
     assert set(queues) == {"acoustic", "acoustic_batch", "vocoder", "vocoder_batch", "book"}
     assert queues["book"] == {"depth": 0, "workers": 1, "pool": "book"}
-    assert queues["acoustic_batch"]["pool"] == "acoustic"
+    assert queues["acoustic_batch"] == {"depth": 0, "workers": 1, "pool": "acoustic"}
 
 
 def submitted(server: str) -> dict[str, float]:

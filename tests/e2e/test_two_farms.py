@@ -68,7 +68,7 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 2
 
 
 def free_run(n: int, avoid: int = 0) -> int:
-    """The first of `n` consecutive free ports (a farm's three metrics ports)."""
+    """The first of `n` consecutive free ports (a farm's metrics ports, one per pool)."""
     import random
     import socket
 
@@ -113,7 +113,7 @@ def test_two_farms_side_by_side_and_say_finds_its_farm(redis_url, tmp_path):
     a.mkdir()
     b.mkdir()
     port_a, port_b = free_port(), free_port()
-    metrics_a, metrics_b = free_run(3), free_run(3, avoid=3)
+    metrics_a, metrics_b = free_run(5), free_run(5, avoid=5)
     flower_a = free_port()
     url_b = with_db(redis_url, 14)
     redis.Redis.from_url(url_b).flushdb()
@@ -123,8 +123,9 @@ def test_two_farms_side_by_side_and_say_finds_its_farm(redis_url, tmp_path):
                             "--var", str(b / "var")], clean_env(VOXFARM_REDIS_URL=url_b)) as up_b:
         ready_a = wait_ready(f"http://127.0.0.1:{port_a}", up_a, a / "up.log")
         ready_b = wait_ready(f"http://127.0.0.1:{port_b}", up_b, a.parent / "up.log")
-        assert ready_a["workers"] == ready_b["workers"] == {"acoustic": 1, "vocoder": 1,
-                                                            "book": 1}
+        # Every pool of each farm: interactive, batch (books) and book orchestration.
+        assert ready_a["workers"] == ready_b["workers"] == {
+            "acoustic": 1, "vocoder": 1, "acoustic_batch": 1, "vocoder_batch": 1, "book": 1}
 
         state_a = json.loads((a / "var" / "farm.json").read_text())
         state_b = json.loads((b / "var" / "farm.json").read_text())
@@ -132,9 +133,9 @@ def test_two_farms_side_by_side_and_say_finds_its_farm(redis_url, tmp_path):
         assert state_b["web_url"] == f"http://127.0.0.1:{port_b}"
         assert state_a["redis_url"].startswith("redis://127.0.0.1:")  # its embedded Redis
         assert state_a["redis_url"] != url_b and state_b["redis_url"] == url_b
-        assert state_a["metrics"] == {"acoustic": metrics_a, "vocoder": metrics_a + 1,
-                                      "book": metrics_a + 2}
-        assert state_b["metrics"]["book"] == metrics_b + 2
+        pools = ("acoustic", "vocoder", "book", "acoustic-batch", "vocoder-batch")
+        assert state_a["metrics"] == {p: metrics_a + i for i, p in enumerate(pools)}
+        assert state_b["metrics"] == {p: metrics_b + i for i, p in enumerate(pools)}
         assert state_a["flower_url"] == f"http://127.0.0.1:{flower_a}"
         assert state_b["flower_url"] == ""
         # Every listener on the host the farm was given (127.0.0.1), none on 0.0.0.0; each

@@ -265,10 +265,13 @@ def test_queue_depth_readiness_and_cancel_without_workers(redis_url, tmp_path):
         assert ready.status_code == 503
         assert ready.get_json()["missing"] == [f"no live worker on queue '{q}'"
                                                for q in ("acoustic", "vocoder")]
-        # The book pool is reported too; without it books wait, nothing else stops.
-        assert ready.get_json()["workers"] == {"acoustic": 0, "vocoder": 0, "book": 0}
+        # The book and batch queues are reported too; without their workers books wait,
+        # nothing else stops.
+        assert ready.get_json()["workers"] == dict.fromkeys(
+            ("acoustic", "vocoder", "acoustic_batch", "vocoder_batch", "book"), 0)
         assert ready.get_json()["warnings"] == [
-            "no live worker on queue 'book': its work waits until one starts"]
+            f"no live worker on queue '{q}': its work waits until one starts"
+            for q in ("acoustic_batch", "vocoder_batch", "book")]
         assert metric("voxfarm_workers_live", queue="acoustic") == 0
         job = client.post("/v1/jobs", json={"text": TEXT}).get_json()
         n = job["segments"]["total"]
