@@ -16,9 +16,10 @@ frontend yields them, and the job is done once it is sealed and every window is 
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
@@ -31,7 +32,9 @@ FINAL_STATES = frozenset({DONE, FAILED, CANCELED})
 EVENTS_MAXLEN = 500
 
 # KEYS: job_keys. ARGV: segment, window, pcm, now, ttl, samples, events maxlen,
-# "count:window_frames" the writer plans (used when the segment has none yet).
+# "count:window_frames" the writer plans (used when the segment has none yet), the window's
+# timing JSON ('' for none: a writer from before word timestamps), the whole segment's
+# samples (0 if unknown).
 _STORE_WINDOW = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -2 end
@@ -41,6 +44,10 @@ local plan = redis.call('HGET', KEYS[5], ARGV[1])
 local count = tonumber(string.match(plan, '^(%d+)'))
 local field = ARGV[1] .. ':' .. ARGV[2]
 redis.call('HSET', KEYS[2], field, ARGV[3])
+if ARGV[9] and ARGV[9] ~= '' then redis.call('HSET', KEYS[7], field, ARGV[9]) end
+if ARGV[10] and ARGV[10] ~= '0' then
+  redis.call('HSETNX', KEYS[1], 'segment_samples_' .. ARGV[1], ARGV[10])
+end
 if redis.call('SADD', KEYS[3], field) == 1 then
   redis.call('HINCRBY', KEYS[1], 'audio_samples_' .. ARGV[1], ARGV[6])
   if ARGV[1] == '0' and ARGV[2] == '0' then
@@ -57,7 +64,7 @@ if total >= 0 and done >= total and state ~= 'done' then
   redis.call('HSET', KEYS[1], 'state', 'done', 'finished_at', ARGV[4])
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'state', 'done')
 end
-for i = 1, 6 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 return done
 """
 
@@ -102,6 +109,36 @@ class Chunk:
     segment: int = 0
     window: int = 0
     segment_end: bool = True  # the segment's last window (its pause included)
+    # Where the chunk starts on the job's timeline (seconds; None where an earlier
+    # segment's length is not known yet), and the words that start in it, on that timeline:
+    # {"word", "start", "end", "text_start"?, "text_end"?}.
+    start_s: float | None = None
+    words: list[dict] = field(default_factory=list)
+
+
+def segment_starts(lengths: dict[int, int], last: int) -> dict[int, int]:
+    """Where each segment up to `last` starts on the job's timeline, in samples, as far as
+    the lengths of the segments before it are known."""
+    starts, at = {}, 0
+    for segment in range(last + 1):
+        starts[segment] = at
+        if segment not in lengths:
+            break
+        at += lengths[segment]
+    return starts
+
+
+def place_words(timing: dict | None, segment_start: int | None, rate: int) -> tuple[
+        float | None, list[dict]]:
+    """A chunk's stored timing (segment-relative) put on the job's timeline, which its
+    segment joins at sample `segment_start`: (chunk start in seconds, its words)."""
+    if segment_start is None or not rate:
+        return None, []
+    offset = segment_start / rate
+    start = round(offset + (timing or {}).get("start", 0) / rate, 3)
+    words = [{**w, "start": round(offset + w["start"], 3), "end": round(offset + w["end"], 3)}
+             for w in (timing or {}).get("words", [])]
+    return start, words
 
 
 OPEN_TOTAL = -1  # a job's segment count while the web still segments its text
@@ -185,15 +222,21 @@ class JobStore:
                               args=[total, repr(time.time()), EVENTS_MAXLEN]))
 
     def store_window(self, job_id: str, segment: int, window: int, pcm: bytes,
-                     plan: tuple[int, int]) -> int:
+                     plan: tuple[int, int], words: list[dict] | None = None,
+                     start: int = 0, segment_samples: int = 0) -> int:
         """Store window `window` of segment `segment`; idempotent. `plan` is the writer's
         (window count, frames per window) for the segment; the first writer's plan stands
-        (see `window_plan`). Returns segments done, -1 if the job was canceled or failed
-        (nothing stored), -2 if the job is unknown or expired."""
+        (see `window_plan`). `words` are the words that start in this window, their times in
+        seconds of the segment's audio; `start` is the window's first sample in the segment
+        and `segment_samples` the segment's whole length (pause included), which places the
+        segments after it on the job's timeline. Returns segments done, -1 if the job was
+        canceled or failed (nothing stored), -2 if the job is unknown or expired."""
+        timing = json.dumps({"start": start, "words": words or []}, separators=(",", ":"),
+                            ensure_ascii=False)
         return int(self._store_window(
             keys=self.keys.job_keys(job_id),
             args=[segment, window, pcm, repr(time.time()), self.ttl_s, len(pcm) // 2,
-                  EVENTS_MAXLEN, f"{plan[0]}:{plan[1]}"],
+                  EVENTS_MAXLEN, f"{plan[0]}:{plan[1]}", timing, segment_samples],
         ))
 
     def window_plan(self, job_id: str, segment: int, plan: tuple[int, int]) -> tuple[int, int]:
@@ -208,9 +251,11 @@ class JobStore:
         count, frames = raw.decode().split(":")
         return int(count), int(frames)
 
-    def store_chunk(self, job_id: str, index: int, pcm: bytes) -> int:
+    def store_chunk(self, job_id: str, index: int, pcm: bytes,
+                    words: list[dict] | None = None) -> int:
         """Store segment `index`'s audio as its one window."""
-        return self.store_window(job_id, index, 0, pcm, (1, 0))
+        return self.store_window(job_id, index, 0, pcm, (1, 0), words,
+                                 segment_samples=len(pcm) // 2)
 
     def count_cache(self, job_id: str, hit: bool) -> None:
         self.r.hincrby(self.keys.job(job_id), "cache_hits" if hit else "cache_misses", 1)
@@ -222,8 +267,16 @@ class JobStore:
         if not raw:
             return None
         rec = {k.decode(): v.decode() for k, v in raw.items()}
-        samples = sum(int(v) for k, v in rec.items() if k.startswith("audio_samples_"))
-        rec = {k: v for k, v in rec.items() if not k.startswith("audio_samples_")}
+        stored = {int(k[len("audio_samples_"):]): int(v) for k, v in rec.items()
+                  if k.startswith("audio_samples_")}
+        lengths = {int(k[len("segment_samples_"):]): int(v) for k, v in rec.items()
+                   if k.startswith("segment_samples_")}
+        samples = sum(stored.values())
+        rec = {k: v for k, v in rec.items()
+               if not k.startswith(("audio_samples_", "segment_samples_"))}
+        # Each segment's length in samples, as far as known: declared by its first window,
+        # else what is stored of it so far (a writer from before lengths were declared).
+        rec["segment_samples"] = {**stored, **lengths}
         for k in ("total", "done", "chars", "sample_rate", "cache_hits", "cache_misses"):
             rec[k] = int(rec.get(k, 0))
         rec["speed"] = float(rec["speed"])
@@ -256,22 +309,47 @@ class JobStore:
         order, complete = self._order(job_id, total)
         return len(order) if complete else None
 
-    def chunks_from(self, job_id: str, first: int, total: int,
-                    limit: int) -> tuple[list[Chunk], int | None]:
+    def chunks_from(self, job_id: str, first: int, total: int, limit: int,
+                    job: dict | None = None) -> tuple[list[Chunk], int | None]:
         """The consecutive run of stored chunks starting at chunk `first` (at most `limit`),
-        and the job's chunk count (None while not yet known)."""
+        with their words on the job's timeline, and the job's chunk count (None while not
+        yet known). `job` is the job's record if the caller has just read it."""
         order, complete = self._order(job_id, total)
         count = len(order) if complete else None
         wanted = order[first:first + limit] if first >= 0 else []
         if not wanted:
             return [], count
-        values = self.r.hmget(self.keys.chunks(job_id), [f"{s}:{w}" for s, w, _ in wanted])
+        fields = [f"{s}:{w}" for s, w, _ in wanted]
+        with self.r.pipeline(transaction=False) as p:
+            p.hmget(self.keys.chunks(job_id), fields)
+            p.hmget(self.keys.words(job_id), fields)
+            values, timings = p.execute()
+        job = job or self.get(job_id) or {}
+        rate = job.get("sample_rate", 0)
+        starts = segment_starts(job.get("segment_samples", {}), wanted[-1][0])
         run = []
-        for i, ((s, w, end), v) in enumerate(zip(wanted, values, strict=True)):
+        for i, ((s, w, end), v, t) in enumerate(zip(wanted, values, timings, strict=True)):
             if v is None:
                 break
-            run.append(Chunk(first + i, v, s, w, end))
+            start_s, words = place_words(json.loads(t) if t else None, starts.get(s), rate)
+            run.append(Chunk(first + i, v, s, w, end, start_s, words))
         return run, count
+
+    def timed_words(self, job_id: str, job: dict) -> list[dict] | None:
+        """Every word of the job in order, on the job's timeline, each with its `segment`
+        (None when a chunk is missing: the job is not done, or its audio expired)."""
+        order, complete = self._order(job_id, job["total"])
+        if not complete:
+            return None
+        fields = [f"{s}:{w}" for s, w, _ in order]
+        timings = self.r.hmget(self.keys.words(job_id), fields) if fields else []
+        starts = segment_starts(job.get("segment_samples", {}), order[-1][0] if order else 0)
+        words: list[dict] = []
+        for (s, _, _), t in zip(order, timings, strict=True):
+            _, placed = place_words(json.loads(t) if t else None, starts.get(s),
+                                    job["sample_rate"])
+            words.extend({**w, "segment": s} for w in placed)
+        return words
 
     def all_chunks(self, job_id: str, total: int) -> list[bytes | None]:
         """Every chunk of the job in order (None where one is missing or expired)."""
@@ -306,7 +384,8 @@ class JobStore:
             job = self.get(job_id)
             if job is None:
                 return None, []
-            chunks, job["chunks"] = self.chunks_from(job_id, after + 1, job["total"], limit)
+            chunks, job["chunks"] = self.chunks_from(job_id, after + 1, job["total"], limit,
+                                                     job)
             if chunks or job["state"] in FINAL_STATES:
                 return job, chunks
             remaining = deadline - time.monotonic()

@@ -8,8 +8,12 @@ Layout (prefix `vf` by default):
     {p}:job:{id}:events   stream wake-ups for long-polls and streams (chunk, state)
     {p}:job:{id}:windows  hash   segment -> its window count (set once, by its first writer)
     {p}:job:{id}:wdone    hash   segment -> windows stored so far
+    {p}:job:{id}:words    hash   "segment:window" -> JSON {"start": sample in its segment,
+                                 "words": [{"word", "start", "end", ...}]}, segment seconds
     {p}:mel:{hash}        string a cached mel spectrogram (TTL)
     {p}:mel:{hash}:refs   string segments between their two stages that need that mel
+    {p}:mel:{hash}:durations string the acoustic model's frames per phoneme id (uint16),
+                                 beside a neural voice's latent: what word times come from
     {p}:stats             hash   farm-wide counters (mel cache hits and misses, ...)
     {p}:workers:{queue}   zset   worker name -> last heartbeat (live workers per pool)
     {p}:jobs:unpublished  zset   job id -> creation time, until all its segments are queued
@@ -44,10 +48,13 @@ class Keys:
     def windows_done(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:wdone"
 
+    def words(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}:words"
+
     def job_keys(self, job_id: str) -> list[str]:
         """The keys of a job, in the order the Lua scripts take them."""
         return [self.job(job_id), self.chunks(job_id), self.done(job_id), self.events(job_id),
-                self.windows(job_id), self.windows_done(job_id)]
+                self.windows(job_id), self.windows_done(job_id), self.words(job_id)]
 
     def book(self, book_id: str) -> str:
         return f"{self.prefix}:book:{book_id}"
@@ -64,6 +71,9 @@ class Keys:
 
     def mel_refs(self, digest: str) -> str:
         return f"{self.prefix}:mel:{digest}:refs"
+
+    def mel_durations(self, digest: str) -> str:
+        return f"{self.prefix}:mel:{digest}:durations"
 
     def workers(self, queue: str) -> str:
         return f"{self.prefix}:workers:{queue}"

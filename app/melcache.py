@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import redis
 
 from app.keys import Keys
@@ -35,12 +36,12 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return n
 """
 
-# KEYS: the mel, its count. ARGV: '1' to drop the mel when nobody needs it any more.
+# KEYS: the mel, its count, its durations. ARGV: '1' to drop the mel when nobody needs it.
 _RELEASE = """
 local n = redis.call('DECR', KEYS[2])
 if n <= 0 then
   redis.call('DEL', KEYS[2])
-  if ARGV[1] == '1' then redis.call('DEL', KEYS[1]) end
+  if ARGV[1] == '1' then redis.call('DEL', KEYS[1], KEYS[3]) end
 end
 return n
 """
@@ -60,18 +61,39 @@ class MelCache:
 
     def release(self, digest: str, drop: bool) -> int:
         """A segment has read its mel. With `drop`, the entry goes once nobody needs it."""
-        return int(self._release(keys=[self.keys.mel(digest), self.keys.mel_refs(digest)],
+        return int(self._release(keys=[self.keys.mel(digest), self.keys.mel_refs(digest),
+                                       self.keys.mel_durations(digest)],
                                  args=["1" if drop else "0"]))
 
-    def touch(self, digest: str) -> bool:
-        """True (and the TTL renewed) when the mel is cached: a hit needs no model work."""
-        return bool(self.r.expire(self.keys.mel(digest), self.ttl_s))
+    def touch(self, digest: str, durations: bool = False) -> bool:
+        """True (and the TTL renewed) when the mel is cached: a hit needs no model work.
+        With `durations`, the entry counts only if its durations are cached too (a neural
+        voice's word timestamps come from them)."""
+        if not durations:
+            return bool(self.r.expire(self.keys.mel(digest), self.ttl_s))
+        with self.r.pipeline(transaction=False) as p:
+            p.expire(self.keys.mel(digest), self.ttl_s)
+            p.expire(self.keys.mel_durations(digest), self.ttl_s)
+            return all(p.execute())
 
-    def put(self, digest: str, blob: bytes) -> None:
-        self.r.set(self.keys.mel(digest), blob, ex=self.ttl_s)
+    def put(self, digest: str, blob: bytes, durations: list[int] | None = None) -> None:
+        """Cache the features, and with them the model's frames per phoneme id if given."""
+        if durations is None:
+            self.r.set(self.keys.mel(digest), blob, ex=self.ttl_s)
+            return
+        with self.r.pipeline() as p:  # MULTI: never features without their durations
+            p.set(self.keys.mel(digest), blob, ex=self.ttl_s)
+            p.set(self.keys.mel_durations(digest),
+                  np.asarray(durations, dtype="<u2").tobytes(), ex=self.ttl_s)
+            p.execute()
 
     def get(self, digest: str) -> bytes | None:
         return self.r.get(self.keys.mel(digest))
+
+    def get_durations(self, digest: str) -> list[int] | None:
+        """The frames per phoneme id cached with the features, None if there are none."""
+        raw = self.r.get(self.keys.mel_durations(digest))
+        return None if raw is None else np.frombuffer(raw, dtype="<u2").astype(int).tolist()
 
     def count(self, hit: bool) -> None:
         self.r.hincrby(self.keys.stats, "mel_cache_hits" if hit else "mel_cache_misses", 1)
@@ -84,7 +106,7 @@ class MelCache:
         total = 0
         keys = []
         for key in self.r.scan_iter(self.keys.mel("*"), count=1000):
-            if key.endswith(b":refs"):
+            if key.endswith((b":refs", b":durations")):
                 continue
             keys.append(key)
             if len(keys) >= limit:

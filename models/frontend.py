@@ -26,6 +26,7 @@ Everything is deterministic: same text and voice, same segments (the cache relie
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from models.text_en import normalize_en
 from models.text_zh import g2p_zh, normalize_zh, strip_language_switches
 from models.text_zh import words as zh_words
 from models.voices import PIPER, Voice, get_voice, piper_config
+from models.words import WordSpan, align_words, source_spans
 
 # Bound on one segment's phoneme count, measured as espeak mnemonic characters (whitespace
 # excluded; an upper bound on the true phoneme count, since one phoneme takes 1-4 characters).
@@ -76,7 +78,10 @@ class Segment:
 
     ``text`` is the normalised text, ``phonemes`` the espeak mnemonics to render (the cache key
     is built from these), ``ipa`` the same for display, ``pause_ms`` the silence to append after
-    the segment's audio (from break tags only).
+    the segment's audio (from break tags only). ``words`` says which phonemes say which word
+    of ``text`` and which characters of the submitted text each word was read from
+    (``models.words``); the workers turn it into word timestamps. Piper voices only: empty
+    for eSpeak voices.
     """
 
     index: int
@@ -84,6 +89,7 @@ class Segment:
     phonemes: str
     ipa: str
     pause_ms: int
+    words: tuple[WordSpan, ...] = ()
 
 
 def _check_language(language: str) -> None:
@@ -182,12 +188,17 @@ def _merge_short(pieces: list[str], limit: int, joiner: str, shortest: int) -> l
 
 def _parse_breaks(text: str) -> list[tuple[str, int]]:
     """Cut ``text`` at break tags: (text before the tag, pause in ms) pairs; the last has 0."""
-    chunks: list[tuple[str, int]] = []
+    return [(chunk, pause_ms) for _, chunk, pause_ms in _parse_breaks_at(text)]
+
+
+def _parse_breaks_at(text: str) -> list[tuple[int, str, int]]:
+    """:func:`_parse_breaks` with each piece's offset in ``text``."""
+    chunks: list[tuple[int, str, int]] = []
     position = 0
     for match in _BREAK_TAG.finditer(text):
-        chunks.append((text[position : match.start()], _break_ms(match)))
+        chunks.append((position, text[position : match.start()], _break_ms(match)))
         position = match.end()
-    chunks.append((text[position:], 0))
+    chunks.append((position, text[position:], 0))
     return chunks
 
 
@@ -210,9 +221,53 @@ def check_breaks(text: str) -> None:
 
 
 def _strip_tags(text: str) -> str:
-    """Remove unknown tags and any stray bracket (see the module docstring for why)."""
-    text = _OTHER_TAG.sub(" ", text)
+    """Remove unknown tags and any stray bracket (see the module docstring for why). Each
+    removed character becomes a space, so offsets into the result are offsets into ``text``
+    (word timestamps point back at the submitted text)."""
+    text = _OTHER_TAG.sub(lambda m: " " * len(m.group()), text)
     return text.replace("[", " ").replace("]", " ")
+
+
+class _SourceCursor:
+    """Walks the normalised tokens of one break-delimited piece of text in order, handing
+    each segment the source spans of its tokens (``models.words.source_spans``). A token the
+    segmenter cut into character runs hands its span to each run."""
+
+    def __init__(self, tokens: list[str], spans: list[tuple[int, int]]) -> None:
+        self.tokens, self.spans = tokens, spans
+        self.at, self.rest = 0, tokens[0] if tokens else ""
+
+    def take(self, words: list[str]) -> list[tuple[int, int]]:
+        out = []
+        for word in words:
+            if self.at < len(self.tokens) and self.rest.startswith(word):
+                out.append(self.spans[self.at])
+                self.rest = self.rest[len(word):]
+                if not self.rest:
+                    self.at += 1
+                    self.rest = self.tokens[self.at] if self.at < len(self.tokens) else ""
+            else:  # not where the cursor is (cannot happen for English): no source
+                out.append((-1, -1))
+        return out
+
+
+def _word_spans(text: str, phonemes: str, language: str, voice: Voice,
+                sources: list[tuple[int, int]]) -> tuple[WordSpan, ...]:
+    """The segment's words and their phonemes (Piper voices; see ``models.words``)."""
+    if voice.engine != PIPER:
+        return ()
+    words = _words(text, language)
+    if len(sources) != len(words):
+        sources = [(-1, -1)] * len(words)
+    espeak_voice = piper_config(voice.model_path).espeak_voice
+    spans = align_words(words, phonemes, lambda word: _word_phonemes(word, espeak_voice))
+    return tuple(WordSpan(word, span[0], span[1], *source)
+                 for word, span, source in zip(words, spans, sources, strict=True) if span)
+
+
+@functools.lru_cache(maxsize=8192)
+def _word_phonemes(word: str, espeak_voice: str) -> str:
+    return piper_phonemes(word, espeak_voice)
 
 
 def _speakable(text: str) -> bool:
@@ -281,35 +336,46 @@ def iter_segments(text: str, voice: str) -> Iterator[Segment]:
     # gets no number reading (espeak still reads digits in its own language).
     language = spec.language if spec.language in LANGUAGES else "en"
     normalizes = spec.language in LANGUAGES
-    pending: tuple[str, str, int] | None = None  # (text, phonemes, pause_ms), held back
+    # (text, phonemes, pause_ms, words), held back
+    pending: tuple[str, str, int, tuple[WordSpan, ...]] | None = None
     index = 0
 
-    def finish(draft: tuple[str, str, int]) -> Segment:
-        segment_text, phonemes, pause_ms = draft
+    def finish(draft: tuple[str, str, int, tuple[WordSpan, ...]]) -> Segment:
+        segment_text, phonemes, pause_ms, words = draft
         return Segment(
             index=index, text=segment_text, phonemes=phonemes,
             # Piper's phonemes are IPA already.
             ipa=phonemes if spec.engine == PIPER else _g2p(segment_text, spec, ipa=True),
-            pause_ms=pause_ms,
+            pause_ms=pause_ms, words=words,
         )
 
-    for chunk, pause_ms in _parse_breaks(text):
+    for offset, chunk, pause_ms in _parse_breaks_at(text):
         stripped = _strip_tags(chunk)
         normalized = normalize(stripped, language) if normalizes else " ".join(stripped.split())
+        sources = None
+        if spec.engine == PIPER and language == "en":
+            spans = [(a + offset, b + offset) if a >= 0 else (a, b)
+                     for a, b in source_spans(stripped, normalized, normalize_en)]
+            sources = _SourceCursor(normalized.split(), spans)
         for piece in split_segments(normalized, language):
             if not _speakable(piece):
+                if sources is not None:
+                    sources.take(piece.split())
                 continue
             for piece_text, phonemes in _bounded_g2p(piece, language, spec):
+                piece_sources = sources.take(piece_text.split()) if sources is not None else []
                 if not _says_something(phonemes, spec):
                     continue
                 if pending is not None:
                     yield finish(pending)
                     index += 1
-                pending = (piece_text, phonemes, 0)
+                words = _word_spans(piece_text, phonemes, language, spec, piece_sources)
+                pending = (piece_text, phonemes, 0, words)
         if pause_ms and pending is not None:
             # The pause follows the last segment spoken so far, so consecutive breaks add up.
-            last_text, last_phonemes, last_pause = pending
-            pending = (last_text, last_phonemes, min(last_pause + pause_ms, MAX_BREAK_MS))
+            last_text, last_phonemes, last_pause, last_words = pending
+            pending = (last_text, last_phonemes, min(last_pause + pause_ms, MAX_BREAK_MS),
+                       last_words)
     if pending is None:
         raise NoSpeakableText(f"no speakable text in {text[:80]!r}")
     yield finish(pending)

@@ -201,6 +201,15 @@ class PiperAcoustic(AcousticModel):
         """
         return self.synthesize_batch([phonemes], [seed], speed, speaker)[0]
 
+    def synthesize_timed(self, phonemes: str, speed: float = 1.0, seed: int = 0,
+                         speaker: str | int | None = None) -> tuple[torch.Tensor, list[int]]:
+        """:meth:`synthesize`, and the frames of each phoneme id (``models.piper_voice.
+        ids_and_positions`` says which symbol each id is): what word timestamps come from.
+        The latent is the same as :meth:`synthesize`'s, bit for bit."""
+        out = self.voice.latents([self.voice.ids(phonemes)], [seed], speed, speaker)
+        frames = int(out.frame_lengths[0])
+        return out.z[0, :, :frames], [int(d) for d in out.durations[0].tolist()]
+
     def synthesize_batch(self, phonemes: Sequence[str], seeds: Sequence[int],
                          speed: float = 1.0, speaker: str | int | None = None
                          ) -> list[torch.Tensor]:

@@ -190,25 +190,35 @@ def ids_for(phonemes: str, config: PiperConfig) -> list[int]:
         UnspeakableText (a ValueError and a ``NoSpeakableText``): nothing in ``phonemes`` is a
             sound this voice knows (empty, only punctuation, or only unknown symbols).
     """
+    return ids_and_positions(phonemes, config)[0]
+
+
+def ids_and_positions(phonemes: str, config: PiperConfig) -> tuple[list[int], list[int]]:
+    """:func:`ids_for`, and for each id the index in ``phonemes`` (NFD) of the symbol it
+    stands for: a symbol's ids and the pad after them share its index; the start markers
+    and the end marker have -1. What word timestamps sum the model's durations over."""
     id_map = config.phoneme_id_map
     pad = id_map[PAD]
     ids: list[int] = [*id_map[BOS], *pad]
+    positions: list[int] = [-1] * len(ids)
     speakable = False
     missing: set[str] = set()
-    for symbol in unicodedata.normalize("NFD", phonemes):
+    for index, symbol in enumerate(unicodedata.normalize("NFD", phonemes)):
         mapped = id_map.get(symbol)
         if mapped is None:
             missing.add(symbol)
             continue
         ids.extend(mapped)
         ids.extend(pad)
+        positions.extend([index] * (len(mapped) + len(pad)))
         speakable = speakable or symbol not in _NON_SPEECH
     ids.extend(id_map[EOS])
+    positions.extend([-1] * len(id_map[EOS]))
     if missing:
         _LOGGER.debug("phonemes not in %s: %s", config.source or "the id map", sorted(missing))
     if not speakable:
         raise UnspeakableText(f"no speakable phonemes for this voice in {phonemes!r}")
-    return ids
+    return ids, positions
 
 
 def text_to_ids(text: str, config: PiperConfig) -> list[int]:

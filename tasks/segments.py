@@ -62,18 +62,23 @@ def synthesize(self: SegmentTask, spec: dict, **_: object) -> str:
     # The key names the model, so a hit is always this model's features; the speaker is part
     # of the voice name ("NAME:SPEAKER").
     digest = mel_cache_key(model.model_id, spec["phonemes"], spec["voice"], spec["speed"])
-    hit = farm.mel_cache.touch(digest)
+    # A neural voice's entry holds the duration of each phoneme id beside the latent: the
+    # vocoder stage turns them into word timestamps, hit or miss.
+    timed = voice.engine == PIPER
+    hit = farm.mel_cache.touch(digest, durations=timed)
     if not hit:
         from models.mel import mel_to_bytes
 
-        if voice.engine == PIPER:
+        durations = None
+        if timed:
             # The noise of the VITS prior and duration predictor comes from a generator
             # seeded by the key: the same request renders the same audio, hit or miss.
-            features = model.synthesize(spec["phonemes"], speed=spec["speed"],
-                                        seed=noise_seed(digest), speaker=voice.speaker)
+            features, durations = model.synthesize_timed(
+                spec["phonemes"], speed=spec["speed"], seed=noise_seed(digest),
+                speaker=voice.speaker)
         else:
             features = model.synthesize(spec["phonemes"], spec["voice"], spec["speed"])
-        farm.mel_cache.put(digest, mel_to_bytes(features))
+        farm.mel_cache.put(digest, mel_to_bytes(features), durations)
     farm.mel_cache.hold(digest)  # the vocoder stage releases it
     farm.mel_cache.count(hit)
     if "job_id" in spec:
@@ -107,10 +112,12 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
         audio = _vocode_whole(vocoder, voice, features)
         books.store_segment(farm, spec, _pcm(audio, pause))
     elif voice.engine == PIPER and farm.settings.vocoder_window_frames:
-        _stream_windows(farm, vocoder, voice, features, spec, pause)
+        words = _word_times(farm, vocoder, voice, mel_key, spec)
+        _stream_windows(farm, vocoder, voice, features, spec, pause, words)
     else:
         audio = _vocode_whole(vocoder, voice, features)
-        farm.jobs.store_chunk(spec["job_id"], spec["index"], _pcm(audio, pause))
+        words = _word_times(farm, vocoder, voice, mel_key, spec)
+        farm.jobs.store_chunk(spec["job_id"], spec["index"], _pcm(audio, pause), words)
     farm.mel_cache.release(mel_key, drop="book_id" in spec)
     return spec["index"]
 
@@ -129,23 +136,53 @@ def _vocode_whole(vocoder, voice, features) -> np.ndarray:
     return vocoder.vocode([features])[0].float().cpu().numpy()
 
 
-def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarray) -> None:
+def _word_times(farm, vocoder, voice, mel_key: str, spec: dict) -> list[dict]:
+    """The segment's words with their start and end in seconds of its audio: the model's
+    durations (cached with the features) summed over each word's phonemes, which the
+    frontend found (`spec["words"]`, see models/words.py). Empty for eSpeak voices and for
+    a spec from before word timestamps."""
+    if voice.engine != PIPER or not spec.get("words"):
+        return []
+    durations = farm.mel_cache.get_durations(mel_key)
+    if durations is None:
+        log.warning("segment %s of %s: no durations cached; no word timestamps",
+                    spec["index"], spec.get("job_id"))
+        return []
+    from models.piper_voice import ids_and_positions
+    from models.words import WordSpan, word_times
+
+    config = vocoder.voice.config
+    _, positions = ids_and_positions(spec["phonemes"], config)
+    spans = [WordSpan.from_list(item) for item in spec["words"]]
+    return word_times(spans, spec["phonemes"], positions, durations,
+                      vocoder.voice.hop_length / config.sample_rate)
+
+
+def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarray,
+                    words: list[dict]) -> None:
     """Vocode the segment window by window, storing each as a chunk the moment it exists.
 
     The window plan is the segment's first writer's (a retry on a worker with another
     window setting cuts the same windows), and each window is rendered with context frames
-    on both sides, so the windows joined equal the whole segment's audio.
+    on both sides, so the windows joined equal the whole segment's audio. Each window
+    carries the words that start in it.
     """
     frames = int(features.shape[-1])
     window = farm.settings.vocoder_window_frames
     plan = (len(vocoder.windows(frames, window)), window)
     _, window = farm.jobs.window_plan(spec["job_id"], spec["index"], plan)
     cut = vocoder.windows(frames, window)
+    hop, rate = vocoder.voice.hop_length, vocoder.sample_rate
+    segment_samples = frames * hop + len(pause)
     for w, piece in enumerate(cut):
         audio = vocoder.vocode_window(features, piece, voice.speaker).float().cpu().numpy()
         last = w == len(cut) - 1
+        mine = [word for word in words
+                if (w == 0 or word["start"] * rate >= piece.start * hop)
+                and (last or word["start"] * rate < piece.end * hop)]
         stored = farm.jobs.store_window(spec["job_id"], spec["index"], w,
                                         _pcm(audio, pause if last else None),
-                                        (len(cut), window))
+                                        (len(cut), window), mine, piece.start * hop,
+                                        segment_samples)
         if stored == -1:
             raise Ignore()  # canceled or failed meanwhile: the rest is not wanted

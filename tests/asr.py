@@ -71,3 +71,24 @@ def wer(ref: str, hyp: str) -> float:
     """Word error rate of ``hyp`` against ``ref`` (case and punctuation ignored)."""
     errors, words = word_errors(ref, hyp)
     return errors / max(1, words)
+
+
+def align(pcm_int16: np.ndarray, sample_rate: int, transcript: str) -> list[tuple[str, float,
+                                                                                  float]]:
+    """pocketsphinx's forced alignment of a known ``transcript``: ``(word, start, end)`` in
+    seconds for each of its words, in order (silences and sentence markers left out;
+    alternate pronunciations such as ``the(2)`` named by their word)."""
+    from pocketsphinx import Decoder
+
+    audio = resample(np.asarray(pcm_int16, dtype=np.float64), sample_rate)
+    pcm = np.clip(np.round(audio), -32768, 32767).astype("<i2")
+    decoder = Decoder(samprate=ASR_RATE, loglevel="FATAL")
+    decoder.set_align_text(" ".join(normalize(transcript)))
+    decoder.start_utt()
+    decoder.process_raw(pcm.tobytes(), full_utt=True)
+    decoder.end_utt()
+    frames_per_second = 100  # pocketsphinx's frame rate
+    return [(seg.word.split("(")[0], seg.start_frame / frames_per_second,
+             (seg.end_frame + 1) / frames_per_second)
+            for seg in decoder.seg() if seg.word not in ("<s>", "</s>", "<sil>")
+            and not seg.word.startswith("[")]

@@ -15,6 +15,7 @@ from app.celery_app import WORKER_QUEUES
 from app.farm import Farm
 from app.jobs import DONE
 from app.offload import offload
+from models import captions
 from models.encode import CONTENT_TYPES, encode, wav_bytes
 from models.voices import list_voices
 from web import validation as v
@@ -55,6 +56,7 @@ def job_view(job: dict) -> dict:
             "self": url_for("api.get_job", job_id=jid),
             "chunks": url_for("api.get_chunks", job_id=jid),
             "audio": url_for("api.get_audio", job_id=jid),
+            "captions": url_for("api.get_captions", job_id=jid),
         },
     }
 
@@ -141,6 +143,8 @@ def get_chunks(job_id: str):
             "format": "wav",
             "sample_rate": rate,
             "duration_s": round(len(c.pcm) / 2 / rate, 3),
+            "start_s": c.start_s,
+            "words": c.words,
             "audio": base64.b64encode(_chunk_wav(c.pcm, rate)).decode(),
         } for c in chunks],
         "next_after": cursor,
@@ -164,6 +168,29 @@ def get_audio(job_id: str):
     data = wav_bytes(pcm, rate) if fmt == "wav" else offload("encode", encode, pcm, rate, fmt)
     return Response(data, mimetype=CONTENT_TYPES[fmt], headers={
         "Content-Disposition": f'attachment; filename="{job_id}.{fmt}"'})
+
+
+@api.get("/v1/jobs/<job_id>/captions")
+def get_captions(job_id: str):
+    """The finished job's words with their times, as JSON, SRT or WebVTT."""
+    job = _job_or_404(job_id)
+    fmt = request.args.get("format", "json")
+    if fmt not in captions.CAPTION_FORMATS:
+        raise ApiError(422, "unsupported_format", "'format' must be one of "
+                       f"{', '.join(captions.CAPTION_FORMATS)}", field="format",
+                       valid=list(captions.CAPTION_FORMATS))
+    if job["state"] != DONE:
+        raise ApiError(409, "job_not_done",
+                       f"the job is {job['state']} ({job['done']}/{job['total']} segments); "
+                       "its captions exist once it is done", state=job["state"])
+    words = farm().jobs.timed_words(job_id, job)
+    if words is None:
+        raise ApiError(410, "audio_expired", "the job's audio has expired")
+    if fmt == "json":
+        return jsonify({"job_id": job_id, "audio_seconds": job["audio_seconds"],
+                        "words": words, "cues": captions.cues(words)})
+    return Response(captions.render(words, fmt), content_type=captions.CONTENT_TYPES[fmt],
+                    headers={"Content-Disposition": f'inline; filename="{job_id}.{fmt}"'})
 
 
 @api.get("/v1/voices")

@@ -15,6 +15,7 @@ import json
 from flask import Blueprint, current_app, jsonify, render_template
 
 from app.settings import Settings
+from models.captions import CAPTION_FORMATS
 from models.encode import CONTENT_TYPES
 from web.openai_compat import CONTENT_TYPES as SPEECH_CONTENT_TYPES
 from web.openai_compat import OPENAI_MODELS, OPENAI_VOICES, RESPONSE_FORMATS, STREAM_FORMATS
@@ -128,7 +129,7 @@ def _schemas(settings: Settings) -> dict:
                     "hits": {"type": "integer"}, "misses": {"type": "integer"}}},
                 "links": {"type": "object", "properties": {
                     "self": {"type": "string"}, "chunks": {"type": "string"},
-                    "audio": {"type": "string"}}},
+                    "audio": {"type": "string"}, "captions": {"type": "string"}}},
             },
         },
         "ChunkPage": {
@@ -154,12 +155,43 @@ def _schemas(settings: Settings) -> dict:
                         "format": {"const": "wav"},
                         "sample_rate": {"type": "integer"},
                         "duration_s": {"type": "number"},
+                        "start_s": {"type": ["number", "null"],
+                                    "description": "where the chunk starts in the job's "
+                                                   "audio, seconds (null while an earlier "
+                                                   "segment's length is unknown)"},
+                        "words": {"type": "array", "items": _ref("Word"),
+                                  "description": "the words that start in this chunk, on "
+                                                 "the job's timeline (neural voices)"},
                         "audio": {"type": "string", "contentEncoding": "base64",
                                   "description": "a WAV file of this window of a segment"}}}},
                 "next_after": {"type": "integer",
                                "description": "the cursor to pass as `after` next time"},
                 "end": {"type": "boolean", "description": "no more chunks will come"},
             },
+        },
+        "Word": {
+            "type": "object", "required": ["word", "start", "end"],
+            "description": "A spoken word and when it is said, in seconds of the job's audio. "
+                           "`word` is the normalised text (`$12` is said as `twelve` "
+                           "`dollars`); `text_start`/`text_end` are the characters of the "
+                           "submitted text it was read from (every word of `$12` points at "
+                           "`$12`).",
+            "properties": {"word": {"type": "string"}, "start": {"type": "number"},
+                           "end": {"type": "number"},
+                           "segment": {"type": "integer"},
+                           "text_start": {"type": "integer"}, "text_end": {"type": "integer"}},
+        },
+        "Captions": {
+            "type": "object", "required": ["job_id", "words", "cues"],
+            "properties": {
+                "job_id": {"type": "string"}, "audio_seconds": {"type": "number"},
+                "words": {"type": "array", "items": _ref("Word")},
+                "cues": {"type": "array", "description": "the words grouped as the SRT and "
+                                                         "VTT captions group them",
+                         "items": {"type": "object", "required": ["start", "end", "text"],
+                                   "properties": {"start": {"type": "number"},
+                                                  "end": {"type": "number"},
+                                                  "text": {"type": "string"}}}}},
         },
         "SpeechRequest": {
             "type": "object", "required": ["model", "input", "voice"],
@@ -289,6 +321,23 @@ def _paths(settings: Settings) -> dict:
                                                 "enum": list(AUDIO_FORMATS)}}],
             "responses": {
                 "200": _audio(sorted(set(CONTENT_TYPES.values())), "the audio file"),
+                "404": _NOT_FOUND,
+                "409": _error("the job is not done yet (`job_not_done`)"),
+                "410": _error("the job's audio expired (`audio_expired`)"),
+                "422": invalid, "503": _UNAVAILABLE}}},
+        "/v1/jobs/{job_id}/captions": {"get": {
+            "tags": ["jobs"], "operationId": "getCaptions",
+            "summary": "A finished job's word timestamps, as JSON, SRT or WebVTT",
+            "description": "Each word's start and end in the job's audio, from the acoustic "
+                           "model's durations (neural voices; an eSpeak job has none). SRT "
+                           "and VTT group the words into cues of at most 42 characters.",
+            "parameters": [_JOB_ID, {"name": "format", "in": "query", "schema": {
+                "type": "string", "enum": list(CAPTION_FORMATS), "default": "json"}}],
+            "responses": {
+                "200": {"description": "the captions", "content": {
+                    "application/json": {"schema": _ref("Captions")},
+                    "application/x-subrip": {"schema": {"type": "string"}},
+                    "text/vtt": {"schema": {"type": "string"}}}},
                 "404": _NOT_FOUND,
                 "409": _error("the job is not done yet (`job_not_done`)"),
                 "410": _error("the job's audio expired (`audio_expired`)"),

@@ -12,12 +12,14 @@ text buffered under the old ones first. Server -> client:
 
     {"type": "ready", "sample_rate", "encoding": "pcm_s16le", "channels": 1, ...}
     {"type": "job.started", "job_id", "segments", "sample_rate", "text"}
-    {"type": "segment.started", "job_id", "index", "segment", "window", "samples", ...}
+    {"type": "segment.started", "job_id", "index", "segment", "window", "samples",
+     "duration_s", "start_s", "words": [{"word", "start", "end"}, ...]}
     <binary frames: that chunk's 16-bit little-endian PCM>
     {"type": "segment.done", "job_id", "index"}
 
 A pair of segment events frames each chunk: one window of a segment's audio (`index` is
-the chunk's place in the job, as in the long-poll), sent as soon as the vocoder has it.
+the chunk's place in the job, as in the long-poll), sent as soon as the vocoder has it, with
+the words that start in it (times in seconds on the job's timeline, like `start_s`).
     {"type": "job.done", "job_id", "audio_seconds"}
     {"type": "flushed"}            every job submitted before the flush has been sent
     {"type": "error", "error": {"code", "message", "field"?}, "job_id"?}
@@ -197,7 +199,8 @@ class Session:
             self.send({"type": "segment.started", "job_id": follower.job_id,
                        "index": chunk.index, "segment": chunk.segment,
                        "window": chunk.window, "samples": samples,
-                       "duration_s": round(samples / follower.sample_rate, 3)})
+                       "duration_s": round(samples / follower.sample_rate, 3),
+                       "start_s": chunk.start_s, "words": chunk.words})
             for start in range(0, len(chunk.pcm), AUDIO_FRAME_BYTES):
                 self.ws.send(bytes(chunk.pcm[start:start + AUDIO_FRAME_BYTES]))
             self.send({"type": "segment.done", "job_id": follower.job_id, "index": chunk.index})
