@@ -64,3 +64,36 @@ class BreakTooLong(SpeechError):
 
     def __reduce__(self):  # keep the fields when the error crosses a process boundary
         return (type(self), (self.tag, self.limit_ms))
+
+
+class InvalidLexicon(SpeechError):
+    """A pronunciation lexicon entry the voice cannot say: ``word`` is the entry,
+    ``position`` the index in its phonemes of the first symbol the voice lacks (-1 when the
+    entry is wrong as a whole), ``symbols`` those symbols."""
+
+    def __init__(self, word: str, problem: str, position: int = -1,
+                 symbols: list[str] | None = None) -> None:
+        self.word = word
+        self.problem = problem
+        self.position = position
+        self.symbols: list[str] = list(symbols or [])
+        super().__init__(f"lexicon entry {word!r}: {problem}")
+
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return (type(self), (self.word, self.problem, self.position, self.symbols))
+
+
+class InvalidPhonemes(SpeechError):
+    """Phonemes given instead of text that the voice cannot say: ``segment`` is the item
+    (or 0 for one string), ``position`` the index of the first symbol the voice lacks."""
+
+    def __init__(self, problem: str, segment: int = 0, position: int = -1,
+                 symbols: list[str] | None = None) -> None:
+        self.problem = problem
+        self.segment = segment
+        self.position = position
+        self.symbols: list[str] = list(symbols or [])
+        super().__init__(problem)
+
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return (type(self), (self.problem, self.segment, self.position, self.symbols))

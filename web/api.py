@@ -17,10 +17,19 @@ from app.jobs import DONE
 from app.offload import offload
 from models import captions
 from models.encode import CONTENT_TYPES, encode, wav_bytes
-from models.voices import list_voices
+from models.errors import BreakTooLong, NoSpeakableText
+from models.frontend import prepare
+from models.voices import PIPER, list_voices
 from web import validation as v
 from web.errors import ApiError
-from web.synthesis import submit_text
+from web.synthesis import (
+    break_error,
+    lexicon_or_422,
+    phonemes_or_422,
+    submit_segments,
+    submit_text,
+    voice_or_422,
+)
 
 api = Blueprint("api", __name__)
 
@@ -72,18 +81,65 @@ def _job_or_404(job_id: str) -> dict:
 def create_job():
     settings = farm().settings
     body = v.json_body(request)
-    text = v.text_field(body, settings.max_text_chars)
+    phonemes = "phonemes" in body and "text" not in body
+    if phonemes and "lexicon" in body:
+        raise ApiError(422, "invalid_field", "'lexicon' applies to 'text'; phonemes are "
+                       "spoken as given", field="lexicon")
+    if "phonemes" in body and "text" in body:
+        raise ApiError(422, "invalid_field", "send 'text' or 'phonemes', not both",
+                       field="phonemes")
+    text = None if phonemes else v.text_field(body, settings.max_text_chars)
     voice_name = body.get("voice", settings.default_voice)
     if not isinstance(voice_name, str):
         raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
     speed = v.speed_field(body)
     fmt = v.format_value(body.get("format", "wav"))
-    job = submit_text(farm(), text, voice_name, speed, fmt,
-                      request_id=g.get("voxfarm_request_id", ""))
+    request_id = g.get("voxfarm_request_id", "")
+    voice = voice_or_422(voice_name)
+    if phonemes:
+        segments = phonemes_or_422(body["phonemes"], voice, settings.max_text_chars)
+        job = submit_segments(farm(), segments, voice, speed, fmt,
+                              sum(len(s.phonemes) for s in segments), request_id)
+    else:
+        lexicon = lexicon_or_422(body["lexicon"], voice) if "lexicon" in body else None
+        job = submit_text(farm(), text, voice_name, speed, fmt, request_id=request_id,
+                          lexicon=lexicon)
     resp = jsonify(job_view(job))
     resp.status_code = 202
     resp.headers["Location"] = url_for("api.get_job", job_id=job["id"])
     return resp
+
+
+@api.post("/v1/phonemize")
+def phonemize():
+    """The segments a job of this text would have: their text and phonemes, and each word's
+    phonemes (neural voices). Nothing is queued."""
+    settings = farm().settings
+    body = v.json_body(request)
+    text = v.text_field(body, settings.max_text_chars)
+    voice_name = body.get("voice", settings.default_voice)
+    if not isinstance(voice_name, str):
+        raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
+    voice = voice_or_422(voice_name)
+    lexicon = lexicon_or_422(body["lexicon"], voice) if "lexicon" in body else None
+    try:
+        segments = offload("frontend", prepare, text, voice.name, lexicon)
+    except NoSpeakableText:
+        raise ApiError(422, "no_speakable_text", "the text has nothing that can be spoken",
+                       field="text") from None
+    except BreakTooLong as exc:
+        raise break_error(exc, "text") from None
+    return jsonify({
+        "voice": voice.name,
+        "alphabet": "ipa" if voice.engine == PIPER else "espeak",
+        "segments": [{
+            "index": s.index, "text": s.text, "phonemes": s.phonemes, "ipa": s.ipa,
+            "pause_ms": s.pause_ms,
+            "words": [{"word": w.word, "phonemes": s.phonemes[w.start:w.end],
+                       **({"text_start": w.source_start, "text_end": w.source_end}
+                          if w.source_start >= 0 else {})} for w in s.words],
+        } for s in segments],
+    })
 
 
 @api.get("/v1/jobs/<job_id>")

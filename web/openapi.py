@@ -17,6 +17,8 @@ from flask import Blueprint, current_app, jsonify, render_template
 from app.settings import Settings
 from models.captions import CAPTION_FORMATS
 from models.encode import CONTENT_TYPES
+from models.lexicon import MAX_ENTRIES as LEXICON_MAX_ENTRIES
+from models.lexicon import MAX_PHONEME_CHARS as LEXICON_MAX_PHONEMES
 from web.openai_compat import CONTENT_TYPES as SPEECH_CONTENT_TYPES
 from web.openai_compat import OPENAI_MODELS, OPENAI_VOICES, RESPONSE_FORMATS, STREAM_FORMATS
 from web.streams import JOB_STREAM_FORMATS
@@ -95,12 +97,39 @@ def _schemas(settings: Settings) -> dict:
                 "additionalProperties": True,
             }},
         },
+        "Lexicon": {
+            "type": "object", "maxProperties": LEXICON_MAX_ENTRIES,
+            "additionalProperties": {"type": "string", "minLength": 1,
+                                     "maxLength": LEXICON_MAX_PHONEMES},
+            "description": "word (or phrase) -> phonemes in the voice's alphabet (Piper IPA "
+                           "for a neural voice, eSpeak mnemonics for an eSpeak voice); matched "
+                           "as whole words, case-insensitive, before normalisation, and "
+                           "spoken as given. Adds to the server's lexicon for the voice "
+                           "(`NAME.lexicon.json` in the voices directory) and wins over it.",
+            "examples": [{"Nguyen": "ŋwˈɪn"}],
+        },
         "JobRequest": {
-            "type": "object", "required": ["text"], "additionalProperties": True,
+            "type": "object", "additionalProperties": True,
+            "anyOf": [{"required": ["text"]}, {"required": ["phonemes"]}],
             "properties": {
                 "text": {"type": "string", "minLength": 1, "maxLength": settings.max_text_chars,
                          "description": "plain text, English or Mandarin; `[break=300ms]` "
                                         "tags insert pauses"},
+                "phonemes": {
+                    "description": "instead of `text`: phonemes in the voice's alphabet, "
+                                   "spoken as given (no normalisation, no G2P). One string "
+                                   "(cut into segments after `. ? !` and at line breaks), or "
+                                   "the segments as a list of strings or `{phonemes, "
+                                   "pause_ms}` (what `POST /v1/phonemize` answers)",
+                    "anyOf": [{"type": "string", "minLength": 1,
+                               "maxLength": settings.max_text_chars},
+                              {"type": "array", "minItems": 1, "items": {"anyOf": [
+                                  {"type": "string"},
+                                  {"type": "object", "required": ["phonemes"],
+                                   "properties": {"phonemes": {"type": "string"},
+                                                  "pause_ms": {"type": "integer",
+                                                               "minimum": 0}}}]}}]},
+                "lexicon": _ref("Lexicon"),
                 "voice": {"type": "string", "default": settings.default_voice,
                           "description": "a name from `GET /v1/voices`"},
                 "speed": {"type": "number", "minimum": SPEED_MIN, "maximum": SPEED_MAX,
@@ -168,6 +197,35 @@ def _schemas(settings: Settings) -> dict:
                                "description": "the cursor to pass as `after` next time"},
                 "end": {"type": "boolean", "description": "no more chunks will come"},
             },
+        },
+        "PhonemizeRequest": {
+            "type": "object", "required": ["text"], "additionalProperties": True,
+            "properties": {
+                "text": {"type": "string", "minLength": 1, "maxLength": settings.max_text_chars},
+                "voice": {"type": "string", "default": settings.default_voice},
+                "lexicon": _ref("Lexicon")},
+        },
+        "Phonemes": {
+            "type": "object", "required": ["voice", "alphabet", "segments"],
+            "properties": {
+                "voice": {"type": "string"},
+                "alphabet": {"type": "string", "enum": ["ipa", "espeak"],
+                             "description": "what `phonemes` are written in"},
+                "segments": {"type": "array", "items": {
+                    "type": "object",
+                    "required": ["index", "text", "phonemes", "ipa", "pause_ms", "words"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "text": {"type": "string", "description": "the normalised text"},
+                        "phonemes": {"type": "string",
+                                     "description": "what the acoustic model is given"},
+                        "ipa": {"type": "string"}, "pause_ms": {"type": "integer"},
+                        "words": {"type": "array", "items": {
+                            "type": "object", "required": ["word", "phonemes"],
+                            "properties": {"word": {"type": "string"},
+                                           "phonemes": {"type": "string"},
+                                           "text_start": {"type": "integer"},
+                                           "text_end": {"type": "integer"}}}}}}}},
         },
         "Word": {
             "type": "object", "required": ["word", "start", "end"],
@@ -282,6 +340,21 @@ def _paths(settings: Settings) -> dict:
                 "202": _json(_ref("Job"), "accepted: the job, with links to follow it",
                              {"Location": {"schema": {"type": "string"}}}),
                 "400": bad_request, "413": too_large, "415": not_json, "422": invalid,
+                "503": _UNAVAILABLE}}},
+        "/v1/phonemize": {"post": {
+            "tags": ["jobs"], "operationId": "phonemize",
+            "summary": "The phonemes a job of this text would speak, segment by segment",
+            "description": "Runs the same frontend as `POST /v1/jobs` (normalisation, "
+                           "segments, the lexicons, G2P) and queues nothing. The segments "
+                           "can be edited and sent back as a job's `phonemes`.",
+            "requestBody": {"required": True, "content": {
+                "application/json": {"schema": _ref("PhonemizeRequest")}}},
+            "responses": {
+                "200": _json(_ref("Phonemes"), "the segments and their phonemes"),
+                "400": bad_request, "413": too_large, "415": not_json,
+                "422": _error("a field is wrong, a lexicon entry has phonemes the voice "
+                              "lacks (`invalid_lexicon`, with `entry`, `position` and "
+                              "`symbols`), or nothing is speakable"),
                 "503": _UNAVAILABLE}}},
         "/v1/jobs/{job_id}": {
             "parameters": [_JOB_ID],

@@ -16,8 +16,16 @@ from app import metrics
 from app.farm import Farm, Overloaded, Unavailable
 from app.jobs import CANCELED, FAILED, FINAL_STATES, Chunk
 from app.offload import offload
-from models.errors import BreakTooLong, NoSpeakableText, UnknownSpeaker, UnknownVoice
-from models.frontend import Segment, iter_segments
+from models.errors import (
+    BreakTooLong,
+    InvalidLexicon,
+    InvalidPhonemes,
+    NoSpeakableText,
+    UnknownSpeaker,
+    UnknownVoice,
+)
+from models.frontend import Segment, iter_segments, phoneme_segments
+from models.lexicon import check_lexicon
 from models.voices import Voice, get_voice
 from web.errors import ApiError
 
@@ -52,15 +60,63 @@ def voice_or_422(name: str, field: str = "voice") -> Voice:
                        valid=exc.valid) from None
 
 
-def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
-                request_id: str = "", entry: str = "jobs") -> dict:
-    """Validate the voice, run the frontend off the hub, and submit the job; count it in
-    `voxfarm_jobs_submitted_total` under `entry` (app.metrics.JOB_ENTRIES)."""
-    voice = voice_or_422(voice_name)
+def lexicon_or_422(value: object, voice: Voice, field: str = "lexicon") -> dict[str, str]:
+    """A request's pronunciation lexicon checked against `voice`, or the 422 that names the
+    entry, the character of its phonemes and the symbols the voice lacks."""
     try:
-        job = farm.submit(_segments(text, voice.name), voice=voice.name, speed=speed,
-                          fmt=fmt, chars=len(text), sample_rate=voice.sample_rate,
-                          request_id=request_id)
+        return check_lexicon(value, voice)
+    except InvalidLexicon as exc:
+        extra = {"entry": exc.word} if exc.word else {}
+        if exc.position >= 0:
+            extra.update(position=exc.position, symbols=exc.symbols)
+        raise ApiError(422, "invalid_lexicon", str(exc), field=field, **extra) from None
+
+
+def phonemes_or_422(value: object, voice: Voice, max_chars: int,
+                    field: str = "phonemes") -> list[Segment]:
+    """Segments for phonemes given instead of text (`models.frontend.phoneme_segments`), or
+    the 422 naming the item, the character and the symbols the voice lacks."""
+    if isinstance(value, str):
+        size = len(value)
+    elif isinstance(value, list) and value:
+        size = sum(len(item.get("phonemes", "") if isinstance(item, dict) else item)
+                   for item in value if isinstance(item, str | dict))
+    else:
+        raise ApiError(422, "invalid_type", f"'{field}' must be a string or a non-empty list",
+                       field=field)
+    if size > max_chars:
+        raise ApiError(413, "text_too_long", f"'{field}' has {size} characters; the limit is "
+                       f"{max_chars}", field=field, limit=max_chars)
+    try:
+        return phoneme_segments(value, voice.name)
+    except InvalidPhonemes as exc:
+        extra = {"item": exc.segment} if isinstance(value, list) else {}
+        if exc.position >= 0:
+            extra.update(position=exc.position, symbols=exc.symbols)
+        raise ApiError(422, "invalid_phonemes", str(exc), field=field, **extra) from None
+    except NoSpeakableText:
+        raise ApiError(422, "no_speakable_text", "the phonemes say nothing",
+                       field=field) from None
+
+
+def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
+                request_id: str = "", entry: str = "jobs",
+                lexicon: dict[str, str] | None = None) -> dict:
+    """Validate the voice, run the frontend off the hub, and submit the job; count it in
+    `voxfarm_jobs_submitted_total` under `entry` (app.metrics.JOB_ENTRIES). `lexicon` is a
+    checked request lexicon (`lexicon_or_422`)."""
+    voice = voice_or_422(voice_name)
+    return submit_segments(farm, _segments(text, voice.name, lexicon), voice, speed, fmt,
+                           len(text), request_id, entry)
+
+
+def submit_segments(farm: Farm, segments, voice: Voice, speed: float, fmt: str, chars: int,
+                    request_id: str = "", entry: str = "jobs") -> dict:
+    """Submit prepared segments (an iterable, maybe lazy) as one job of `voice`, mapping what
+    can go wrong to the API's errors."""
+    try:
+        job = farm.submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=chars,
+                          sample_rate=voice.sample_rate, request_id=request_id)
     except NoSpeakableText:
         raise ApiError(422, "no_speakable_text", "the text has nothing that can be spoken",
                        field="text") from None
@@ -79,11 +135,12 @@ def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
     return job
 
 
-def _segments(text: str, voice: str) -> Iterator[Segment]:
+def _segments(text: str, voice: str, lexicon: dict[str, str] | None = None
+              ) -> Iterator[Segment]:
     """The text's segments, each as the frontend thread finishes it (see app/offload.py):
     the farm publishes segment 0 while the thread works on segment 1. The generator lives in
     the one frontend thread; each step is one bounded offload."""
-    segments = iter_segments(text, voice)
+    segments = iter_segments(text, voice, lexicon)
     while (segment := offload("frontend", next, segments, None)) is not None:
         yield segment
 

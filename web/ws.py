@@ -5,6 +5,7 @@ Protocol (the README, "WS /v1/ws" has it with examples). Client -> server, JSON 
     {"text": "Hello there. How", "voice": "en-us", "speed": 1.0}   text, appended
     {"text": " are you?"}                                          more text
     {"flush": true}                                                speak what is left
+    {"lexicon": {"Nguyen": "ŋwˈɪn"}}                               words said as given, from now
 
 Text is spoken sentence by sentence: as soon as the buffer holds a finished sentence, that
 part is submitted as a job; `flush` submits the rest. A change of voice or speed submits the
@@ -49,7 +50,7 @@ from app.jobs import FINAL_STATES
 from models.voices import get_voice
 from web import validation as v
 from web.errors import ApiError
-from web.synthesis import ChunkFollower, submit_text, voice_or_422
+from web.synthesis import ChunkFollower, lexicon_or_422, submit_text, voice_or_422
 
 log = logging.getLogger("voxfarm.web")
 
@@ -68,7 +69,7 @@ PING_INTERVAL_S = 25
 # A finished sentence: end punctuation (Latin or CJK) and then whitespace, or CJK end
 # punctuation alone (Chinese puts no space after it).
 _SENTENCE_BOUNDARY = re.compile(r"[.!?…][\"'”’)\]]*\s+|[。！？；][\"'”’」』）)]*")
-_KNOWN_KEYS = frozenset({"text", "voice", "speed", "flush"})
+_KNOWN_KEYS = frozenset({"text", "voice", "speed", "flush", "lexicon"})
 
 
 @ws_bp.record_once
@@ -94,6 +95,7 @@ class Session:
         self.buffer = ""
         self.voice = farm.settings.default_voice
         self.speed = 1.0
+        self.lexicon: dict[str, str] | None = None
         self.jobs: deque[dict] = deque()  # submitted, not yet sent
         self.current: ChunkFollower | None = None
         self.started: list[str] = []  # every job id this socket submitted
@@ -128,7 +130,7 @@ class Session:
         unknown = sorted(set(msg) - _KNOWN_KEYS)
         if unknown:
             raise ApiError(422, "unknown_field", f"unknown field '{unknown[0]}'; a message "
-                           "has text, voice, speed and flush", field=unknown[0])
+                           "has text, voice, speed, lexicon and flush", field=unknown[0])
         if not _KNOWN_KEYS & set(msg):
             raise ApiError(422, "missing_field", "a message needs 'text' or 'flush'",
                            field="text")
@@ -140,6 +142,10 @@ class Session:
             voice = voice_or_422(voice).name
         if "speed" in msg:
             speed = v.speed_field(msg)
+        lexicon = self.lexicon
+        if "lexicon" in msg or (lexicon and voice != self.voice):
+            # A lexicon is in one voice's alphabet: checked again when the voice changes.
+            lexicon = lexicon_or_422(msg.get("lexicon", lexicon), voice_or_422(voice)) or None
         text = msg.get("text", "")
         if not isinstance(text, str):
             raise ApiError(422, "invalid_type", "'text' must be a string", field="text")
@@ -147,7 +153,7 @@ class Session:
         if not isinstance(flush, bool):
             raise ApiError(422, "invalid_type", "'flush' must be true or false", field="flush")
         limit = self.farm.settings.max_text_chars
-        switch = (voice, speed) != (self.voice, self.speed)
+        switch = (voice, speed, lexicon) != (self.voice, self.speed, self.lexicon)
         if (0 if switch else len(self.buffer)) + len(text) > limit:
             raise ApiError(413, "text_too_long", f"more than {limit} characters are waiting "
                            "to be spoken; send a flush or shorter text", field="text",
@@ -155,7 +161,7 @@ class Session:
         if switch:
             pending, self.buffer = self.buffer, ""
             self.submit(pending)  # text so far keeps the voice it was written for
-            self.voice, self.speed = voice, speed
+            self.voice, self.speed, self.lexicon = voice, speed, lexicon
         self.buffer += text
         if flush:
             text, self.buffer = self.buffer, ""
@@ -176,7 +182,7 @@ class Session:
             return
         try:
             job = submit_text(self.farm, text, self.voice, self.speed, "wav",
-                              entry="websocket")
+                              entry="websocket", lexicon=self.lexicon)
         except ApiError as err:
             if err.code == "no_speakable_text":
                 return  # punctuation or a pause tag alone: nothing to say, nothing wrong

@@ -39,3 +39,21 @@ def test_websocket_chunks_carry_their_words(server):
     assert srt.status_code == 200 and srt.headers["Content-Type"].startswith(
         "application/x-subrip")
     assert srt.text.startswith("1\n00:00:00,")
+
+
+def test_websocket_lexicon_is_checked_and_sticks(server):
+    ws = wsclient.connect(ws_url(server))
+    try:
+        events_until(ws, "ready")
+        ws.send(json.dumps({"lexicon": {"Nguyen": "ŋwgɪn"}}))
+        error = events_until(ws, "error")[-1]["error"]
+        assert (error["code"], error["entry"], error["position"]) == ("invalid_lexicon",
+                                                                      "Nguyen", 2)
+        ws.send(json.dumps({"lexicon": {"Nguyen": "ŋwˈɪn"}}))
+        ws.send(json.dumps({"text": "Hello Nguyen.", "flush": True}))
+        msgs = events_until(ws, "flushed")
+    finally:
+        ws.close()
+    words = [w for m in msgs if isinstance(m, dict) and m["type"] == "segment.started"
+             for w in m["words"]]
+    assert [w["word"] for w in words] == ["Hello", "Nguyen."]
