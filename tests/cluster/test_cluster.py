@@ -315,9 +315,9 @@ def test_the_web_host_restarts_while_clients_long_poll(cluster):
            chunks=[len(o["chunks"]) for o in outs])
 
 
-def pytest_terminal_summary_table() -> str:
+def summary_table() -> str:
     cols = ("broker", "scenario", "redelivery_s", "held", "redelivered", "segments",
-            "vocoder_renders", "rendered_twice", "by_host")
+            "vocoder_renders", "rendered_twice", "by_host", "web_down_s", "resumed_after_s")
     lines = [" | ".join(cols)]
     for row in RESULTS:
         lines.append(" | ".join(str(row.get(k, "")) for k in cols))
@@ -326,5 +326,5 @@ def pytest_terminal_summary_table() -> str:
 
 def teardown_module(module) -> None:
     if RESULTS:
-        print("\n" + pytest_terminal_summary_table())
+        print("\n" + summary_table())
         Path(RESULTS_FILE).write_text(json.dumps(RESULTS, indent=1))
