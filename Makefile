@@ -52,7 +52,7 @@ test-amqp: $(STAMP)
 	else echo "== the farm tests again, RabbitMQ as the broker"; \
 	  VOXFARM_TEST_BROKER=amqp $(PY) -m pytest -q $(AMQP_TESTS); fi
 
-# The farm across network-namespace hosts (tests/cluster): root and iproute2, 5-8 minutes.
+# The farm across network-namespace hosts (tests/cluster): root and iproute2, about 3 minutes.
 cluster-test: $(STAMP)
 	$(PY) -m pytest -q -s -p no:cacheprovider -m cluster tests/cluster
 
