@@ -17,7 +17,7 @@ faulted host held. With Redis the scenarios set VOXFARM_VISIBILITY_TIMEOUT=20 (4
 default: a dead worker's message waits that long); RabbitMQ redelivers when the
 connection closes or misses its heartbeats (VOXFARM_BROKER_HEARTBEAT_S, 10 s).
 
-Run with `make cluster-test` (root, iproute2; 5-8 minutes on two cores). The table of
+Run with `make cluster-test` (root, iproute2; about 3 minutes on two cores). The table of
 results is printed at the end and written to var/cluster-results.json.
 """
 
