@@ -7,6 +7,7 @@ writes the job record, and enqueues one `acoustic -> vocoder` chain per segment.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -109,19 +110,16 @@ class Farm:
         it, the job is failed first. A web process killed mid-way leaves the job in the
         unpublished set, where `sweep_unpublished` finds it.
         """
-        depth = self.queue_depth(ACOUSTIC_QUEUE)
-        if depth + 1 > self.settings.max_queue_depth:
-            raise Overloaded(depth, self.settings.retry_after_s)
-        wait = self.expected_wait_s(depth)
-        if wait is not None and wait > self.settings.max_queue_wait_s:
-            # Admitted, the job would wait longer than a caller should: say when to come
-            # back instead (a client timing out on an accepted job is worse than a 503).
-            retry = min(60, max(self.settings.retry_after_s,
-                                int(wait - self.settings.max_queue_wait_s) + 1))
-            raise Overloaded(depth, retry)
+        # The first segment before admission: a request the frontend refuses (nothing
+        # speakable, a break over the cap) is a 4xx whatever the load.
+        segments = iter(segments)
+        first = next(segments, None)
+        if first is None:
+            raise ValueError("no segments to submit")
+        self._admit()
         job_id, count = None, 0
         try:
-            for seg in segments:
+            for seg in itertools.chain([first], segments):
                 if job_id is None:
                     job_id = self.jobs.create(voice=voice, speed=speed, fmt=fmt, chars=chars,
                                               sample_rate=sample_rate,
@@ -137,11 +135,22 @@ class Farm:
             if job_id is not None:
                 self._abandon(job_id, exc)
             raise
-        if job_id is None:
-            raise ValueError("no segments to submit")
         self.jobs.seal(job_id, count)
         self.jobs.mark_published(job_id)
         return self.jobs.get(job_id)
+
+    def _admit(self) -> None:
+        """Raise Overloaded when the farm cannot take a job now: the acoustic queue is past
+        its bound, or a new job would wait longer than `max_queue_wait_s` (accepting a job
+        its client times out on is worse than a 503 that says when to come back)."""
+        depth = self.queue_depth(ACOUSTIC_QUEUE)
+        if depth + 1 > self.settings.max_queue_depth:
+            raise Overloaded(depth, self.settings.retry_after_s)
+        wait = self.expected_wait_s(depth)
+        if wait is not None and wait > self.settings.max_queue_wait_s:
+            retry = min(60, max(self.settings.retry_after_s,
+                                int(wait - self.settings.max_queue_wait_s) + 1))
+            raise Overloaded(depth, retry)
 
     def _abandon(self, job_id: str, exc: BaseException) -> None:
         """Fail a job whose submission broke off; if Redis is gone too, the sweeper will."""
