@@ -124,7 +124,10 @@ class Farm:
                     job_id = self.jobs.create(voice=voice, speed=speed, fmt=fmt, chars=chars,
                                               sample_rate=sample_rate,
                                               request_id=request_id)["id"]
-                spec = SegmentSpec(job_id, seg.index, seg.phonemes, voice, speed, seg.pause_ms,
+                # SSML may give a segment its own voice and rate (models.ssml).
+                spec = SegmentSpec(job_id, seg.index, seg.phonemes,
+                                   getattr(seg, "voice", None) or voice,
+                                   round(speed * getattr(seg, "rate", 1.0), 4), seg.pause_ms,
                                    [w.to_list() for w in getattr(seg, "words", ())])
                 try:
                     self.publish_segments([asdict(spec)])

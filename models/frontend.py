@@ -29,8 +29,8 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from models.errors import BreakTooLong, InvalidPhonemes, NoSpeakableText
 from models.espeak import phonemize
@@ -85,7 +85,7 @@ class Segment:
     the segment's audio (from break tags only). ``words`` says which phonemes say which word
     of ``text`` and which characters of the submitted text each word was read from
     (``models.words``); the workers turn it into word timestamps. Piper voices only: empty
-    for eSpeak voices.
+    for eSpeak voices. ``voice`` and ``rate`` come from SSML.
     """
 
     index: int
@@ -94,6 +94,8 @@ class Segment:
     ipa: str
     pause_ms: int
     words: tuple[WordSpan, ...] = ()
+    voice: str | None = None  # SSML <voice>: this segment's voice; None is the job's
+    rate: float = 1.0  # SSML <prosody rate>: a multiple of the job's speed
 
 
 def _check_language(language: str) -> None:
@@ -389,36 +391,97 @@ def iter_segments(text: str, voice: str,
     nothing was yielded.
     """
     spec = get_voice(voice)
-    entries = {**server_lexicon(spec), **(lexicon or {})}
-    # A Piper voice in a language without a text frontend here is segmented like English and
-    # gets no number reading (espeak still reads digits in its own language).
-    language = spec.language if spec.language in LANGUAGES else "en"
-    normalizes = spec.language in LANGUAGES
-    # (text, phonemes, pause_ms, words), held back
-    pending: tuple[str, str, int, tuple[WordSpan, ...]] | None = None
+    chunks = (TextRun(chunk, pause_ms, offset=offset)
+              for offset, chunk, pause_ms in _parse_breaks_at(text))
+    yield from _segments_of(chunks, spec, lexicon, text)
+
+
+def iter_run_segments(runs: Iterable[TextRun], voice: str,
+                      lexicon: Mapping[str, str] | None = None) -> Iterator[Segment]:
+    """:func:`iter_segments` for input already cut into runs (SSML, ``models.ssml.parse``):
+    each run's own voice and rate go with its segments."""
+    yield from _segments_of(runs, get_voice(voice), lexicon, "the SSML")
+
+
+@dataclass
+class TextRun:
+    """A stretch of input spoken one way: what the frontend segments.
+
+    Plain text is cut into runs at its break tags; SSML (``models.ssml``) into runs at its
+    breaks, paragraphs, sentences, voices and rates. ``pause_ms`` is the silence after the
+    run. ``voice`` (a voice name) and ``rate`` (a multiple of the job's speed) say how it is
+    spoken; None and 1.0 are the job's own. ``fixed`` maps placeholder characters in ``text``
+    to phonemes spoken as given (SSML ``<phoneme>``), ``surfaces`` to the text they show.
+    Where each character came from in the submitted input: ``offset`` + its index, or
+    ``sources[i]`` (a span) when given.
+    """
+
+    text: str
+    pause_ms: int = 0
+    voice: str | None = None
+    rate: float = 1.0
+    offset: int = 0
+    sources: list[tuple[int, int]] | None = None
+    fixed: dict[str, str] = field(default_factory=dict)
+    surfaces: dict[str, str] = field(default_factory=dict)
+
+    def where(self, start: int, end: int) -> tuple[int, int]:
+        """The submitted input's characters that ``text[start:end]`` came from."""
+        if self.sources is None:
+            return start + self.offset, end + self.offset
+        return self.sources[start][0], self.sources[end - 1][1]
+
+
+@dataclass
+class _Draft:
+    """A segment held back until the next one exists (a break after it adds to its pause)."""
+
+    text: str
+    phonemes: str
+    words: tuple[WordSpan, ...]
+    marked: Marked
+    spec: Voice
+    run: TextRun
+    pause_ms: int = 0
+
+
+def _segments_of(runs, default: Voice, lexicon: Mapping[str, str] | None,
+                 what: str) -> Iterator[Segment]:
+    """The segments of ``runs`` (see :func:`iter_segments`); ``what`` names the input in the
+    error when nothing is speakable."""
+    pending: _Draft | None = None
     index = 0
 
-    marked = Marked("")
-
-    def finish(draft: tuple[str, str, int, tuple[WordSpan, ...]]) -> Segment:
-        segment_text, phonemes, pause_ms, words = draft
+    def finish(draft: _Draft) -> Segment:
+        spec = draft.spec
         return Segment(
-            index=index, text=_unmark(segment_text, marked), phonemes=phonemes,
+            index=index, text=_unmark(draft.text, draft.marked), phonemes=draft.phonemes,
             # Piper's phonemes are IPA already.
-            ipa=phonemes if spec.engine == PIPER else _g2p(segment_text, spec, ipa=True,
-                                                          fixed=marked.phonemes),
-            pause_ms=pause_ms, words=words,
+            ipa=draft.phonemes if spec.engine == PIPER else _g2p(
+                draft.text, spec, ipa=True, fixed=draft.marked.phonemes),
+            pause_ms=draft.pause_ms, words=draft.words,
+            voice=draft.run.voice, rate=draft.run.rate,
         )
 
-    for offset, chunk, pause_ms in _parse_breaks_at(text):
+    for run in runs:
+        spec = get_voice(run.voice) if run.voice else default
+        # A Piper voice in a language without a text frontend here is segmented like English
+        # and gets no number reading (espeak still reads digits in its own language).
+        language = spec.language if spec.language in LANGUAGES else "en"
+        normalizes = spec.language in LANGUAGES
+        # The request's lexicon is in its voice's alphabet; each voice has its server's.
+        entries = {**server_lexicon(spec),
+                   **(lexicon or {} if spec.voice_name == default.voice_name else {})}
         # Lexicon words become placeholders after the tags are gone (a tag is never a word)
         # and before normalisation (which must not read them).
-        marked = mark(_strip_tags(chunk), entries) if entries else Marked(_strip_tags(chunk))
+        marked = mark(_strip_tags(run.text), entries, keep=run.fixed)
+        marked.phonemes.update(run.fixed)
+        marked.surfaces.update(run.surfaces)
         stripped = marked.text
         normalized = normalize(stripped, language) if normalizes else " ".join(stripped.split())
         sources = None
         if spec.engine == PIPER and language == "en":
-            spans = [(marked.starts.get(a, a) + offset, b + offset) if a >= 0 else (a, b)
+            spans = [run.where(marked.starts.get(a, a), b) if a >= 0 else (a, b)
                      for a, b in source_spans(stripped, normalized, normalize_en)]
             sources = _SourceCursor(normalized.split(), spans)
         for piece in split_segments(normalized, language):
@@ -435,14 +498,12 @@ def iter_segments(text: str, voice: str,
                     index += 1
                 words = _word_spans(piece_text, phonemes, language, spec, piece_sources,
                                     marked)
-                pending = (piece_text, phonemes, 0, words)
-        if pause_ms and pending is not None:
+                pending = _Draft(piece_text, phonemes, words, marked, spec, run)
+        if run.pause_ms and pending is not None:
             # The pause follows the last segment spoken so far, so consecutive breaks add up.
-            last_text, last_phonemes, last_pause, last_words = pending
-            pending = (last_text, last_phonemes, min(last_pause + pause_ms, MAX_BREAK_MS),
-                       last_words)
+            pending.pause_ms = min(pending.pause_ms + run.pause_ms, MAX_BREAK_MS)
     if pending is None:
-        raise NoSpeakableText(f"no speakable text in {text[:80]!r}")
+        raise NoSpeakableText(f"no speakable text in {what[:80]!r}")
     yield finish(pending)
 
 

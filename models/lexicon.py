@@ -161,9 +161,12 @@ class Marked:
     surfaces: dict[str, str] = field(default_factory=dict)  # placeholder -> the word as written
 
 
-def mark(text: str, entries: Mapping[str, str]) -> Marked:
-    """Replace every match of ``entries`` in ``text`` (see the module docstring)."""
-    text = PLACEHOLDERS.sub(" ", text)  # private-use characters say nothing anyway
+def mark(text: str, entries: Mapping[str, str], keep: Mapping[str, str] | None = None) -> Marked:
+    """Replace every match of ``entries`` in ``text`` (see the module docstring). Placeholders
+    already in ``keep`` (SSML's ``<phoneme>``, ``models.ssml``) stay; other private-use
+    characters are blanked, as they say nothing."""
+    keep = keep or {}
+    text = PLACEHOLDERS.sub(lambda m: m.group() if m.group() in keep else " ", text)
     marked = Marked(text)
     if not entries:
         return marked
@@ -174,15 +177,19 @@ def mark(text: str, entries: Mapping[str, str]) -> Marked:
         re.IGNORECASE)
     out = []
     placeholder_of: dict[tuple[str, str], str] = {}
+    code = PLACEHOLDER_BASE
     at = 0
     for match in pattern.finditer(text):
         surface = match.group(0)
         key = (" ".join(surface.split()).casefold(), surface)
         char = placeholder_of.get(key)
         if char is None:
-            if len(placeholder_of) >= PLACEHOLDER_COUNT:
+            while chr(code) in keep:  # SSML's placeholders count down from the top
+                code += 1
+            if code >= PLACEHOLDER_BASE + PLACEHOLDER_COUNT:
                 continue  # beyond thousands of distinct words: the rest go to G2P
-            char = chr(PLACEHOLDER_BASE + len(placeholder_of))
+            char = chr(code)
+            code += 1
             placeholder_of[key] = char
             marked.phonemes[char] = by_key[key[0]]
             marked.surfaces[char] = " ".join(surface.split())

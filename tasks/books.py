@@ -88,17 +88,29 @@ class BookTask(FarmTask):
 # -- prepare ---------------------------------------------------------------------------------
 
 
-def _plan(chapters: list[dict], voice: str) -> list[tuple[str, list[dict]]]:
+def _plan(chapters: list[dict], voice: str, speed: float = 1.0
+          ) -> list[tuple[str, list[dict]]]:
+    from models import ssml
+    from models.frontend import iter_run_segments
     from models.frontend import prepare as frontend
+    from models.voices import get_voice
 
     plan = []
     for ch in chapters:
         try:
-            segments = frontend(ch["text"], voice)
+            if ssml.looks_like_ssml(ch["text"]):  # a JSON chapter in SSML, checked at upload
+                runs = ssml.parse(ch["text"], get_voice(voice), speed)
+                segments = list(iter_run_segments(runs, voice))
+            else:
+                segments = frontend(ch["text"], voice)
         except NoSpeakableText:
             continue  # a chapter of punctuation or symbols: nothing to hear, no marker
+        # SSML may give a segment its own voice and rate; the rest take the book's.
         plan.append((ch["title"], [{"index": s.index, "phonemes": s.phonemes, "text": s.text,
-                                    "pause_ms": s.pause_ms} for s in segments]))
+                                    "pause_ms": s.pause_ms,
+                                    **({"voice": s.voice} if s.voice else {}),
+                                    **({"rate": s.rate} if s.rate != 1.0 else {})}
+                                   for s in segments]))
     return plan
 
 
@@ -118,7 +130,7 @@ def prepare(self: BookTask, book_id: str, **_: object) -> int:
     books.move(book_id, (QUEUED,), PREPARING, started_at=time.time())
     rec = books.get(book_id)
     book = json.loads(farm.store.get(prefix(book_id) + "book.json"))
-    plan = offload("frontend", _plan, book["chapters"], rec["voice"],
+    plan = offload("frontend", _plan, book["chapters"], rec["voice"], rec["speed"],
                    timeout_s=self.farm.settings.task_time_limit)
     if not plan:
         books.move(book_id, (PREPARING,), FAILED, finished_at=time.time(),
@@ -150,7 +162,8 @@ class _Plans:
         seg = self.cache[chapter][seq - self.offsets[chapter]]
         return {"book_id": self.rec["id"], "seq": seq, "chapter": chapter,
                 "index": seg["index"], "phonemes": seg["phonemes"], "text": seg["text"],
-                "voice": self.rec["voice"], "speed": self.rec["speed"],
+                "voice": seg.get("voice") or self.rec["voice"],
+                "speed": round(self.rec["speed"] * seg.get("rate", 1.0), 4),
                 "pause_ms": seg["pause_ms"]}
 
 

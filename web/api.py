@@ -18,7 +18,7 @@ from app.offload import offload
 from models import captions
 from models.encode import CONTENT_TYPES, encode, wav_bytes
 from models.errors import BreakTooLong, NoSpeakableText
-from models.frontend import prepare
+from models.frontend import iter_run_segments, prepare
 from models.voices import PIPER, list_voices
 from web import validation as v
 from web.errors import ApiError
@@ -26,6 +26,7 @@ from web.synthesis import (
     break_error,
     lexicon_or_422,
     phonemes_or_422,
+    ssml_or_422,
     submit_segments,
     submit_text,
     voice_or_422,
@@ -103,7 +104,7 @@ def create_job():
     else:
         lexicon = lexicon_or_422(body["lexicon"], voice) if "lexicon" in body else None
         job = submit_text(farm(), text, voice_name, speed, fmt, request_id=request_id,
-                          lexicon=lexicon)
+                          lexicon=lexicon, text_type=body.get("text_type"))
     resp = jsonify(job_view(job))
     resp.status_code = 202
     resp.headers["Location"] = url_for("api.get_job", job_id=job["id"])
@@ -122,8 +123,14 @@ def phonemize():
         raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
     voice = voice_or_422(voice_name)
     lexicon = lexicon_or_422(body["lexicon"], voice) if "lexicon" in body else None
+    speed = v.speed_field(body)
+    runs = ssml_or_422(text, body.get("text_type"), voice, speed)
     try:
-        segments = offload("frontend", prepare, text, voice.name, lexicon)
+        if runs is None:
+            segments = offload("frontend", prepare, text, voice.name, lexicon)
+        else:
+            segments = offload("frontend", lambda: list(iter_run_segments(runs, voice.name,
+                                                                          lexicon)))
     except NoSpeakableText:
         raise ApiError(422, "no_speakable_text", "the text has nothing that can be spoken",
                        field="text") from None
@@ -134,7 +141,8 @@ def phonemize():
         "alphabet": "ipa" if voice.engine == PIPER else "espeak",
         "segments": [{
             "index": s.index, "text": s.text, "phonemes": s.phonemes, "ipa": s.ipa,
-            "pause_ms": s.pause_ms,
+            "pause_ms": s.pause_ms, "voice": s.voice or voice.name,
+            "speed": round(speed * s.rate, 4),
             "words": [{"word": w.word, "phonemes": s.phonemes[w.start:w.end],
                        **({"text_start": w.source_start, "text_end": w.source_end}
                           if w.source_start >= 0 else {})} for w in s.words],

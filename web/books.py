@@ -44,11 +44,12 @@ from app.offload import offload
 from models.book_parse import EXTENSIONS, Book, BookError, Chapter, finish, parse_book
 from models.errors import BreakTooLong
 from models.frontend import check_breaks
+from models.ssml import looks_like_ssml
 from models.voices import get_voice
 from web import validation as v
 from web.api import iso_time
 from web.errors import ApiError
-from web.synthesis import break_error, voice_or_422
+from web.synthesis import break_error, ssml_or_422, voice_or_422
 
 books_api = Blueprint("books", __name__)
 
@@ -140,7 +141,7 @@ def _formats(value: object) -> tuple[str, ...]:
     return tuple(sorted({f.lower() for f in value}))
 
 
-def _json_book(body: dict) -> Book:
+def _json_book(body: dict, voice: str, speed: float) -> Book:
     chapters = body.get("chapters")
     if not isinstance(chapters, list) or not chapters:
         raise ApiError(422, "missing_field", "'chapters' must be a non-empty list of "
@@ -151,7 +152,14 @@ def _json_book(body: dict) -> Book:
                 ch.get("title", ""), str):
             raise ApiError(422, "invalid_type", f"chapter {i} must be an object with string "
                            "'title' and 'text'", field=f"chapters[{i}]")
-        parsed.append(Chapter(ch.get("title") or "", ch["text"]))
+        text = ch["text"]
+        # A chapter may be SSML (`text_type: ssml`, or a <speak> root): checked now, with
+        # the error's place in the chapter's own text, so the book never fails on a worker.
+        runs = ssml_or_422(text, ch.get("text_type"), voice_or_422(voice), speed,
+                           field=f"chapters[{i}].text")
+        if runs is not None and not looks_like_ssml(text):
+            text = f"<speak>{text}</speak>"  # the workers know SSML by its root
+        parsed.append(Chapter(ch.get("title") or "", text))
     for name in ("title", "author"):
         if not isinstance(body.get(name, ""), str):
             raise ApiError(422, "invalid_type", f"'{name}' must be a string", field=name)
@@ -243,7 +251,7 @@ def create_book():
         body = v.json_body(request)
         voice, speed, formats = _settings_fields(body, form=False)
         try:
-            book = _breaks_within_cap(_json_book(body))
+            book = _breaks_within_cap(_json_book(body, voice, speed))
         except BookError as exc:
             raise ApiError(422, exc.code, exc.message, field="chapters") from None
         except BreakTooLong as exc:

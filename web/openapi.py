@@ -77,6 +77,16 @@ def _speech_response() -> dict:
     return out
 
 
+_TEXT_TYPE = {
+    "type": "string", "enum": ["text", "ssml"],
+    "description": "`ssml`: `text` is SSML (a `<speak>` root is optional); without "
+                   "`text_type`, text whose root is `<speak>` is SSML. The subset: `<speak>`, "
+                   "`<p>`, `<s>`, `<break time|strength>`, `<prosody rate>`, `<say-as "
+                   "interpret-as=characters|cardinal|ordinal|date|telephone>`, `<sub alias>`, "
+                   "`<phoneme alphabet ph>`, `<voice name>`. Anything else is a 422 naming the "
+                   "element, its `line`, `column` and `offset`."}
+
+
 def _schemas(settings: Settings) -> dict:
     nullable_str = {"type": ["string", "null"]}
     return {
@@ -130,6 +140,7 @@ def _schemas(settings: Settings) -> dict:
                                                   "pause_ms": {"type": "integer",
                                                                "minimum": 0}}}]}}]},
                 "lexicon": _ref("Lexicon"),
+                "text_type": _TEXT_TYPE,
                 "voice": {"type": "string", "default": settings.default_voice,
                           "description": "a name from `GET /v1/voices`"},
                 "speed": {"type": "number", "minimum": SPEED_MIN, "maximum": SPEED_MAX,
@@ -203,7 +214,9 @@ def _schemas(settings: Settings) -> dict:
             "properties": {
                 "text": {"type": "string", "minLength": 1, "maxLength": settings.max_text_chars},
                 "voice": {"type": "string", "default": settings.default_voice},
-                "lexicon": _ref("Lexicon")},
+                "lexicon": _ref("Lexicon"), "text_type": _TEXT_TYPE,
+                "speed": {"type": "number", "minimum": SPEED_MIN, "maximum": SPEED_MAX,
+                          "default": 1.0}},
         },
         "Phonemes": {
             "type": "object", "required": ["voice", "alphabet", "segments"],
@@ -220,6 +233,10 @@ def _schemas(settings: Settings) -> dict:
                         "phonemes": {"type": "string",
                                      "description": "what the acoustic model is given"},
                         "ipa": {"type": "string"}, "pause_ms": {"type": "integer"},
+                        "voice": {"type": "string", "description": "the segment's voice "
+                                                                   "(SSML `<voice>`)"},
+                        "speed": {"type": "number", "description": "the segment's speed "
+                                                                   "(SSML `<prosody rate>`)"},
                         "words": {"type": "array", "items": {
                             "type": "object", "required": ["word", "phonemes"],
                             "properties": {"word": {"type": "string"},
@@ -561,7 +578,8 @@ def _book_paths() -> dict:
                         "title": {"type": "string"}, "author": {"type": "string"},
                         "chapters": {"type": "array", "minItems": 1, "items": {
                             "type": "object", "required": ["text"], "properties": {
-                                "title": {"type": "string"}, "text": {"type": "string"}}}},
+                                "title": {"type": "string"}, "text": {"type": "string"},
+                                "text_type": _TEXT_TYPE}}},
                         "voice": {"type": "string"},
                         "speed": {"type": "number", "minimum": SPEED_MIN,
                                   "maximum": SPEED_MAX},

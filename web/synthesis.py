@@ -24,8 +24,16 @@ from models.errors import (
     UnknownSpeaker,
     UnknownVoice,
 )
-from models.frontend import Segment, iter_segments, phoneme_segments
+from models.frontend import (
+    Segment,
+    TextRun,
+    iter_run_segments,
+    iter_segments,
+    phoneme_segments,
+)
 from models.lexicon import check_lexicon
+from models.ssml import SsmlError, looks_like_ssml
+from models.ssml import parse as parse_ssml
 from models.voices import Voice, get_voice
 from web.errors import ApiError
 
@@ -99,15 +107,37 @@ def phonemes_or_422(value: object, voice: Voice, max_chars: int,
                        field=field) from None
 
 
+TEXT_TYPES = ("text", "ssml")
+
+
+def ssml_or_422(text: str, text_type: object, voice: Voice, speed: float,
+                field: str = "text") -> list[TextRun] | None:
+    """The runs of `text` if it is SSML (`text_type` "ssml", or no `text_type` and a
+    `<speak>` root), None for plain text; a 422 naming the element and where it starts for
+    markup the farm refuses (models/ssml.py)."""
+    if text_type is not None and text_type not in TEXT_TYPES:
+        raise ApiError(422, "unsupported_format", f"'text_type' must be one of "
+                       f"{', '.join(TEXT_TYPES)}", field="text_type", valid=list(TEXT_TYPES))
+    if text_type == "text" or (text_type is None and not looks_like_ssml(text)):
+        return None
+    try:
+        return parse_ssml(text, voice, speed)
+    except SsmlError as exc:
+        extra = {"element": exc.element} if exc.element else {}
+        raise ApiError(422, exc.code, str(exc), field=field, **extra, line=exc.line,
+                       column=exc.column, offset=exc.offset, **exc.extra) from None
+
+
 def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
                 request_id: str = "", entry: str = "jobs",
-                lexicon: dict[str, str] | None = None) -> dict:
-    """Validate the voice, run the frontend off the hub, and submit the job; count it in
-    `voxfarm_jobs_submitted_total` under `entry` (app.metrics.JOB_ENTRIES). `lexicon` is a
-    checked request lexicon (`lexicon_or_422`)."""
+                lexicon: dict[str, str] | None = None, text_type: str | None = None) -> dict:
+    """Validate the voice (and the SSML), run the frontend off the hub, and submit the job;
+    count it in `voxfarm_jobs_submitted_total` under `entry` (app.metrics.JOB_ENTRIES).
+    `lexicon` is a checked request lexicon (`lexicon_or_422`)."""
     voice = voice_or_422(voice_name)
-    return submit_segments(farm, _segments(text, voice.name, lexicon), voice, speed, fmt,
-                           len(text), request_id, entry)
+    runs = ssml_or_422(text, text_type, voice, speed)
+    return submit_segments(farm, _segments(text, voice.name, lexicon, runs), voice, speed,
+                           fmt, len(text), request_id, entry)
 
 
 def submit_segments(farm: Farm, segments, voice: Voice, speed: float, fmt: str, chars: int,
@@ -135,12 +165,13 @@ def submit_segments(farm: Farm, segments, voice: Voice, speed: float, fmt: str, 
     return job
 
 
-def _segments(text: str, voice: str, lexicon: dict[str, str] | None = None
-              ) -> Iterator[Segment]:
-    """The text's segments, each as the frontend thread finishes it (see app/offload.py):
-    the farm publishes segment 0 while the thread works on segment 1. The generator lives in
-    the one frontend thread; each step is one bounded offload."""
-    segments = iter_segments(text, voice, lexicon)
+def _segments(text: str, voice: str, lexicon: dict[str, str] | None = None,
+              runs: list[TextRun] | None = None) -> Iterator[Segment]:
+    """The text's segments (or the SSML runs'), each as the frontend thread finishes it (see
+    app/offload.py): the farm publishes segment 0 while the thread works on segment 1. The
+    generator lives in the one frontend thread; each step is one bounded offload."""
+    segments = (iter_run_segments(runs, voice, lexicon) if runs is not None
+                else iter_segments(text, voice, lexicon))
     while (segment := offload("frontend", next, segments, None)) is not None:
         yield segment
 
