@@ -12,8 +12,8 @@ Layout (prefix `vf` by default):
                                  "words": [{"word", "start", "end", ...}]}, segment seconds
     {p}:mel:{hash}        string a cached mel spectrogram (TTL)
     {p}:mel:{hash}:refs   string segments between their two stages that need that mel
-    {p}:mel:{hash}:durations string the acoustic model's frames per phoneme id (uint16),
-                                 beside a neural voice's latent: what word times come from
+    {p}:mel:{hash}:durations string what word times come from (uint16s): a neural voice's
+                                 frames per phoneme id; eSpeak's (phoneme index, ms) per word
     {p}:stats             hash   farm-wide counters (mel cache hits and misses, ...)
     {p}:workers:{queue}   zset   worker name -> last heartbeat (live workers per pool)
     {p}:jobs:unpublished  zset   job id -> creation time, until all its segments are queued

@@ -132,9 +132,22 @@ class EspeakAcoustic(AcousticModel):
             models.espeak.EspeakError: espeak does not know ``voice``.
             ValueError: ``speed`` is not positive.
         """
-        pcm = self.render(phonemes, voice, speed)
+        return self.synthesize_timed(phonemes, voice, speed)[0]
+
+    @torch.inference_mode()
+    def synthesize_timed(self, phonemes: str, voice: str, speed: float = 1.0
+                         ) -> tuple[torch.Tensor, list[int]]:
+        """:meth:`synthesize`, and where espeak starts each word (each space-separated group
+        of ``phonemes``): ``[phoneme index, ms, phoneme index, ms, ...]``, flat, as the
+        features cache keeps it (``app.melcache``; ms past 65,535 are clamped)."""
+        from models.espeak import get_engine
+
+        pcm, words = get_engine().synthesize_timed(f"[[{phonemes}]]", voice, speed)
         audio = torch.from_numpy(pcm.astype(np.float32) / 32768.0).to(self.device)
-        return log_mel(audio, self.mel_config)
+        starts = []
+        for index, sample in words:
+            starts += [max(0, index - 2), min(65_535, sample * 1000 // self.sample_rate)]
+        return log_mel(audio, self.mel_config), starts
 
 
 # A Piper VITS voice's acoustic half (latent z, not a mel); imported only when loaded.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import threading
 from typing import NamedTuple
 
@@ -41,6 +42,26 @@ _PHONEMES_IPA = 0x02
 _SYNTH_CALLBACK = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
 )
+
+
+class _EspeakEvent(ctypes.Structure):
+    """``espeak_EVENT`` from speak_lib.h (the id union as its 8 bytes)."""
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("unique_identifier", ctypes.c_uint),
+        ("text_position", ctypes.c_int),  # 1-based character of the input the event is at
+        ("length", ctypes.c_int),
+        ("audio_position", ctypes.c_int),  # ms
+        ("sample", ctypes.c_int),  # the sample of the output the event is at
+        ("user_data", ctypes.c_void_p),
+        ("id", ctypes.c_char * 8),
+    ]
+
+
+_EVENT_LIST_TERMINATED = 0
+_EVENT_WORD = 1
+_WORD_EVENT = struct.Struct("<ii")  # (character index of the input, sample)
 
 
 class _EspeakVoice(ctypes.Structure):
@@ -108,6 +129,7 @@ class Espeak:
         if rate != SAMPLE_RATE:
             raise EspeakError(f"espeak_Initialize returned {rate}, expected {SAMPLE_RATE}")
         self._chunks: list[np.ndarray] = []
+        self._words: list[tuple[int, int]] = []
         # The library only holds a raw pointer: keep the ctypes callback object alive here.
         self._callback = _SYNTH_CALLBACK(self._on_audio)
         self._lib.espeak_SetSynthCallback(self._callback)
@@ -145,10 +167,19 @@ class Espeak:
         lib.espeak_ListVoices.argtypes = [ctypes.c_void_p]
         lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_EspeakVoice))
 
-    def _on_audio(self, wav, numsamples: int, _events) -> int:
+    def _on_audio(self, wav, numsamples: int, events) -> int:
         if wav and numsamples > 0:
             # Copy now: the buffer is reused by the library after we return.
             self._chunks.append(np.ctypeslib.as_array(wav, shape=(numsamples,)).copy())
+        if events:
+            # Word events: where each word of the input starts in the output (for word
+            # timestamps). The array ends with a LIST_TERMINATED event.
+            array = ctypes.cast(events, ctypes.POINTER(_EspeakEvent))
+            i = 0
+            while array[i].type != _EVENT_LIST_TERMINATED:
+                if array[i].type == _EVENT_WORD:
+                    self._words.append((array[i].text_position - 1, array[i].sample))
+                i += 1
         return 0  # 0 = carry on synthesising
 
     def _set_voice(self, voice: str) -> None:
@@ -213,7 +244,14 @@ class Espeak:
         return pairs
 
     def synthesize(self, text: str, voice: str, speed: float = 1.0) -> np.ndarray:
+        """:meth:`synthesize_timed` without the word starts."""
+        return self.synthesize_timed(text, voice, speed)[0]
+
+    def synthesize_timed(self, text: str, voice: str, speed: float = 1.0
+                         ) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """Mono int16 audio at :data:`SAMPLE_RATE`; ``speed`` scales the default 175 words/min.
+        With it, espeak's word events: ``(character index in text, sample)`` where each word
+        it reads starts (for ``[[phonemes]]``, each space-separated group).
 
         Text may hold ``[[mnemonics]]`` from :meth:`phonemize`, rendered exactly.
 
@@ -240,6 +278,8 @@ class Espeak:
                 try:
                     pcm = self._render(data, wpm)
                     with os.fdopen(write_end, "wb") as out:
+                        out.write(struct.pack("<i", len(self._words)))
+                        out.write(b"".join(_WORD_EVENT.pack(*w) for w in self._words))
                         out.write(pcm.tobytes())
                     code = 0
                 finally:
@@ -248,14 +288,18 @@ class Espeak:
             with os.fdopen(read_end, "rb") as source:
                 raw = source.read()
             _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
+        if os.waitstatus_to_exitcode(status) != 0 or len(raw) < 4:
             raise EspeakError(f"espeak could not render {text[:60]!r}")
-        return np.frombuffer(raw, dtype=np.int16).copy()
+        (count,) = struct.unpack_from("<i", raw)
+        head = 4 + count * _WORD_EVENT.size
+        words = [_WORD_EVENT.unpack_from(raw, 4 + k * _WORD_EVENT.size) for k in range(count)]
+        return np.frombuffer(raw[head:], dtype=np.int16).copy(), words
 
     def _render(self, data: bytes, wpm: int) -> np.ndarray:
         """Synthesise ``data`` in this process (the forked child of :meth:`synthesize`)."""
         self._lib.espeak_SetParameter(_ESPEAK_RATE, wpm, 0)
         self._chunks = []
+        self._words = []
         status = self._lib.espeak_Synth(
             data, len(data) + 1, 0, _POS_CHARACTER, 0, _ESPEAK_CHARS_UTF8 | _ESPEAK_PHONEMES,
             None, None,

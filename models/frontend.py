@@ -84,8 +84,8 @@ class Segment:
     is built from these), ``ipa`` the same for display, ``pause_ms`` the silence to append after
     the segment's audio (from break tags only). ``words`` says which phonemes say which word
     of ``text`` and which characters of the submitted text each word was read from
-    (``models.words``); the workers turn it into word timestamps. Piper voices only: empty
-    for eSpeak voices. ``voice`` and ``rate`` come from SSML.
+    (``models.words``); the workers turn it into word timestamps. ``voice`` and ``rate``
+    come from SSML.
     """
 
     index: int
@@ -260,20 +260,19 @@ class _SourceCursor:
 def _word_spans(text: str, phonemes: str, language: str, voice: Voice,
                 sources: list[tuple[int, int]], marked: Marked | None = None
                 ) -> tuple[WordSpan, ...]:
-    """The segment's words and their phonemes (Piper voices; see ``models.words``). A word
-    from the lexicon is shown as written and has the lexicon's phonemes."""
-    if voice.engine != PIPER:
-        return ()
+    """The segment's words and their phonemes (see ``models.words``). A word from the
+    lexicon is shown as written and has the lexicon's phonemes."""
     words = _words(text, language)
     if len(sources) != len(words):
         sources = [(-1, -1)] * len(words)
-    espeak_voice = piper_config(voice.model_path).espeak_voice
     fixed = marked.phonemes if marked is not None else {}
 
     def say(word: str) -> str:
         if fixed and PLACEHOLDERS.search(word):
             return _g2p(word, voice, ipa=False, fixed=fixed)
-        return _word_phonemes(word, espeak_voice)
+        if voice.engine == PIPER:
+            return _word_phonemes(word, piper_config(voice.model_path).espeak_voice)
+        return _espeak_word_phonemes(word, voice.name)
 
     spans = align_words(words, phonemes, say)
     return tuple(WordSpan(_unmark(word, marked), span[0], span[1], *source)
@@ -318,6 +317,11 @@ def _spliced(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str]) -> st
 @functools.lru_cache(maxsize=8192)
 def _word_phonemes(word: str, espeak_voice: str) -> str:
     return piper_phonemes(word, espeak_voice)
+
+
+@functools.lru_cache(maxsize=8192)
+def _espeak_word_phonemes(word: str, voice: str) -> str:
+    return _g2p(word, get_voice(voice), ipa=False)
 
 
 def _speakable(text: str) -> bool:
@@ -480,7 +484,7 @@ def _segments_of(runs, default: Voice, lexicon: Mapping[str, str] | None,
         stripped = marked.text
         normalized = normalize(stripped, language) if normalizes else " ".join(stripped.split())
         sources = None
-        if spec.engine == PIPER and language == "en":
+        if language == "en":
             spans = [run.where(marked.starts.get(a, a), b) if a >= 0 else (a, b)
                      for a, b in source_spans(stripped, normalized, normalize_en)]
             sources = _SourceCursor(normalized.split(), spans)

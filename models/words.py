@@ -309,3 +309,36 @@ def word_times(words: Sequence[WordSpan], phonemes: str, id_positions: Sequence[
             item["text_start"], item["text_end"] = span.source_start, span.source_end
         out.append(item)
     return out
+
+
+def espeak_word_times(words: Sequence[WordSpan], starts: Sequence[int], phoneme_count: int,
+                      end_s: float) -> list[dict]:
+    """Word times for an eSpeak segment: ``starts`` is espeak's own word starts, flat
+    ``[phoneme index, ms, ...]`` (``models.acoustic.EspeakAcoustic.synthesize_timed``), one
+    per group of the phonemes it read; ``end_s`` is the audio's length. Between two starts,
+    time runs in proportion to the phoneme characters, which splits a group espeak read as
+    one word ("InD@2", in the) between the words it holds."""
+    points = sorted({(int(starts[k]), int(starts[k + 1]) / 1000)
+                     for k in range(0, len(starts) - 1, 2)})
+    if not points:
+        return []
+    points.append((max(phoneme_count, points[-1][0] + 1), max(end_s, points[-1][1])))
+
+    def at(index: int) -> float:
+        if index <= points[0][0]:
+            return points[0][1]
+        for (p0, t0), (p1, t1) in zip(points, points[1:], strict=False):
+            if index <= p1:
+                return t0 + (t1 - t0) * (index - p0) / max(1, p1 - p0)
+        return points[-1][1]
+
+    out = []
+    for span in words:
+        item = {"word": span.word, "start": round(at(span.start), 3),
+                "end": round(at(span.end), 3)}
+        if item["end"] <= item["start"]:
+            continue
+        if span.source_start >= 0:
+            item["text_start"], item["text_end"] = span.source_start, span.source_end
+        out.append(item)
+    return out

@@ -62,20 +62,23 @@ def synthesize(self: SegmentTask, spec: dict, **_: object) -> str:
     # The key names the model, so a hit is always this model's features; the speaker is part
     # of the voice name ("NAME:SPEAKER").
     digest = mel_cache_key(model.model_id, spec["phonemes"], spec["voice"], spec["speed"])
-    # A neural voice's entry holds the duration of each phoneme id beside the latent: the
-    # vocoder stage turns them into word timestamps, hit or miss.
-    timed = voice.engine == PIPER
+    # The entry holds the timing beside the features, which the vocoder stage turns into word
+    # timestamps, hit or miss: a neural voice's frames per phoneme id, eSpeak's word starts.
+    timed = voice.engine == PIPER or hasattr(model, "synthesize_timed")
     hit = farm.mel_cache.touch(digest, durations=timed)
     if not hit:
         from models.mel import mel_to_bytes
 
         durations = None
-        if timed:
+        if voice.engine == PIPER:
             # The noise of the VITS prior and duration predictor comes from a generator
             # seeded by the key: the same request renders the same audio, hit or miss.
             features, durations = model.synthesize_timed(
                 spec["phonemes"], speed=spec["speed"], seed=noise_seed(digest),
                 speaker=voice.speaker)
+        elif timed:
+            features, durations = model.synthesize_timed(spec["phonemes"], spec["voice"],
+                                                         spec["speed"])
         else:
             features = model.synthesize(spec["phonemes"], spec["voice"], spec["speed"])
         farm.mel_cache.put(digest, mel_to_bytes(features), durations)
@@ -116,7 +119,7 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
         _stream_windows(farm, vocoder, voice, features, spec, pause, words)
     else:
         audio = _vocode_whole(vocoder, voice, features)
-        words = _word_times(farm, vocoder, voice, mel_key, spec)
+        words = _word_times(farm, vocoder, voice, mel_key, spec, len(audio))
         farm.jobs.store_chunk(spec["job_id"], spec["index"], _pcm(audio, pause), words)
     farm.mel_cache.release(mel_key, drop="book_id" in spec)
     return spec["index"]
@@ -136,21 +139,27 @@ def _vocode_whole(vocoder, voice, features) -> np.ndarray:
     return vocoder.vocode([features])[0].float().cpu().numpy()
 
 
-def _word_times(farm, vocoder, voice, mel_key: str, spec: dict) -> list[dict]:
-    """The segment's words with their start and end in seconds of its audio: the model's
-    durations (cached with the features) summed over each word's phonemes, which the
-    frontend found (`spec["words"]`, see models/words.py). Empty for eSpeak voices and for
-    a spec from before word timestamps."""
-    if voice.engine != PIPER or not spec.get("words"):
+def _word_times(farm, vocoder, voice, mel_key: str, spec: dict,
+                samples: int = 0) -> list[dict]:
+    """The segment's words with their start and end in seconds of its audio (`samples`
+    long, pause excluded): for a neural voice, the model's durations (cached with the
+    features) summed over each word's phonemes, which the frontend found (`spec["words"]`,
+    see models/words.py); for eSpeak, its own word starts. Empty for a spec from before word
+    timestamps."""
+    if not spec.get("words"):
         return []
     durations = farm.mel_cache.get_durations(mel_key)
     if durations is None:
-        log.warning("segment %s of %s: no durations cached; no word timestamps",
+        log.warning("segment %s of %s: no timing cached; no word timestamps",
                     spec["index"], spec.get("job_id"))
         return []
     from models.piper_voice import ids_and_positions
-    from models.words import WordSpan, word_times
+    from models.words import WordSpan, espeak_word_times, word_times
 
+    if voice.engine != PIPER:
+        spans = [WordSpan.from_list(item) for item in spec["words"]]
+        return espeak_word_times(spans, durations, len(spec["phonemes"]),
+                                 samples / vocoder.sample_rate)
     config = vocoder.voice.config
     _, positions = ids_and_positions(spec["phonemes"], config)
     spans = [WordSpan.from_list(item) for item in spec["words"]]

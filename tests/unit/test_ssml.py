@@ -57,7 +57,7 @@ def test_voice_and_prosody_give_segments_their_own_voice_and_rate() -> None:
     got = [(s.text, s.voice, s.rate) for s in segments(doc)]
     assert got == [("Narrator here.", None, 1.0), ("I am the robot.", "en-us+f3", 1.0),
                    ("Slowly", None, 0.75), ("then faster.", None, 1.125), ("Back.", None, 1.0)]
-    assert segments(doc)[1].words == ()  # eSpeak: no word spans yet
+    assert [w.word for w in segments(doc)[1].words] == ["I", "am", "the", "robot."]
 
 
 def test_speak_is_the_root_only() -> None:

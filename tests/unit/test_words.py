@@ -79,10 +79,6 @@ def test_segments_carry_words_with_their_source_across_breaks_and_tags() -> None
     assert all(ph for _, _, ph in words)
 
 
-def test_espeak_voices_have_no_word_spans() -> None:
-    assert all(not s.words for s in prepare("Hello there, world.", "en-us"))
-
-
 def test_ids_and_positions_match_ids_for() -> None:
     config = piper_config(get_voice(VOICE).model_path)
     phonemes = piper_phonemes("Hi, you.", "en-us")
@@ -135,3 +131,22 @@ def test_srt_and_vtt_text() -> None:
     vtt = captions.render(WORDS, "vtt")
     assert vtt.startswith("WEBVTT\n\n00:00:00.100 --> 00:00:01.000\nCaptions come fast.\n")
     assert "01:01:01.000 --> 01:01:01.250\n&lt;b&gt;&amp;\n" in vtt
+
+
+def test_espeak_word_times_interpolate_inside_a_group_espeak_read_as_one() -> None:
+    from models.words import espeak_word_times
+
+    phonemes = "It wVz InD@2 h'aUs"
+    words = [WordSpan("It", 0, 2), WordSpan("was", 3, 6), WordSpan("in", 7, 9),
+             WordSpan("the", 9, 12), WordSpan("house", 13, 18)]
+    starts = [0, 0, 3, 147, 7, 312, 13, 523]  # espeak's: one start per group
+    times = espeak_word_times(words, starts, len(phonemes), end_s=0.9)
+    assert [(t["word"], t["start"], t["end"]) for t in times] == [
+        ("It", 0.0, 0.098), ("was", 0.147, 0.271), ("in", 0.312, 0.382),
+        ("the", 0.382, 0.488), ("house", 0.523, 0.9)]
+
+
+def test_espeak_segments_have_word_spans() -> None:
+    [segment] = prepare("It was in the house.", "en-us")
+    assert [(w.word, segment.phonemes[w.start:w.end]) for w in segment.words] == [
+        ("It", "It"), ("was", "wVz"), ("in", "In"), ("the", "D@2"), ("house.", "h'aUs")]
