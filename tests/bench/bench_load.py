@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.embedded_redis import free_port  # noqa: E402
+from app.settings import Settings  # noqa: E402
 from tests.bench.common import redis_url_or_embedded  # noqa: E402
 from tests.conftest import gunicorn_server, running_farm, wait_http_ok  # noqa: E402
 
@@ -114,7 +115,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="voxfarm-bench-load-"))
     rows = []
     with (redis_url_or_embedded(args.redis_url, tmp) as url,
-          running_farm(url, 0, tmp) as tf,
+          # the production admission bound (the test farms take a long one)
+          running_farm(url, 0, tmp, max_queue_wait_s=Settings().max_queue_wait_s) as tf,
           gunicorn_server(tf.env, tmp / "web.log", workers=2) as base):
         rows += run_levels(base, "farm", levels, args.rounds)
     if not args.no_monolith:
