@@ -111,7 +111,8 @@ def main() -> None:
                     tf.wait_live("acoustic")
                     tf.wait_live("vocoder")
                 client = create_app(tf.settings, tf.farm).test_client()
-                watch = RssWatch({w.queue: w.proc.pid for w in tf.workers}
+                watch = RssWatch({w.queue + ("-batch" if "batch" in w.extra else ""): w.proc.pid
+                                  for w in tf.workers}
                                  | {"bench (web + driver)": os.getpid(),
                                     "redis": server.proc.pid})
                 probe = iter(f"Quick question number {i}, is the farm awake?"
