@@ -138,6 +138,24 @@ def segment_key(book_id: str, chapter: int, index: int) -> str:
     return f"books/{book_id}/segments/{chapter:04d}/{index:05d}.pcm"
 
 
+def segment_words_key(book_id: str, chapter: int, index: int) -> str:
+    """A segment's timed words (JSON, seconds of the segment's audio), in a tree of their
+    own beside the audio's (one file per segment under `segments/` is the audio)."""
+    return f"books/{book_id}/words/{chapter:04d}/{index:05d}.json"
+
+
+def captions_file(n: int | None, fmt: str) -> str:
+    """Where chapter n's captions (n None: the whole book's) are kept in the store."""
+    return f"captions/book.{fmt}" if n is None else f"captions/{n:03d}.{fmt}"
+
+
+def captions_download_name(title: str, book_id: str, n: int | None, fmt: str) -> str:
+    """`The Tiny Book.srt`, or `001 The Beginning.srt` for chapter 0 (as the audio's)."""
+    if n is None:
+        return book_download_name(title, book_id, fmt)
+    return chapter_download_name(n, title).removesuffix(".mp3") + f".{fmt}"
+
+
 def plan_key(book_id: str, chapter: int) -> str:
     return f"books/{book_id}/plan/{chapter:04d}.json"
 
@@ -226,15 +244,21 @@ class BookStore:
         return bool(out[0]), out[1].decode()
 
     def store_segment(self, book_id: str, seq: int, chapter: int, index: int,
-                      pcm: bytes) -> tuple[int, str]:
-        """Write segment audio, then count it once. Returns (done, state): done -1 when the
-        book is canceled or gone (the file written is removed again)."""
+                      pcm: bytes, words: list[dict] | None = None) -> tuple[int, str]:
+        """Write segment audio (and its timed words), then count it once. Returns (done,
+        state): done -1 when the book is canceled or gone (the files written are removed
+        again)."""
         key = segment_key(book_id, chapter, index)
+        words_key = segment_words_key(book_id, chapter, index)
+        if words is not None:  # before the audio: a counted segment always has both
+            self.store.put(words_key, json.dumps(words, ensure_ascii=False).encode())
         self.store.put(key, pcm)
         done, _total, state = self._store_segment(
             keys=self._keys(book_id), args=[seq, chapter, len(pcm) // 2, repr(time.time())])
         if done < 0:
             self.store.delete(key)
+            if words is not None:
+                self.store.delete(words_key)
         return int(done), state.decode() if isinstance(state, bytes) else str(state)
 
     def cancel(self, book_id: str) -> tuple[bool, str | None]:

@@ -38,12 +38,15 @@ from app.books import (
     QUEUED,
     RENDERING,
     book_download_name,
+    captions_download_name,
+    captions_file,
     chapter_download_name,
     chapter_file,
     output_key,
     plan_key,
     prefix,
     segment_key,
+    segment_words_key,
     send_assemble,
     start_feed,
 )
@@ -108,6 +111,7 @@ def _plan(chapters: list[dict], voice: str, speed: float = 1.0
         # SSML may give a segment its own voice and rate; the rest take the book's.
         plan.append((ch["title"], [{"index": s.index, "phonemes": s.phonemes, "text": s.text,
                                     "pause_ms": s.pause_ms,
+                                    "words": [w.to_list() for w in s.words],
                                     **({"voice": s.voice} if s.voice else {}),
                                     **({"rate": s.rate} if s.rate != 1.0 else {})}
                                    for s in segments]))
@@ -164,7 +168,7 @@ class _Plans:
                 "index": seg["index"], "phonemes": seg["phonemes"], "text": seg["text"],
                 "voice": seg.get("voice") or self.rec["voice"],
                 "speed": round(self.rec["speed"] * seg.get("rate", 1.0), 4),
-                "pause_ms": seg["pause_ms"]}
+                "pause_ms": seg["pause_ms"], "words": seg.get("words", [])}
 
 
 @shared_task(name=BOOK_FEED_TASK, base=BookTask, bind=True)
@@ -204,9 +208,9 @@ def segment_wanted(farm, spec: dict) -> bool:
             and not farm.books.is_done(spec["book_id"], spec["seq"]))
 
 
-def store_segment(farm, spec: dict, pcm: bytes) -> None:
+def store_segment(farm, spec: dict, pcm: bytes, words: list[dict] | None = None) -> None:
     done, state = farm.books.store_segment(spec["book_id"], spec["seq"], spec["chapter"],
-                                           spec["index"], pcm)
+                                           spec["index"], pcm, words)
     if done >= 0 and state == ASSEMBLING:
         send_assemble(farm.celery, spec["book_id"])
 
@@ -228,9 +232,13 @@ def _assemble(farm, rec: dict) -> dict:
     book = json.loads(store.get(prefix(book_id) + "book.json"))
     cover = store.get(prefix(book_id) + "cover") if book.get("cover_mime") else None
     chapters = []
+    chapter_words: list[list[dict]] = []
     for ch in rec["chapter_list"]:
         keys = [segment_key(book_id, ch["index"], i) for i in range(ch["total"])]
-        samples = sum(store.size(k) for k in keys) // 2
+        sizes = [store.size(k) // 2 for k in keys]
+        samples = sum(sizes)
+        chapter_words.append(_chapter_words(store, book_id, ch["index"], sizes,
+                                            rec["sample_rate"]))
 
         def parts(keys=keys):
             for k in keys:
@@ -256,8 +264,55 @@ def _assemble(farm, rec: dict) -> dict:
                 "files": {fmt: book_download_name(book["title"], book_id, fmt)
                           for fmt in ("m4b", "mp3") if fmt in formats},
                 **manifest}
+    _write_captions(store, book_id, book["title"], manifest, chapter_words)
     store.put(output_key(book_id, "manifest.json"), json.dumps(manifest, indent=2).encode())
     return manifest
+
+
+def _chapter_words(store, book_id: str, chapter: int, sizes: list[int],
+                   rate: int) -> list[dict]:
+    """The chapter's timed words on its own timeline: each segment's words (stored beside
+    its audio, segment-relative) moved by the audio before it."""
+    words, at = [], 0
+    for index, samples in enumerate(sizes):
+        try:
+            stored = json.loads(store.get(segment_words_key(book_id, chapter, index)))
+        except KeyError:  # a segment rendered before word timestamps
+            stored = []
+        offset = at / rate
+        words += [{**w, "start": round(offset + w["start"], 3),
+                   "end": round(offset + w["end"], 3), "segment": index} for w in stored]
+        at += samples
+    return words
+
+
+def _write_captions(store, book_id: str, title: str, manifest: dict,
+                    chapter_words: list[list[dict]]) -> None:
+    """SRT and WebVTT per chapter and for the whole book (chapters at their start in the
+    book), listed in the manifest under `captions`."""
+    from models import captions
+
+    whole = []
+    for ch, words in zip(manifest["chapters"], chapter_words, strict=True):
+        offset = ch["start_s"]
+        # A cue never spans two chapters: segment numbers are made book-wide.
+        whole += [{**w, "start": round(offset + w["start"], 3),
+                   "end": round(offset + w["end"], 3),
+                   "segment": (ch["index"], w["segment"])} for w in words]
+    names = {}
+    for fmt in ("srt", "vtt"):
+        store.put(output_key(book_id, captions_file(None, fmt)),
+                  captions.render(whole, fmt).encode())
+        names[fmt] = captions_download_name(title, book_id, None, fmt)
+    manifest["captions"] = names
+    for ch, words in zip(manifest["chapters"], chapter_words, strict=True):
+        ch["captions"] = {}
+        for fmt in ("srt", "vtt"):
+            store.put(output_key(book_id, captions_file(ch["index"], fmt)),
+                      captions.render(words, fmt).encode())
+            ch["captions"][fmt] = captions_download_name(ch["title"], book_id, ch["index"],
+                                                         fmt)
+    manifest["words"] = sum(len(w) for w in chapter_words)
 
 
 @shared_task(name=BOOK_ASSEMBLE_TASK, base=BookTask, bind=True)

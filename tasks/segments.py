@@ -113,7 +113,8 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     pause = np.zeros(int(vocoder.sample_rate * spec["pause_ms"] / 1000), dtype=np.float32)
     if "book_id" in spec:  # book audio goes to the artifact store, not Redis
         audio = _vocode_whole(vocoder, voice, features)
-        books.store_segment(farm, spec, _pcm(audio, pause))
+        words = _word_times(farm, vocoder, voice, mel_key, spec, len(audio))
+        books.store_segment(farm, spec, _pcm(audio, pause), words)
     elif voice.engine == PIPER and farm.settings.vocoder_window_frames:
         words = _word_times(farm, vocoder, voice, mel_key, spec)
         _stream_windows(farm, vocoder, voice, features, spec, pause, words)

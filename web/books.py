@@ -30,6 +30,8 @@ from app.books import (
     RENDERING,
     book_download_name,
     book_id_for,
+    captions_download_name,
+    captions_file,
     chapter_download_name,
     chapter_file,
     output_key,
@@ -358,6 +360,36 @@ def chapter_audio(book_id: str, n: int):
                  chapter_download_name(n, rec["chapter_list"][n]["title"]))
 
 
+CAPTION_TYPES = {"srt": "application/x-subrip; charset=utf-8",
+                 "vtt": "text/vtt; charset=utf-8"}
+
+
+def _captions(book_id: str, n: int | None):
+    rec = _book_or_404(book_id)
+    fmt = (request.args.get("format") or "srt").lower()
+    if fmt not in CAPTION_TYPES:
+        raise ApiError(422, "unsupported_format", "'format' must be srt or vtt",
+                       field="format", valid=list(CAPTION_TYPES))
+    if n is not None and not 0 <= n < len(rec["chapter_list"]):
+        raise ApiError(404, "chapter_not_found", f"the book has chapters 0 to "
+                       f"{len(rec['chapter_list']) - 1}")
+    _done_or_409(rec)
+    title = rec["title"] if n is None else rec["chapter_list"][n]["title"]
+    return _send(output_key(book_id, captions_file(n, fmt)), CAPTION_TYPES[fmt],
+                 captions_download_name(title, book_id, n, fmt))
+
+
+@books_api.get("/v1/books/<book_id>/captions")
+def book_captions(book_id: str):
+    """The whole book's captions, each chapter's words at its place in the book."""
+    return _captions(book_id, None)
+
+
+@books_api.get("/v1/books/<book_id>/chapters/<int:n>/captions")
+def chapter_captions(book_id: str, n: int):
+    return _captions(book_id, n)
+
+
 @books_api.get("/v1/books/<book_id>/manifest")
 def manifest(book_id: str):
     rec = _book_or_404(book_id)
@@ -368,6 +400,13 @@ def manifest(book_id: str):
     for ch in data["chapters"]:
         if "file" in ch:
             ch["audio"] = url_for("books.chapter_audio", book_id=book_id, n=ch["index"])
+        if "captions" in ch:
+            ch["captions_links"] = {fmt: url_for("books.chapter_captions", book_id=book_id,
+                                                 n=ch["index"], format=fmt)
+                                    for fmt in ch["captions"]}
+    if "captions" in data:
+        data["captions_links"] = {fmt: url_for("books.book_captions", book_id=book_id,
+                                               format=fmt) for fmt in data["captions"]}
     return jsonify(data)
 
 

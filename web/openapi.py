@@ -560,6 +560,13 @@ _BOOK_NOT_DONE = _error("the book is not done yet (`book_not_done`)")
 _BOOK_GONE = _error("the book's files are gone (`audio_missing`)")
 
 
+_CAPTION_FORMAT = {"name": "format", "in": "query",
+                   "schema": {"type": "string", "enum": ["srt", "vtt"], "default": "srt"}}
+_CAPTIONS_FILE = {"description": "SubRip or WebVTT", "content": {
+    "application/x-subrip": {"schema": {"type": "string"}},
+    "text/vtt": {"schema": {"type": "string"}}}}
+
+
 def _book_paths() -> dict:
     book = _json(_ref("Book"), "the book, with per-chapter progress")
     return {
@@ -619,6 +626,25 @@ def _book_paths() -> dict:
             "responses": {"200": _audio(["audio/mpeg"], "the chapter"),
                           "404": _error("no such book or chapter, or no chapter files"),
                           "409": _BOOK_NOT_DONE, "410": _BOOK_GONE, "503": _UNAVAILABLE}}},
+        "/v1/books/{book_id}/captions": {"get": {
+            "tags": ["books"], "operationId": "getBookCaptions",
+            "summary": "The whole book's captions (each chapter at its place in the book)",
+            "parameters": [_BOOK_ID, _CAPTION_FORMAT],
+            "responses": {"200": _CAPTIONS_FILE, "404": _BOOK_NOT_FOUND,
+                          "409": _BOOK_NOT_DONE,
+                          "410": _error("the captions are gone or the book was assembled "
+                                        "before captions (`audio_missing`)"),
+                          "422": _error("unknown format"), "503": _UNAVAILABLE}}},
+        "/v1/books/{book_id}/chapters/{n}/captions": {"get": {
+            "tags": ["books"], "operationId": "getChapterCaptions",
+            "summary": "One chapter's captions, on the chapter's own timeline",
+            "parameters": [_BOOK_ID, {"name": "n", "in": "path", "required": True,
+                                      "schema": {"type": "integer", "minimum": 0}},
+                           _CAPTION_FORMAT],
+            "responses": {"200": _CAPTIONS_FILE,
+                          "404": _error("no such book or chapter"), "409": _BOOK_NOT_DONE,
+                          "410": _error("the captions are gone (`audio_missing`)"),
+                          "422": _error("unknown format"), "503": _UNAVAILABLE}}},
         "/v1/books/{book_id}/manifest": {"get": {
             "tags": ["books"], "operationId": "getBookManifest",
             "summary": "The finished book's files and chapter timings",
