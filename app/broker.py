@@ -92,7 +92,8 @@ class AmqpQueues:
             self._conn, self._channel, self._pid = None, None, os.getpid()
         if self._conn is None:
             conn = kombu.Connection(self.url, connect_timeout=self.timeout_s, heartbeat=0)
-            conn.connect()
+            # One try (connect and handshake each bounded); _call retries once, no more.
+            conn.ensure_connection(max_retries=0)
             # Every later read and write on this socket (channel open included) has the bound;
             # gevent honours settimeout() too, where SO_RCVTIMEO would not apply.
             conn.connection.transport.sock.settimeout(self.timeout_s)
