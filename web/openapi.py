@@ -87,6 +87,44 @@ _TEXT_TYPE = {
                    "element, its `line`, `column` and `offset`."}
 
 
+def _captioned_operation(operation_id: str, summary: str | None = None) -> dict:
+    """`POST /v1/audio/captioned_speech` (and Kokoro's path): audio and word timestamps."""
+    timestamps = {"type": "array", "items": {
+        "type": "object", "required": ["word", "start_time", "end_time"],
+        "properties": {"word": {"type": "string"}, "start_time": {"type": "number"},
+                       "end_time": {"type": "number"}}}}
+    piece = {"type": "object", "required": ["audio", "audio_format", "timestamps"],
+             "properties": {"audio": {"type": "string", "contentEncoding": "base64"},
+                            "audio_format": {"type": "string",
+                                             "enum": list(RESPONSE_FORMATS)},
+                            "timestamps": timestamps}}
+    return {
+        "tags": ["openai"], "operationId": operation_id,
+        "summary": summary or "Speech and its word timestamps as JSON (Kokoro-FastAPI's "
+                              "captioned speech)",
+        "description": "The body of `POST /v1/audio/speech` plus `stream` (default false) "
+                       "and `return_timestamps` (default true). `stream: false`: one JSON "
+                       "object once the job is done. `stream: true`: newline-delimited "
+                       "JSON, one object per rendered chunk (its encoded audio and the words "
+                       "that start in it), ending with the encoder's tail, or an `error` "
+                       "object if the job ended early.",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "allOf": [_ref("SpeechRequest")], "properties": {
+                "stream": {"type": "boolean", "default": False},
+                "return_timestamps": {"type": "boolean", "default": True}}}}}},
+        "responses": {
+            "200": {"description": "the audio (base64) and its word timestamps", "headers": {
+                "X-Job-Id": {"schema": {"type": "string"}}}, "content": {
+                "application/json": {"schema": piece},
+                "application/x-ndjson": {"schema": {"type": "string"}}}},
+            "400": _error("the body is not a JSON object (`invalid_json`)"),
+            "409": _error("the job ended early (`job_failed`, `job_canceled`, "
+                          "`job_stalled`)"),
+            "413": _error("`input` is too long"), "415": _error("the body is not JSON"),
+            "422": _error("a field is missing or wrong; `field` and `param` say which"),
+            "503": _UNAVAILABLE}}
+
+
 def _schemas(settings: Settings) -> dict:
     nullable_str = {"type": ["string", "null"]}
     return {
@@ -459,6 +497,9 @@ def _paths(settings: Settings) -> dict:
                 "200": _speech_response(),
                 "400": bad_request, "413": too_large, "415": not_json, "422": invalid,
                 "503": _UNAVAILABLE}}},
+        "/v1/audio/captioned_speech": {"post": _captioned_operation("createCaptionedSpeech")},
+        "/dev/captioned_speech": {"post": _captioned_operation(
+            "createCaptionedSpeechKokoro", "The same, at Kokoro-FastAPI's path")},
         "/v1/models": {"get": {
             "tags": ["openai"], "operationId": "listModels",
             "summary": "OpenAI's model list: the names `model` usually takes (any works)",
