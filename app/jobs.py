@@ -335,17 +335,20 @@ class JobStore:
             run.append(Chunk(first + i, v, s, w, end, start_s, words))
         return run, count
 
-    def timed_words(self, job_id: str, job: dict) -> list[dict] | None:
+    def timed_words(self, job_id: str, job: dict, partial: bool = False) -> list[dict] | None:
         """Every word of the job in order, on the job's timeline, each with its `segment`
-        (None when a chunk is missing: the job is not done, or its audio expired)."""
+        (None when a chunk is missing: the job is not done, or its audio expired). With
+        `partial`, the words of the chunks stored so far, up to the first one missing."""
         order, complete = self._order(job_id, job["total"])
-        if not complete:
+        if not complete and not partial:
             return None
         fields = [f"{s}:{w}" for s, w, _ in order]
         timings = self.r.hmget(self.keys.words(job_id), fields) if fields else []
         starts = segment_starts(job.get("segment_samples", {}), order[-1][0] if order else 0)
         words: list[dict] = []
         for (s, _, _), t in zip(order, timings, strict=True):
+            if t is None and partial:
+                break  # a chunk still rendering (timings are stored with their chunk)
             _, placed = place_words(json.loads(t) if t else None, starts.get(s),
                                     job["sample_rate"])
             words.extend({**w, "segment": s} for w in placed)

@@ -13,7 +13,7 @@ from flask import Blueprint, Response, current_app, g, jsonify, request, url_for
 
 from app.celery_app import WORKER_QUEUES
 from app.farm import Farm
-from app.jobs import DONE
+from app.jobs import DONE, QUEUED, RUNNING
 from app.offload import offload
 from models import captions
 from models.encode import CONTENT_TYPES, encode, wav_bytes
@@ -243,15 +243,19 @@ def get_captions(job_id: str):
         raise ApiError(422, "unsupported_format", "'format' must be one of "
                        f"{', '.join(captions.CAPTION_FORMATS)}", field="format",
                        valid=list(captions.CAPTION_FORMATS))
-    if job["state"] != DONE:
+    # JSON grows as the job renders (the page follows it to highlight words while the
+    # audio streams); SRT and VTT are files, whole once the job is done.
+    rendering = job["state"] in (QUEUED, RUNNING) and fmt == "json"
+    if job["state"] != DONE and not rendering:
         raise ApiError(409, "job_not_done",
                        f"the job is {job['state']} ({job['done']}/{job['total']} segments); "
                        "its captions exist once it is done", state=job["state"])
-    words = farm().jobs.timed_words(job_id, job)
+    words = farm().jobs.timed_words(job_id, job, partial=rendering)
     if words is None:
         raise ApiError(410, "audio_expired", "the job's audio has expired")
     if fmt == "json":
-        return jsonify({"job_id": job_id, "audio_seconds": job["audio_seconds"],
+        return jsonify({"job_id": job_id, "state": job["state"], "complete": not rendering,
+                        "audio_seconds": job["audio_seconds"],
                         "words": words, "cues": captions.cues(words)})
     return Response(captions.render(words, fmt), content_type=captions.CONTENT_TYPES[fmt],
                     headers={"Content-Disposition": f'inline; filename="{job_id}.{fmt}"'})

@@ -298,6 +298,10 @@ def _schemas(settings: Settings) -> dict:
             "type": "object", "required": ["job_id", "words", "cues"],
             "properties": {
                 "job_id": {"type": "string"}, "audio_seconds": {"type": "number"},
+                "state": {"type": "string"},
+                "complete": {"type": "boolean",
+                             "description": "false while the job renders: the words of "
+                                            "the chunks stored so far"},
                 "words": {"type": "array", "items": _ref("Word")},
                 "cues": {"type": "array", "description": "the words grouped as the SRT and "
                                                          "VTT captions group them",
@@ -456,9 +460,11 @@ def _paths(settings: Settings) -> dict:
         "/v1/jobs/{job_id}/captions": {"get": {
             "tags": ["jobs"], "operationId": "getCaptions",
             "summary": "A finished job's word timestamps, as JSON, SRT or WebVTT",
-            "description": "Each word's start and end in the job's audio, from the acoustic "
-                           "model's durations (neural voices; an eSpeak job has none). SRT "
-                           "and VTT group the words into cues of at most 42 characters.",
+            "description": "Each word's start and end in the job's audio (a neural voice's "
+                           "durations, eSpeak's word events). SRT and VTT group the words "
+                           "into cues of at most 42 characters and exist once the job is "
+                           "done; JSON also while it renders (`complete: false`, the words "
+                           "so far).",
             "parameters": [_JOB_ID, {"name": "format", "in": "query", "schema": {
                 "type": "string", "enum": list(CAPTION_FORMATS), "default": "json"}}],
             "responses": {
@@ -467,7 +473,8 @@ def _paths(settings: Settings) -> dict:
                     "application/x-subrip": {"schema": {"type": "string"}},
                     "text/vtt": {"schema": {"type": "string"}}}},
                 "404": _NOT_FOUND,
-                "409": _error("the job is not done yet (`job_not_done`)"),
+                "409": _error("SRT/VTT of a job not done yet, or a canceled or failed job "
+                              "(`job_not_done`)"),
                 "410": _error("the job's audio expired (`audio_expired`)"),
                 "422": invalid, "503": _UNAVAILABLE}}},
         "/v1/jobs/{job_id}/stream": {"get": {

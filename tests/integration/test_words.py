@@ -107,6 +107,19 @@ def test_captions_as_srt_and_vtt(client):
     assert client.get("/v1/jobs/nope/captions").status_code == 404
 
 
+def test_json_captions_grow_while_the_job_renders(client):
+    job = submit(client, " ".join(SENTENCES * 2))
+    early = client.get(f"/v1/jobs/{job['id']}/captions").get_json()
+    srt = client.get(f"/v1/jobs/{job['id']}/captions?format=srt")
+    done = wait_state(client, job["id"])
+    final = client.get(f"/v1/jobs/{done['id']}/captions").get_json()
+    assert final["complete"] and final["state"] == "done"
+    if not early["complete"]:  # caught while rendering: the words so far, a prefix
+        assert srt.status_code == 409
+        assert final["words"][:len(early["words"])] == early["words"]
+        assert len(early["words"]) < len(final["words"])
+
+
 def test_captions_of_a_job_not_done_are_409(client):
     job = submit(client, " ".join(SENTENCES * 3))
     client.delete(f"/v1/jobs/{job['id']}")

@@ -91,6 +91,7 @@
       });
       addJob(job, text);
       play(job);
+      readAlong(job);
     } catch (err) {
       showError(err);
     } finally {
@@ -111,6 +112,86 @@
         showError({ message: `The audio could not be played: ${err.message}` });
       }
     });
+  }
+
+  // -- read-along: the word being spoken is highlighted as the audio plays ----------------------
+
+  // The job's words with their times come from its captions, which grow while it renders
+  // (`complete: false`); each word is a span, and the one whose time holds the player's
+  // clock is marked `current` (those before it `spoken`).
+  const reading = { jobId: null, words: [], spans: [], timer: null, index: -1 };
+
+  function readAlong(job) {
+    clearTimeout(reading.timer);
+    Object.assign(reading, { jobId: job.id, words: [], spans: [], index: -1 });
+    const box = $("readalong");
+    box.textContent = "";
+    box.hidden = false;
+    box.dataset.jobId = job.id;
+    followWords(job.id);
+  }
+
+  async function followWords(jobId) {
+    if (reading.jobId !== jobId) return;
+    let complete = false;
+    try {
+      const { data } = await api("GET", `/v1/jobs/${encodeURIComponent(jobId)}/captions`);
+      if (reading.jobId !== jobId) return;
+      for (const word of data.words.slice(reading.words.length)) {
+        const span = document.createElement("span");
+        span.textContent = word.word;
+        span.dataset.start = word.start;
+        span.dataset.end = word.end;
+        const box = $("readalong");
+        if (box.childNodes.length) box.append(" ");
+        box.append(span);
+        reading.words.push(word);
+        reading.spans.push(span);
+      }
+      complete = data.complete;
+      $("readalong").dataset.complete = complete ? "1" : "0";
+    } catch (err) {
+      complete = err.status === 409 || err.status === 404 || err.status === 410;
+    }
+    if (!complete) reading.timer = setTimeout(() => followWords(jobId), 400);
+    highlight();
+  }
+
+  function wordAt(t) {
+    // The last word that has started by `t` (binary search: words are in time order).
+    let lo = 0;
+    let hi = reading.words.length - 1;
+    let found = -1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      if (reading.words[mid].start <= t) {
+        found = mid;
+        lo = mid + 1;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return found;
+  }
+
+  function highlight() {
+    const player = $("player");
+    if (player.dataset.jobId !== reading.jobId) return;
+    const index = wordAt(player.currentTime);
+    if (index === reading.index) return;
+    const from = Math.min(index, reading.index);
+    const to = Math.max(index, reading.index);
+    for (let i = Math.max(from, 0); i <= to && i < reading.spans.length; i += 1) {
+      reading.spans[i].classList.toggle("spoken", i < index);
+      reading.spans[i].classList.toggle("current", i === index);
+    }
+    reading.index = index;
+    $("readalong").dataset.current = String(index);
+  }
+
+  function highlightWhilePlaying() {
+    highlight();
+    if (!$("player").paused) requestAnimationFrame(highlightWhilePlaying);
   }
 
   // -- the job list --------------------------------------------------------------------------
@@ -282,6 +363,9 @@
 
   $("speak-form").addEventListener("submit", speak);
   $("speed").addEventListener("input", showSpeed);
+  $("player").addEventListener("play", () => requestAnimationFrame(highlightWhilePlaying));
+  $("player").addEventListener("seeked", highlight);
+  $("player").addEventListener("timeupdate", highlight);
   $("player").addEventListener("error", () => {
     const err = $("player").error;
     if ($("player").getAttribute("src")) {
