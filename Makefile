@@ -35,7 +35,7 @@ test: $(STAMP)
 
 # The farm tests again with RabbitMQ as the broker (VOXFARM_TEST_BROKER=amqp, see
 # tests/brokers.py): a representative subset (jobs, a killed worker, books across the batch
-# queues, interactive before batch, a killed book worker), about 3 minutes, because the whole
+# queues, interactive before batch, a killed book worker), about a minute, because the whole
 # integration suite takes about 8 minutes per broker on two cores. All of it:
 # `make test-amqp AMQP_TESTS=tests/integration`. Without a reachable RabbitMQ and a
 # rabbitmqctl to make a virtual host per farm, a banner says the pass was skipped.
