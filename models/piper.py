@@ -170,7 +170,27 @@ def _latent_config(voice: PiperVoice) -> MelConfig:
     )
 
 
-class PiperAcoustic(AcousticModel):
+class _PiperHalf:
+    """What both halves share: the voice file they load (each keeps the whole voice), and
+    a model id naming the half, its code version and the file's hash (part of cache keys)."""
+
+    version: ClassVar[str] = "1"
+    model_prefix: ClassVar[str]
+
+    def __init__(self, device: str | torch.device = "cpu", model_path: str | None = None,
+                 config_path: str | None = None) -> None:
+        self.device = torch.device(device)
+        self.voice = load_piper_voice(model_path or default_voice_path(), config_path,
+                                      self.device)
+        self.mel_config = _latent_config(self.voice)
+        self.model_id = f"{self.model_prefix}-v{self.version}-{self.voice.model_id}"
+
+    @classmethod
+    def from_checkpoint(cls, path: str, device: str = "cpu", **kwargs: Any):
+        return cls(device=device, model_path=path, **kwargs)
+
+
+class PiperAcoustic(_PiperHalf, AcousticModel):
     """Acoustic model ``vits``: Piper IPA (``models.piper_voice.piper_phonemes``) -> latent
     ``(192, frames)``, frames of ``hop_length`` samples.
 
@@ -180,19 +200,7 @@ class PiperAcoustic(AcousticModel):
         config_path: its ``.onnx.json``; default beside the model.
     """
 
-    version: ClassVar[str] = "1"
-
-    def __init__(self, device: str | torch.device = "cpu", model_path: str | None = None,
-                 config_path: str | None = None) -> None:
-        self.device = torch.device(device)
-        self.voice = load_piper_voice(model_path or default_voice_path(), config_path,
-                                      self.device)
-        self.mel_config = _latent_config(self.voice)
-        self.model_id = f"vits-v{self.version}-{self.voice.model_id}"
-
-    @classmethod
-    def from_checkpoint(cls, path: str, device: str = "cpu", **kwargs: Any) -> AcousticModel:
-        return cls(device=device, model_path=path, **kwargs)
+    model_prefix: ClassVar[str] = "vits"
 
     def synthesize(self, phonemes: str, voice: str = "", speed: float = 1.0, seed: int = 0,
                    speaker: str | int | None = None) -> torch.Tensor:
@@ -218,7 +226,7 @@ class PiperAcoustic(AcousticModel):
         return [out.z[i, :, : int(n)] for i, n in enumerate(out.frame_lengths.tolist())]
 
 
-class PiperVocoder(Vocoder):
+class PiperVocoder(_PiperHalf, Vocoder):
     """Vocoder ``hifigan``: latents ``(192, frames)`` -> float32 audio ``(frames * 256,)``.
 
     Args:
@@ -228,19 +236,7 @@ class PiperVocoder(Vocoder):
     """
 
     name: ClassVar[str] = "hifigan"
-    version: ClassVar[str] = "1"
-
-    def __init__(self, device: str | torch.device = "cpu", model_path: str | None = None,
-                 config_path: str | None = None) -> None:
-        self.device = torch.device(device)
-        self.voice = load_piper_voice(model_path or default_voice_path(), config_path,
-                                      self.device)
-        self.mel_config = _latent_config(self.voice)
-        self.model_id = f"hifigan-v{self.version}-{self.voice.model_id}"
-
-    @classmethod
-    def from_checkpoint(cls, path: str, device: str = "cpu", **kwargs: Any) -> Vocoder:
-        return cls(device=device, model_path=path, **kwargs)
+    model_prefix: ClassVar[str] = "hifigan"
 
     def vocode(self, mels: list[torch.Tensor], speaker: str | int | None = None
                ) -> list[torch.Tensor]:
