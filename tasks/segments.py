@@ -95,9 +95,13 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     """Mel from the cache -> 16-bit PCM chunk `spec['index']` of the job."""
     farm = self.farm
     if "book_id" in spec:
-        if not books.segment_wanted(farm, spec):
-            raise Ignore()
-    elif farm.jobs.state(spec["job_id"]) in (None, CANCELED, FAILED):
+        wanted = books.segment_wanted(farm, spec)
+    else:
+        wanted = farm.jobs.state(spec["job_id"]) not in (None, CANCELED, FAILED)
+    if not wanted:
+        # Stored already (a twin publish of the feeder) or canceled: the acoustic stage
+        # held the features for this stage, so let go of them here too.
+        farm.mel_cache.release(mel_key, drop="book_id" in spec)
         raise Ignore()
     blob = farm.mel_cache.get(mel_key)
     if blob is None:

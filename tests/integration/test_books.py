@@ -80,7 +80,8 @@ def test_epub_renders_to_m4b_with_chapter_markers(book_farm, bclient):
     resp = upload(bclient, epub, "harbour.epub", formats="m4b,mp3,chapters")
     assert resp.status_code == 202, resp.get_json()
     book = resp.get_json()
-    assert book["state"] == "queued" and book["title"] == "Harbour Tales"
+    # A fast broker may hand the prepare to the book worker before this answer is built.
+    assert book["state"] in ("queued", "preparing") and book["title"] == "Harbour Tales"
 
     book = wait_book(bclient, book["id"])
     titles = [t for t, _ in bookfiles.CHAPTERS]
