@@ -32,9 +32,15 @@ from app.offload import offload
 from models.encode import StreamEncoder
 from web import validation as v
 from web.errors import ApiError
-from web.openai_compat import RESPONSE_FORMATS, _error, resolve_speed, resolve_voice
+from web.openai_compat import (
+    RESPONSE_FORMATS,
+    _error,
+    resolve_speed,
+    resolve_voice,
+    submit_speech,
+)
 from web.streams import streaming_response
-from web.synthesis import ChunkFollower, submit_text
+from web.synthesis import ChunkFollower
 
 captioned = Blueprint("captioned", __name__)
 
@@ -97,13 +103,7 @@ def _encode(encoder: StreamEncoder, pcm: bytes) -> bytes:
 def captioned_speech():
     body = v.json_body(request)
     text, voice, fmt, speed, stream, want_words = _request(body)
-    try:
-        job = submit_text(farm(), text, voice, speed, "wav",
-                          request.headers.get("X-Request-ID", ""), entry="openai")
-    except ApiError as err:
-        err.extra.setdefault("type", "invalid_request_error")
-        err.extra.setdefault("param", err.field)
-        raise
+    job = submit_speech(text, voice, speed)
     codec, out_rate = RESPONSE_FORMATS[fmt]
     encoder = StreamEncoder(codec, job["sample_rate"], out_rate)
     f = farm()

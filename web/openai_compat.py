@@ -123,6 +123,17 @@ def resolve_speed(body: dict) -> float:
     return float(min(max(speed, v.SPEED_MIN), v.SPEED_MAX))
 
 
+def submit_speech(text: str, voice: str, speed: float) -> dict:
+    """Submit an OpenAI-style request's job; its errors carry OpenAI's `type` and `param`."""
+    try:
+        return submit_text(farm(), text, voice, speed, "wav",
+                           request.headers.get("X-Request-ID", ""), entry="openai")
+    except ApiError as err:
+        err.extra.setdefault("type", "invalid_request_error")
+        err.extra.setdefault("param", err.field)
+        raise
+
+
 @openai_compat.post("/v1/audio/speech")
 def speech():
     settings = farm().settings
@@ -157,13 +168,7 @@ def speech():
     if not isinstance(body.get("instructions", ""), str | None):
         raise _error(422, "invalid_type", "'instructions' must be a string", "instructions")
 
-    try:
-        job = submit_text(farm(), text, voice, speed, "wav",
-                          request.headers.get("X-Request-ID", ""), entry="openai")
-    except ApiError as err:
-        err.extra.setdefault("type", "invalid_request_error")
-        err.extra.setdefault("param", err.field)
-        raise
+    job = submit_speech(text, voice, speed)
     fmt, out_rate = RESPONSE_FORMATS[response_format]
     encoder = StreamEncoder(fmt, job["sample_rate"], out_rate)
     f = farm()
