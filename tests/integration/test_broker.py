@@ -69,6 +69,10 @@ def test_depth_counts_waiting_messages_and_an_unknown_queue_is_empty(vhost_url):
         for i in range(3):
             producer.publish({"n": i}, exchange=queue.exchange, routing_key="acoustic",
                              declare=[queue])
+    # Unconfirmed publishes reach a quorum queue's count a moment later: wait for it, bounded.
+    deadline = time.monotonic() + 5
+    while probe.depth("acoustic") < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert probe.depth("acoustic") == 3
     assert probe.depth("vocoder") == 0  # still not declared: its 404 did not break the probe
     assert probe.depth("acoustic") == 3
