@@ -93,6 +93,22 @@ class Settings:
     flower_user: str = ""
     flower_password: str = ""
 
+    # OpenAI voice names mapped elsewhere: "alloy=en-us+f2,echo=NAME:2" (web/openai_compat.py).
+    openai_voices: str = ""
+    # The share of jobs whose log lines are kept, 0..1 (app/logging_setup.py).
+    log_sample_rate: float = 1.0
+    # Where a worker's models run: "cpu", "cuda", "cuda:1" (tasks/runtime.py).
+    device: str = "cpu"
+    # The pool a worker process serves (its queue), set by `voxfarm worker`; names its logs.
+    role: str = ""
+    # prometheus_client's multiprocess files; empty: voxfarm-metrics-UID in the temp dir
+    # (app/multiproc.py).
+    metrics_dir: str = ""
+    # gunicorn (ops/gunicorn.conf.py): where the web listens, how many workers, log level.
+    bind: str = "127.0.0.1:8000"
+    web_workers: int = 2
+    log_level: str = "info"
+
     @property
     def broker(self) -> str:
         return self.broker_url or self.redis_url
@@ -149,6 +165,14 @@ class Settings:
             max_book_bytes=int(_env("MAX_BOOK_BYTES", str(d.max_book_bytes))),
             flower_user=_env("FLOWER_USER", ""),
             flower_password=_env("FLOWER_PASSWORD", ""),
+            openai_voices=_env("OPENAI_VOICES", d.openai_voices),
+            log_sample_rate=float(_env("LOG_SAMPLE_RATE", str(d.log_sample_rate))),
+            device=_env("DEVICE", d.device),
+            role=_env("ROLE", d.role),
+            metrics_dir=_env("METRICS_DIR", d.metrics_dir),
+            bind=_env("BIND", d.bind),
+            web_workers=int(_env("WEB_WORKERS", str(d.web_workers))),
+            log_level=_env("LOG_LEVEL", d.log_level),
         )
 
     def with_(self, **changes) -> Settings:
