@@ -1,24 +1,35 @@
 """Settings from the environment (12-factor), read once into a frozen dataclass.
 
-Every knob is a `VOXFARM_*` variable; `Settings.from_env()` is the only reader, so a test
-builds the exact settings it needs and passes them to `create_app()` / `make_celery()`.
+Every knob is a field here and a `VOXFARM_<FIELD>` variable (`VOXFARM_MEL_CACHE_TTL` for
+`mel_cache_ttl`), read and converted to the field's type by `Settings.from_env()`, which walks
+the fields, so a knob is declared once. A field whose variable is named otherwise says so in its
+metadata (`store_dir` is `VOXFARM_STORE`); `redis_url` also takes the conventional `REDIS_URL`.
+`from_env()` is the only reader of `VOXFARM_*` in the code base (tests/unit/test_settings.py
+holds everyone to it), so a test builds the exact settings it needs and passes them to
+`create_app()` / `make_celery()`; `Settings()` is the defaults alone, whatever the environment.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import get_type_hints
+
+PREFIX = "VOXFARM_"
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"VOXFARM_{name}", default)
+def _env(*names: str) -> dict:
+    """Field metadata: the variables a field is read from, in order of precedence."""
+    return {"env": names}
 
 
 @dataclass(frozen=True)
 class Settings:
     # Redis: one URL for everything unless split. The broker wants AOF and noeviction, the
     # mel cache an LRU policy, so production deployments may point them at different servers.
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    # REDIS_URL too, the name hosted Redis add-ons set; an empty variable counts as unset.
+    redis_url: str = field(default="redis://127.0.0.1:6379/0",
+                           metadata=_env("VOXFARM_REDIS_URL", "REDIS_URL"))
     broker_url: str = ""
     result_url: str = ""
     cache_url: str = ""
@@ -79,13 +90,13 @@ class Settings:
     # seconds is dropped (it stopped reading).
     stream_write_timeout_s: float = 60.0
 
-    store_dir: str = "var/store"
+    store_dir: str = field(default="var/store", metadata=_env("VOXFARM_STORE"))
     # Where `voxfarm up` keeps the embedded Redis, the store and `farm.json` (the state file
     # that tells the client commands where the farm listens: app/farmstate.py).
-    var_dir: str = "var"
+    var_dir: str = field(default="var", metadata=_env("VOXFARM_VAR"))
     # The farm a client command (`voxfarm say`, `book render`) talks to; empty: the one in
     # var_dir's state file, else http://127.0.0.1:8000.
-    server_url: str = ""
+    server_url: str = field(default="", metadata=_env("VOXFARM_SERVER"))
     # Largest book upload (file or JSON chapters); past it the API answers 413.
     max_book_bytes: int = 50 * 1024 * 1024
 
@@ -108,6 +119,10 @@ class Settings:
     bind: str = "127.0.0.1:8000"
     web_workers: int = 2
     log_level: str = "info"
+    # `voxfarm worker`: serve the pool's Prometheus metrics on this port (0: off), and torch
+    # threads per process (0: the CLI's default, one).
+    metrics_port: int = 0
+    torch_threads: int = 0
 
     @property
     def broker(self) -> str:
@@ -127,53 +142,33 @@ class Settings:
         return self.cache_url or self.redis_url
 
     @classmethod
+    def env_names(cls) -> dict[str, tuple[str, ...]]:
+        """Each field's environment variables, in order of precedence."""
+        return {f.name: f.metadata.get("env", (PREFIX + f.name.upper(),)) for f in fields(cls)}
+
+    @classmethod
     def from_env(cls) -> Settings:
-        d = cls()
-        return cls(
-            redis_url=os.environ.get("VOXFARM_REDIS_URL")
-            or os.environ.get("REDIS_URL")
-            or d.redis_url,
-            broker_url=_env("BROKER_URL", ""),
-            result_url=_env("RESULT_URL", ""),
-            cache_url=_env("CACHE_URL", ""),
-            key_prefix=_env("KEY_PREFIX", d.key_prefix),
-            acoustic_model=_env("ACOUSTIC_MODEL", d.acoustic_model),
-            vocoder=_env("VOCODER", d.vocoder),
-            default_voice=_env("DEFAULT_VOICE", d.default_voice),
-            voices_dir=_env("VOICES_DIR", d.voices_dir),
-            mel_cache_ttl=int(_env("MEL_CACHE_TTL", str(d.mel_cache_ttl))),
-            vocoder_window_frames=int(_env("VOCODER_WINDOW_FRAMES",
-                                           str(d.vocoder_window_frames))),
-            job_ttl=int(_env("JOB_TTL", str(d.job_ttl))),
-            max_text_chars=int(_env("MAX_TEXT_CHARS", str(d.max_text_chars))),
-            max_queue_depth=int(_env("MAX_QUEUE_DEPTH", str(d.max_queue_depth))),
-            max_queue_wait_s=float(_env("MAX_QUEUE_WAIT_S", str(d.max_queue_wait_s))),
-            retry_after_s=int(_env("RETRY_AFTER_S", str(d.retry_after_s))),
-            max_wait_s=int(_env("MAX_WAIT_S", str(d.max_wait_s))),
-            visibility_timeout=int(_env("VISIBILITY_TIMEOUT", str(d.visibility_timeout))),
-            broker_heartbeat_s=int(_env("BROKER_HEARTBEAT_S", str(d.broker_heartbeat_s))),
-            task_time_limit=int(_env("TASK_TIME_LIMIT", str(d.task_time_limit))),
-            max_retries=int(_env("MAX_RETRIES", str(d.max_retries))),
-            redis_timeout_s=float(_env("REDIS_TIMEOUT_S", str(d.redis_timeout_s))),
-            publish_timeout_s=int(_env("PUBLISH_TIMEOUT_S", str(d.publish_timeout_s))),
-            publish_grace_s=int(_env("PUBLISH_GRACE_S", str(d.publish_grace_s))),
-            stream_write_timeout_s=float(_env("STREAM_WRITE_TIMEOUT_S",
-                                              str(d.stream_write_timeout_s))),
-            store_dir=_env("STORE", d.store_dir),
-            var_dir=_env("VAR", d.var_dir),
-            server_url=_env("SERVER", d.server_url),
-            max_book_bytes=int(_env("MAX_BOOK_BYTES", str(d.max_book_bytes))),
-            flower_user=_env("FLOWER_USER", ""),
-            flower_password=_env("FLOWER_PASSWORD", ""),
-            openai_voices=_env("OPENAI_VOICES", d.openai_voices),
-            log_sample_rate=float(_env("LOG_SAMPLE_RATE", str(d.log_sample_rate))),
-            device=_env("DEVICE", d.device),
-            role=_env("ROLE", d.role),
-            metrics_dir=_env("METRICS_DIR", d.metrics_dir),
-            bind=_env("BIND", d.bind),
-            web_workers=int(_env("WEB_WORKERS", str(d.web_workers))),
-            log_level=_env("LOG_LEVEL", d.log_level),
-        )
+        """The defaults, overridden by every variable that is set.
+
+        A value is converted by its field's type, so `VOXFARM_JOB_TTL=soon` fails here, at
+        start, with the variable's name. A field with several variables takes the first that is
+        set and not empty; one variable set to "" means "" (and fails for a number).
+        """
+        types = get_type_hints(cls)
+        values = {}
+        for name, env_names in cls.env_names().items():
+            if len(env_names) == 1:
+                raw = os.environ.get(env_names[0])
+            else:
+                raw = next((v for v in map(os.environ.get, env_names) if v), None)
+            if raw is None:
+                continue
+            try:
+                values[name] = types[name](raw)
+            except ValueError:
+                raise ValueError(f"{'/'.join(env_names)}={raw!r} is not a valid "
+                                 f"{types[name].__name__}") from None
+        return cls(**values)
 
     def with_(self, **changes) -> Settings:
         return replace(self, **changes)
