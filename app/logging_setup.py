@@ -20,11 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import sys
 import time
 
 from app import tracing
+from app.settings import Settings
 
 TRACE_FIELDS = ("request_id", "job_id", "segment", "task_id")
 
@@ -34,11 +34,8 @@ _RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
 
 
 def sample_rate_from_env() -> float:
-    try:
-        rate = float(os.environ.get("VOXFARM_LOG_SAMPLE_RATE", "1"))
-    except ValueError:
-        return 1.0
-    return min(1.0, max(0.0, rate))
+    """The settings' `log_sample_rate` (VOXFARM_LOG_SAMPLE_RATE), held to 0..1."""
+    return min(1.0, max(0.0, Settings.from_env().log_sample_rate))
 
 
 def job_sampled(job_id: str | None, rate: float) -> bool:

@@ -19,11 +19,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from app.settings import Settings
+
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def base_dir() -> Path:
-    return Path(os.environ.get("VOXFARM_METRICS_DIR")
+    """The settings' `metrics_dir` (VOXFARM_METRICS_DIR), else one per user in the temp dir."""
+    return Path(Settings.from_env().metrics_dir
                 or Path(tempfile.gettempdir()) / f"voxfarm-metrics-{os.getuid()}")
 
 

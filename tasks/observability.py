@@ -23,6 +23,7 @@ from celery import signals
 from app import metrics, multiproc, tracing
 from app.celery_app import VOCODER_QUEUE
 from app.logging_setup import configure_logging
+from app.settings import Settings
 from tasks import runtime
 
 seglog = logging.getLogger("voxfarm.segments")
@@ -124,8 +125,12 @@ def _observer() -> metrics.JobObserver:
     return obs
 
 
+_role: dict[str, str] = {}  # the pool this worker serves, given to install()
+
+
 def _setup_logging(loglevel=None, **_: object) -> None:
-    configure_logging(loglevel or "INFO", role=os.environ.get("VOXFARM_ROLE") or "worker")
+    role = _role.get("name") or Settings.from_env().role or "worker"
+    configure_logging(loglevel or "INFO", role=role)
 
 
 def _process_init(**_: object) -> None:
@@ -136,8 +141,11 @@ def _process_shutdown(pid=None, **_: object) -> None:
     multiproc.mark_process_dead(pid or os.getpid())
 
 
-def install(solo: bool = False) -> None:
-    """Connect the hooks (idempotent). `solo`: the pool runs tasks in the main process."""
+def install(solo: bool = False, role: str = "") -> None:
+    """Connect the hooks (idempotent). `solo`: the pool runs tasks in the main process;
+    `role`: the pool's name in every log line (default: the settings' `role`)."""
+    if role:
+        _role["name"] = role
     tracing.install()
     signals.task_prerun.connect(_prerun, weak=False, dispatch_uid="voxfarm.obs.prerun")
     signals.task_postrun.connect(_postrun, weak=False, dispatch_uid="voxfarm.obs.postrun")

@@ -1,8 +1,9 @@
 """Per-process state of a worker: the farm's stores and the loaded models.
 
 Models load lazily, once per process, after the fork (CUDA is not fork-safe, and the parent
-of a prefork pool never runs a task). `workers/` sets the device and preloads on
-`worker_process_init`; a task that runs first simply loads on first use.
+of a prefork pool never runs a task). `workers/` sets the device and, for the acoustic and
+vocoder pools, preloads on `worker_process_init` (the book pool runs no model: it only needs
+the farm); a task that runs first simply loads on first use.
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ from app.settings import Settings
 
 _lock = threading.RLock()
 _state: dict = {"pid": None}
-_device = os.environ.get("VOXFARM_DEVICE", "cpu")
+_device: str | None = None  # None: the settings' (VOXFARM_DEVICE)
 _threads = 0  # torch intra-op threads per process; 0 keeps torch's default (one per core)
 
 
 def configure(device: str, threads: int = 0) -> None:
     global _device, _threads
     _device, _threads = device, threads
-    os.environ["VOXFARM_DEVICE"] = device
+    os.environ["VOXFARM_DEVICE"] = device  # for any process this one starts
 
 
 def device() -> str:
-    return _device
+    """Where this process's models run: the worker's `--device`, else the settings'."""
+    return _device or Settings.from_env().device
 
 
 def _mine() -> dict:
@@ -57,7 +59,7 @@ def acoustic_model():
             if "acoustic" not in st:
                 from models.acoustic import load_acoustic
 
-                st["acoustic"] = load_acoustic(farm().settings.acoustic_model, device=_device)
+                st["acoustic"] = load_acoustic(farm().settings.acoustic_model, device=device())
     return st["acoustic"]
 
 
@@ -68,7 +70,7 @@ def vocoder():
             if "vocoder" not in st:
                 from models.vocoder import load_vocoder
 
-                st["vocoder"] = load_vocoder(farm().settings.vocoder, device=_device)
+                st["vocoder"] = load_vocoder(farm().settings.vocoder, device=device())
     return st["vocoder"]
 
 
@@ -85,7 +87,7 @@ def _piper(kind: str, model_path: str):
 
                 cls = PiperAcoustic if kind == "acoustic" else PiperVocoder
                 try:
-                    st[key] = cls(device=_device, model_path=model_path)
+                    st[key] = cls(device=device(), model_path=model_path)
                 except VoiceFileError as exc:  # final: a retry reads the same broken file
                     raise VoiceUnavailable(f"the voice cannot be loaded: {exc}") from exc
     return st[key]

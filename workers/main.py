@@ -1,8 +1,11 @@
-"""Worker pool entrypoints: `voxfarm worker acoustic|vocoder`.
+"""Worker pool entrypoints: `voxfarm worker acoustic|vocoder|book`.
 
-A pool is a Celery worker consuming one queue. Models load after the fork, once per process,
-on the device the pool was started for; each worker heartbeats into Redis so /readyz knows
-which pools have someone alive.
+A pool is a Celery worker consuming one stage's queues: acoustic and vocoder run the models
+(prefork, one process per core or GPU), each on its interactive queue, its batch (book) queue
+or both; book runs the books' orchestration (prepare, feed, assemble: tasks/books.py) on a
+gevent pool and loads no model. Models load after the fork, once per process, on the device
+the pool was started for; each worker heartbeats into Redis so /readyz knows which pools have
+someone alive.
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     # endpoint serves every pool process's samples (multiprocess mode, set up by the CLI).
     from tasks import observability
 
-    observability.install(solo=pool == "solo")
+    observability.install(solo=pool == "solo", role=queue)
     if metrics_port:
         from app.metrics import start_metrics_server
 
