@@ -6,8 +6,13 @@ holds thousands of waiting clients.
 
 import os
 
-bind = os.environ.get("VOXFARM_BIND", "127.0.0.1:8000")
-workers = int(os.environ.get("VOXFARM_WEB_WORKERS", "2"))
+from app.settings import Settings
+
+# VOXFARM_BIND, VOXFARM_WEB_WORKERS, VOXFARM_LOG_LEVEL; --bind and --workers on the command
+# line (the Procfile's, `voxfarm up`'s) win over them.
+_settings = Settings.from_env()
+bind = _settings.bind
+workers = _settings.web_workers
 worker_class = "gevent"
 worker_connections = 1000
 # gevent workers are not killed for a slow request (the timeout is the worker's heartbeat),
@@ -18,7 +23,7 @@ graceful_timeout = 30
 keepalive = 5
 accesslog = "-"
 errorlog = "-"
-loglevel = os.environ.get("VOXFARM_LOG_LEVEL", "info")
+loglevel = _settings.log_level
 
 # JSON lines (app/logging_setup.py) for gunicorn's error and access logs and the app's own;
 # the access line carries the request id the app echoed in X-Request-ID.
