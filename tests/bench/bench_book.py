@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.bench.bench_farm import pct, sentences  # noqa: E402
-from tests.conftest import running_farm  # noqa: E402
+from tests.helpers import running_farm  # noqa: E402
 
 
 def book_json(words: int, chapters: int) -> dict:

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from tests import brokers  # noqa: E402
 from tests.bench.bench_farm import farm_job, pct, sentences  # noqa: E402
 from tests.bench.common import redis_url_or_embedded  # noqa: E402
-from tests.conftest import gunicorn_server, running_farm  # noqa: E402
+from tests.helpers import gunicorn_server, running_farm  # noqa: E402
 
 _TASK_LINE = re.compile(r"Task (\S+)\[([0-9a-f-]{36})\] (received|succeeded)")
 

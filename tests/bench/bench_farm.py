@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.bench.common import redis_url_or_embedded  # noqa: E402
-from tests.conftest import gunicorn_server, running_farm  # noqa: E402
+from tests.helpers import gunicorn_server, running_farm  # noqa: E402
 
 SUBJECTS = ["The old lighthouse", "A quiet engineer", "Every morning train", "The river",
             "Our small garden", "The city library", "A patient teacher", "The mountain road",

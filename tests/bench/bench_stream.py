@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.bench.bench_farm import Direct  # noqa: E402
 from tests.bench.common import redis_url_or_embedded  # noqa: E402
-from tests.conftest import gunicorn_server, running_farm  # noqa: E402
+from tests.helpers import gunicorn_server, running_farm  # noqa: E402
 
 TOPICS = ["harbour", "library", "mountain", "garden", "market", "river", "station",
           "orchard", "workshop", "lighthouse"]

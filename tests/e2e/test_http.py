@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import requests
 
-from tests.conftest import (
+from tests.helpers import (
     SR,
     assert_chunk_order,
     assert_speech,
     decode_chunk,
     gunicorn_server,
     running_farm,
+    wait_state,
 )
 
 pytestmark = pytest.mark.e2e
@@ -35,16 +36,6 @@ def error_of(resp: requests.Response, status: int, code: str) -> dict:
     return err
 
 
-def wait_done(server: str, job_id: str, timeout_s: float = 120) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = requests.get(f"{server}/v1/jobs/{job_id}", timeout=10).json()
-        if job["state"] in ("done", "failed", "canceled"):
-            return job
-        time.sleep(0.1)
-    raise AssertionError("job did not finish")
-
-
 @pytest.fixture(scope="module")
 def done_job(server) -> dict:
     resp = requests.post(f"{server}/v1/jobs", json={"text": TEXT, "format": "mp3"}, timeout=30)
@@ -53,7 +44,7 @@ def done_job(server) -> dict:
     assert resp.headers["Location"] == f"/v1/jobs/{job['id']}"
     assert job["state"] in ("queued", "running", "done")
     assert job["links"]["chunks"] == f"/v1/jobs/{job['id']}/chunks"
-    return wait_done(server, job["id"])
+    return wait_state(server, job["id"])
 
 
 def test_job_lifecycle_over_http(server, done_job):

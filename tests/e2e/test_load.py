@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from app.jobs import FAILED, FINAL_STATES, UNPUBLISHED_ERROR
-from tests.conftest import gunicorn_server, running_farm
+from app.jobs import UNPUBLISHED_ERROR
+from app.states import JOB_FINAL, JobState
+from tests.helpers import gunicorn_server, running_farm
 
 pytestmark = pytest.mark.e2e
 
@@ -61,7 +62,7 @@ def wait_all_final(tf, timeout_s: float = 180) -> dict[str, dict]:
     deadline = time.monotonic() + timeout_s
     while True:
         jobs = job_records(tf)
-        open_jobs = {i: j["state"] for i, j in jobs.items() if j["state"] not in FINAL_STATES}
+        open_jobs = {i: j["state"] for i, j in jobs.items() if j["state"] not in JOB_FINAL}
         if not open_jobs:
             return jobs
         if time.monotonic() > deadline:
@@ -173,7 +174,7 @@ def test_a_broker_that_stalls_mid_submit_gets_a_503_and_the_job_is_failed(redis_
         assert r.json()["error"]["code"] == "broker_unavailable"
         assert took < 30, f"the refusal took {took:.1f} s"
         jobs = job_records(tf)
-        assert [j["state"] for j in jobs.values()] == [FAILED]
+        assert [j["state"] for j in jobs.values()] == [JobState.FAILED]
         assert "could not be queued" in next(iter(jobs.values()))["error"]
         assert tf.farm.redis.zcard(tf.farm.keys.unpublished) == 0
 
@@ -201,7 +202,7 @@ def test_a_job_whose_web_died_mid_submit_is_failed_by_the_sweeper(redis_url, tmp
         time.sleep(1.2)
         assert tf.farm.sweep_unpublished() == [job["id"]]
         after = tf.farm.jobs.get(job["id"])
-        assert after["state"] == FAILED and after["error"] == UNPUBLISHED_ERROR
+        assert after["state"] == JobState.FAILED and after["error"] == UNPUBLISHED_ERROR
         assert tf.farm.sweep_unpublished() == []  # forgotten once failed
         # A published job is never swept, however old.
         ok = tf.farm.jobs.create(total=1, voice="en-us", speed=1.0, fmt="wav", chars=10,
@@ -217,6 +218,6 @@ def test_the_acoustic_pool_sweeps_on_its_heartbeat(redis_url, tmp_path):
         job = tf.farm.jobs.create(total=2, voice="en-us", speed=1.0, fmt="wav", chars=10,
                                   sample_rate=22050)
         deadline = time.monotonic() + 30
-        while tf.farm.jobs.get(job["id"])["state"] != FAILED:
+        while tf.farm.jobs.get(job["id"])["state"] != JobState.FAILED:
             assert time.monotonic() < deadline, "the worker never swept the stranded job"
             time.sleep(0.3)

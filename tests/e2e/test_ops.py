@@ -24,7 +24,7 @@ import requests
 import yaml
 
 from app.embedded_redis import free_port
-from tests.conftest import ROOT, wait_http_ok
+from tests.helpers import ROOT, wait_http_ok
 
 OPS = ROOT / "ops"
 PROMTOOL = shutil.which("promtool")

@@ -92,7 +92,7 @@ def test_events_of_a_job_canceled_before_any_chunk_expire_with_the_job(farm):
 
 
 def test_a_stream_client_that_stops_reading_is_dropped(farm, tmp_path):
-    from tests.conftest import gunicorn_server
+    from tests.helpers import gunicorn_server
 
     env = dict(farm.env, VOXFARM_STREAM_WRITE_TIMEOUT_S="2")
     text = " ".join(f"Sentence number {i} of a long story that nobody will listen to."

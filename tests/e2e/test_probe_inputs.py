@@ -13,8 +13,9 @@ import requests
 from app.artifacts import open_store
 from models.frontend import MAX_BREAK_MS
 from tests import bookfiles, wsclient
-from tests.conftest import gunicorn_server
-from tests.e2e.test_http import error_of, wait_done
+from tests.e2e.test_http import error_of
+from tests.helpers import gunicorn_server
+from tests.helpers import wait_state as wait_done
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,9 @@ import pytest
 import requests
 
 from tests import wsclient
-from tests.conftest import SR, assert_speech, decode_chunk
-from tests.e2e.test_http import error_of, wait_done
+from tests.e2e.test_http import error_of
+from tests.helpers import SR, assert_speech, decode_chunk
+from tests.helpers import wait_state as wait_done
 
 pytestmark = pytest.mark.e2e
 

@@ -22,7 +22,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.embedded_redis import free_port
-from tests.conftest import ROOT, wav_to_pcm, with_db
+from tests.helpers import ROOT, wav_to_pcm, with_db
 
 pytestmark = pytest.mark.e2e
 

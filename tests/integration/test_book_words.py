@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import running_farm
-from tests.integration.test_books import wait_book
+from tests.helpers import running_farm, wait_book
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import av
 import pytest
 
 from tests import bookfiles
-from tests.conftest import running_farm
+from tests.helpers import running_farm, wait_book
 
 pytestmark = pytest.mark.integration
 
@@ -52,18 +52,6 @@ def bclient(book_farm):
 def upload(client, data: bytes, name: str, **form):
     return client.post("/v1/books", data={"file": (io.BytesIO(data), name), **form},
                        content_type="multipart/form-data")
-
-
-def wait_book(client, book_id: str, states=("done",), timeout_s: float = 120,
-              until=None) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        book = client.get(f"/v1/books/{book_id}").get_json()
-        if book["state"] in states or (until and until(book)):
-            return book
-        assert book["state"] not in ("failed", "canceled") or book["state"] in states, book
-        time.sleep(0.1)
-    raise AssertionError(f"book {book_id} still {book['state']} after {timeout_s} s: {book}")
 
 
 def segment_files(farm, book_id: str) -> list[str]:

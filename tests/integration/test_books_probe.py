@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import running_farm
-from tests.integration.test_books import segment_files, wait_book
+from tests.helpers import running_farm, wait_book
+from tests.integration.test_books import segment_files
 
 pytestmark = pytest.mark.integration
 

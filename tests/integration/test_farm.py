@@ -8,12 +8,14 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import (
+from tests.helpers import (
     SR,
     assert_chunk_order,
     assert_speech,
+    collect_chunks,
     decode_chunk,
     running_farm,
+    wait_state,
     wav_to_pcm,
 )
 
@@ -32,32 +34,6 @@ def submit(client, text: str, **extra) -> dict:
     resp = client.post("/v1/jobs", json={"text": text, **extra})
     assert resp.status_code == 202, resp.get_json()
     return resp.get_json()
-
-
-def wait_state(client, job_id: str, states=("done",), timeout_s: float = 120) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").get_json()
-        if job["state"] in states:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} still {job['state']} after {timeout_s} s")
-
-
-def collect_chunks(client, job_id: str, max_per_poll: int = 2, timeout_s: float = 120):
-    """Long-poll the job to its end, a few chunks at a time, as a resuming client would."""
-    after, chunks, deadline = -1, [], time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        resp = client.get(f"/v1/jobs/{job_id}/chunks?after={after}&wait=10&max={max_per_poll}")
-        if resp.status_code == 204:
-            continue
-        assert resp.status_code == 200, resp.get_json()
-        page = resp.get_json()
-        chunks += page["chunks"]
-        after = page["next_after"]
-        if page["end"]:
-            return page, chunks
-    raise AssertionError("long-poll did not reach the end")
 
 
 def test_job_renders_speech_in_ordered_chunks(client):

@@ -20,7 +20,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.embedded_redis import free_port
-from tests.conftest import ROOT, WorkerProc, gunicorn_server, running_farm
+from tests.helpers import ROOT, WorkerProc, gunicorn_server, running_farm
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ import wave
 import numpy as np
 import pytest
 
-from tests.conftest import assert_speech, running_farm
-from tests.integration.test_farm import collect_chunks, submit, wait_state
+from tests.helpers import assert_speech, collect_chunks, running_farm, wait_state
+from tests.integration.test_farm import submit
 from tests.unit.test_neural_wer import SENTENCES
 
 pytestmark = pytest.mark.integration

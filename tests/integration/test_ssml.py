@@ -9,8 +9,7 @@ import base64
 import numpy as np
 import pytest
 
-from tests.conftest import wav_to_pcm
-from tests.integration.test_farm import collect_chunks, wait_state
+from tests.helpers import collect_chunks, wait_state, wav_to_pcm
 
 pytestmark = pytest.mark.integration
 

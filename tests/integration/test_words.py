@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import wav_to_pcm
-from tests.integration.test_farm import collect_chunks, submit, wait_state
+from tests.helpers import collect_chunks, wait_state, wav_to_pcm
+from tests.integration.test_farm import submit
 
 pytestmark = pytest.mark.integration
 

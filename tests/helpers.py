@@ -1,0 +1,343 @@
+"""What the tests share besides fixtures: bounded waits, the farm and web harness, audio checks.
+
+Test files and benches import these from here; `tests/conftest.py` holds the fixtures that
+build on them. Every wait has a bound and fails saying what never happened; a test that
+asserts "nothing changed" first waits for a sign that the change had its chance (see the
+cancel tests), never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+import wave
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlparse
+
+import numpy as np
+import pytest
+import redis
+
+from app.embedded_redis import free_port
+from app.farm import Farm
+from app.settings import Settings
+from app.states import JOB_FINAL, BookState
+from tests import brokers
+
+ROOT = Path(__file__).resolve().parents[1]
+SR = 22050
+
+T = TypeVar("T")
+
+# -- waits ---------------------------------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], T], timeout_s: float, what: str | Callable[[], str],
+               interval_s: float = 0.05) -> T:
+    """Call `condition` until it returns something truthy, and return that. Past `timeout_s`
+    fail with `what` (a callable is asked at that moment: it can show the state reached).
+    `condition` may raise AssertionError itself to fail at once (a worker died, a job
+    failed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"after {timeout_s:g} s: {what() if callable(what) else what}")
+        time.sleep(interval_s)
+
+
+def get_json(api, path: str) -> dict:
+    """GET `path` from `api`: a Flask test client, or the base URL of a served web."""
+    if isinstance(api, str):
+        import requests
+
+        return requests.get(f"{api}{path}", timeout=10).json()
+    return api.get(path).get_json()
+
+
+def wait_state(api, job_id: str, states=("done",), timeout_s: float = 120) -> dict:
+    """The job once it is in one of `states`; a job that ends in another state fails at once.
+    `api` is a Flask test client or a base URL (see `get_json`)."""
+    last = {}
+
+    def reached() -> dict | None:
+        last.update(get_json(api, f"/v1/jobs/{job_id}"))
+        if last["state"] in states:
+            return dict(last)
+        assert last["state"] not in JOB_FINAL, f"job {job_id} ended {last['state']}: {last}"
+        return None
+
+    return wait_until(reached, timeout_s, lambda: f"job {job_id} still {last.get('state')}",
+                      interval_s=0.1)
+
+
+def wait_book(api, book_id: str, states=("done",), timeout_s: float = 120,
+              until: Callable[[dict], bool] | None = None) -> dict:
+    """The book once it is in one of `states` or `until(book)` holds; a book that fails or is
+    canceled (and was not waited for in that state) fails at once."""
+    last = {}
+
+    def reached() -> dict | None:
+        last.update(get_json(api, f"/v1/books/{book_id}"))
+        if last["state"] in states or (until and until(last)):
+            return dict(last)
+        assert last["state"] not in (BookState.FAILED, BookState.CANCELED), last
+        return None
+
+    return wait_until(reached, timeout_s,
+                      lambda: f"book {book_id} still {last.get('state')}: {last}", interval_s=0.1)
+
+
+def collect_chunks(client, job_id: str, max_per_poll: int = 2, timeout_s: float = 120):
+    """Long-poll the job to its end, a few chunks at a time, as a resuming client would.
+    Returns the last page and every chunk."""
+    after, chunks, deadline = -1, [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        resp = client.get(f"/v1/jobs/{job_id}/chunks?after={after}&wait=10&max={max_per_poll}")
+        if resp.status_code == 204:
+            continue  # the long-poll's own wait passed with nothing new: poll again
+        assert resp.status_code == 200, resp.get_json()
+        page = resp.get_json()
+        chunks += page["chunks"]
+        after = page["next_after"]
+        if page["end"]:
+            return page, chunks
+    raise AssertionError(f"long-poll of job {job_id} did not reach the end in {timeout_s} s")
+
+
+def wait_http_ok(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
+    """Wait until `url` answers 200; fail with the log's tail if `proc` dies or time runs out."""
+    import requests
+
+    def up() -> bool:
+        try:
+            if requests.get(url, timeout=5).status_code == 200:
+                return True
+        except requests.RequestException:  # not listening yet, or still booting
+            pass
+        assert proc.poll() is None, f"{url} exited before it came up:\n{log.read_text()[-3000:]}"
+        return False
+
+    wait_until(up, timeout_s, lambda: f"{url} did not come up:\n{log.read_text()[-3000:]}",
+               interval_s=0.2)
+
+
+def job_ids(farm: Farm) -> set[str]:
+    """The ids of every job record the farm holds: its `{prefix}:job:{id}` keys (app/keys.py),
+    not their `:chunks`, `:events`, ... companions."""
+    head = farm.keys.job("")
+    ids = {k.decode()[len(head):] for k in farm.redis.scan_iter(farm.keys.job("*"))}
+    return {i for i in ids if ":" not in i}
+
+
+# -- the farm under test -------------------------------------------------------------------
+
+
+def with_db(url: str, offset: int) -> str:
+    """The database `offset` places after the URL's own (each test farm gets one)."""
+    head, _, tail = url.rpartition("/")
+    if url.count("/") > 2 and tail.isdigit():
+        return f"{head}/{int(tail) + offset}"
+    return f"{url.rstrip('/')}/{offset}"
+
+
+@dataclass
+class WorkerProc:
+    queue: str
+    env: dict
+    log: Path
+    proc: subprocess.Popen | None = None
+    extra: tuple[str, ...] = ()  # more `voxfarm worker` options (--work batch, --nice 10)
+
+    def start(self) -> WorkerProc:
+        out = open(self.log, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "worker", self.queue, "--loglevel", "WARNING",
+             "--name", f"{self.queue}-{os.getpid()}-{time.monotonic_ns()}@test", *self.extra],
+            env=self.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=ROOT)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker (parent and pool processes): a crash, no cleanup."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class FarmUnderTest:
+    settings: Settings
+    farm: Farm
+    env: dict
+    log_dir: Path
+    workers: list[WorkerProc] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        """The port of the farm's Redis server."""
+        return urlparse(self.settings.redis_url).port or 6379
+
+    @property
+    def db(self) -> int:
+        """The farm's own Redis database."""
+        return int(urlparse(self.settings.redis_url).path.lstrip("/") or 0)
+
+    def start_worker(self, queue: str, *extra: str) -> WorkerProc:
+        w = WorkerProc(queue, self.env, self.log_dir / f"{queue}.log", extra=extra).start()
+        self.workers.append(w)
+        return w
+
+    def log_tail(self, queue: str) -> str:
+        return (self.log_dir / f"{queue}.log").read_text(errors="replace")[-3000:]
+
+    def wait_live(self, queue: str, count: int = 1, timeout_s: float = 90) -> None:
+        def live() -> bool:
+            if len(self.farm.live_workers(queue)) >= count:
+                return True
+            assert all(w.proc.poll() is None for w in self.workers if w.queue == queue), \
+                f"a {queue} worker exited; log tail:\n{self.log_tail(queue)}"
+            return False
+
+        wait_until(live, timeout_s,
+                   lambda: f"no live {queue} worker; log tail:\n{self.log_tail(queue)}",
+                   interval_s=0.2)
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+
+@contextmanager
+def running_farm(redis_url: str, db: int, log_dir: Path, workers: bool = True,
+                 book: bool = False, broker: str | None = None, **overrides):
+    """A farm on database `db`: acoustic and vocoder workers, and a book worker if `book`.
+
+    With VOXFARM_TEST_BROKER=amqp (or `broker="amqp"`) its queues are on RabbitMQ, in a
+    virtual host of its own (tests/brokers.py); Redis database `db` still holds its jobs and
+    cache."""
+    url = with_db(redis_url, db)
+    redis.Redis.from_url(url).flushdb()
+    # Test farms are shared by many tests and backlogged by some: admission by expected
+    # wait (503 past 20 s) is tested on its own; elsewhere it would make answers flaky.
+    overrides.setdefault("max_queue_wait_s", 3600)
+    vhost, broker_url = "", ""
+    amqp = broker == "amqp" if broker else brokers.use_amqp()
+    if amqp:
+        if brokers.amqp_unavailable():
+            pytest.skip(f"VOXFARM_TEST_BROKER=amqp: {brokers.amqp_unavailable()}")
+        vhost, broker_url = brokers.create_vhost(str(db))
+    settings = Settings.from_env().with_(redis_url=url, broker_url=broker_url, result_url="",
+                                        cache_url="", **overrides)
+    env = dict(os.environ, VOXFARM_REDIS_URL=url, PYTHONUNBUFFERED="1",
+               VOXFARM_VISIBILITY_TIMEOUT=str(settings.visibility_timeout),
+               VOXFARM_MAX_RETRIES=str(settings.max_retries),
+               VOXFARM_STORE=str(settings.store_dir),
+               VOXFARM_PUBLISH_GRACE_S=str(settings.publish_grace_s),
+               VOXFARM_MAX_QUEUE_WAIT_S=str(settings.max_queue_wait_s),
+               VOXFARM_VOICES_DIR=settings.voices_dir)
+    for k in ("VOXFARM_BROKER_URL", "VOXFARM_RESULT_URL", "VOXFARM_CACHE_URL"):
+        env.pop(k, None)
+    if broker_url:
+        env["VOXFARM_BROKER_URL"] = broker_url
+    tf = FarmUnderTest(settings, Farm(settings), env, log_dir)
+    try:
+        if workers:
+            tf.start_worker("acoustic")
+            tf.start_worker("vocoder")
+            if book:
+                tf.start_worker("book")
+            tf.wait_live("acoustic")
+            tf.wait_live("vocoder")
+            if book:
+                tf.wait_live("book")
+        yield tf
+    finally:
+        tf.stop()
+        if vhost:
+            brokers.delete_vhost(vhost)
+
+
+@contextmanager
+def gunicorn_server(env: dict, log: Path, workers: int = 1):
+    """The web app as gunicorn serves it (ops/gunicorn.conf.py); yields its base URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "ops" / "gunicorn.conf.py"),
+         "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "web.wsgi:app"],
+        env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+
+    try:
+        wait_http_ok(f"{base}/healthz", proc, log)
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+# -- audio ---------------------------------------------------------------------------------
+
+
+def wav_to_pcm(data: bytes) -> tuple[np.ndarray, int]:
+    with wave.open(io.BytesIO(data)) as w:
+        assert w.getnchannels() == 1 and w.getsampwidth() == 2
+        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2"), w.getframerate()
+
+
+def decode_chunk(chunk: dict) -> np.ndarray:
+    pcm, rate = wav_to_pcm(base64.b64decode(chunk["audio"]))
+    assert rate == SR
+    return pcm
+
+
+def assert_chunk_order(chunks: list[dict], segments: int, total: int | None = None) -> None:
+    """Chunks as a listener needs them: indices 0, 1, 2, ... with none missing or repeated,
+    and within them every segment's windows in order, each segment ending once."""
+    assert [c["index"] for c in chunks] == list(range(len(chunks)))
+    if total is not None:
+        assert len(chunks) == total
+    expected = []
+    for seg in range(segments):
+        windows = [c for c in chunks if c["segment"] == seg]
+        assert windows, f"segment {seg} has no chunk"
+        assert [c["window"] for c in windows] == list(range(len(windows)))
+        assert [c["segment_end"] for c in windows] == [False] * (len(windows) - 1) + [True]
+        expected += [(seg, w) for w in range(len(windows))]
+    assert [(c["segment"], c["window"]) for c in chunks] == expected
+
+
+def assert_speech(pcm: np.ndarray, words: int) -> None:
+    """Audio a listener would call speech: loud enough, voiced most of the time, with
+    pauses, and as long as `words` words take to say (1.2 to 5 words a second)."""
+    x = pcm.astype(np.float32) / 32768
+    seconds = len(x) / SR
+    assert words / 5.0 <= seconds <= words / 1.2, f"{seconds:.2f} s for {words} words"
+    frames = x[: len(x) // 512 * 512].reshape(-1, 512)
+    rms = np.sqrt((frames**2).mean(axis=1))
+    assert rms.max() > 0.02, "silence"
+    active = (rms > 0.1 * rms.max()).mean()
+    assert 0.3 < active < 0.98, f"{active:.2f} of frames active: not speech-like"
