@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit, urlunsplit
 
 import numpy as np
 import pytest
@@ -146,10 +146,9 @@ def job_ids(farm: Farm) -> set[str]:
 
 def with_db(url: str, offset: int) -> str:
     """The database `offset` places after the URL's own (each test farm gets one)."""
-    head, _, tail = url.rpartition("/")
-    if url.count("/") > 2 and tail.isdigit():
-        return f"{head}/{int(tail) + offset}"
-    return f"{url.rstrip('/')}/{offset}"
+    parts = urlsplit(url)  # a rediss:// URL carries its TLS settings in the query
+    base = int(parts.path.lstrip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{base + offset}"))
 
 
 @dataclass
