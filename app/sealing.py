@@ -1,0 +1,158 @@
+"""Encryption at rest: AES-256-GCM blobs that name their key, so keys rotate (issue 11).
+
+A keyring is the text of `VOXFARM_AT_REST_KEYS`: `id1:base64key1,id2:base64key2`, each key 32
+random bytes (:func:`generate_key` makes an entry). The first key seals; every key opens, so a
+new key goes first and the old one stays behind it until what it sealed has expired.
+
+A sealed blob is::
+
+    MAGIC (4: b"\\x89VX" and the format version) | id length (1) | key id | nonce (12)
+    | ciphertext | GCM tag (16)
+
+The header up to the nonce and the caller's `context` (the Redis key name, say) are the
+associated data: a blob copied under another key name, or given another key id, fails to
+open. :meth:`Sealer.open` answers None for anything it cannot authenticate (tampered, moved,
+sealed with a key no longer in the ring, or never sealed at all), which the caller treats as
+a cache miss and recomputes: a blob that fails is never played.
+
+With no keys the sealer seals nothing and passes blobs through, so nothing changes by
+default, with one exception: a blob that carries the sealed header is refused (None), since
+its bytes would otherwise be played as noise after the keys were taken away. The magic is
+four bytes, not one, so plaintext that starts with it by chance is one blob in 2**32.
+
+Concurrency: a `Sealer` is built once per process and shared by every thread and greenlet in
+it. Its keys never change after construction (AESGCM objects are stateless between calls);
+the failure counts and the warned-once set are the only mutable state, behind one lock.
+Nonces are random: a key should seal well under 2**32 blobs before it is rotated out.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import os
+import re
+import threading
+import time
+from collections import Counter
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+MAGIC = b"\x89VX" + bytes([VERSION])
+KEY_BYTES = 32  # AES-256
+NONCE_BYTES = 12  # GCM's native nonce size: no extra hashing of the nonce
+TAG_BYTES = 16
+# Key ids travel in every blob and in an environment variable between ':' and ','.
+KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+
+
+def parse_keyring(keyring: str) -> list[tuple[str, bytes]]:
+    """`id1:base64key1,id2:base64key2` to [(id, key)], in order. An empty string is no keys.
+
+    Raises ValueError naming the entry at fault (by position and id, never the key).
+    """
+    if not keyring.strip():
+        return []
+    keys: list[tuple[str, bytes]] = []
+    for position, entry in enumerate(keyring.split(","), start=1):
+        key_id, sep, encoded = entry.strip().partition(":")
+        key_id, encoded = key_id.strip(), encoded.strip()
+        where = f"at-rest key {position}" + (f" ('{key_id}')" if key_id else "")
+        if not sep:
+            raise ValueError(f"{where}: expected 'id:base64key', found no ':'")
+        if not KEY_ID.fullmatch(key_id):
+            raise ValueError(f"{where}: the key id must be 1 to 32 of A-Z a-z 0-9 _ . -")
+        if any(key_id == seen for seen, _ in keys):
+            raise ValueError(f"{where}: the key id is used twice")
+        try:
+            key = base64.b64decode(encoded, validate=True)
+        except binascii.Error:
+            raise ValueError(f"{where}: the key is not valid base64") from None
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"{where}: the key is {len(key)} bytes; AES-256 needs {KEY_BYTES}")
+        keys.append((key_id, key))
+    return keys
+
+
+def generate_key(key_id: str | None = None) -> str:
+    """A new keyring entry, `id:base64key`, of 32 random bytes; the id defaults to today's
+    date (`k20250101`), which orders keys by age at a glance."""
+    key_id = key_id or time.strftime("k%Y%m%d")
+    if not KEY_ID.fullmatch(key_id):
+        raise ValueError("the key id must be 1 to 32 of A-Z a-z 0-9 _ . -")
+    return f"{key_id}:{base64.b64encode(os.urandom(KEY_BYTES)).decode()}"
+
+
+class Sealer:
+    """Seals and opens blobs with a keyring: the first key seals, all of them open."""
+
+    def __init__(self, keys: list[tuple[str, bytes]]) -> None:
+        # One AESGCM per key, built once: key setup is the costly part of a small blob.
+        self._aeads = {key_id.encode(): AESGCM(key) for key_id, key in keys}
+        self.sealing_key_id: str | None = keys[0][0] if keys else None
+        self._prefix = (MAGIC + bytes([len(self.sealing_key_id)]) + self.sealing_key_id.encode()
+                        if self.sealing_key_id else b"")
+        self._lock = threading.Lock()
+        self._warned: set[tuple[str, str]] = set()
+        # (key id, reason) -> blobs refused; reason is "unauthentic", "unknown_key",
+        # "not_sealed" or "no_keys".
+        self.failures: Counter[tuple[str, str]] = Counter()
+
+    @classmethod
+    def from_keyring(cls, keyring: str) -> Sealer:
+        """The sealer for a `VOXFARM_AT_REST_KEYS` value; "" gives the pass-through one."""
+        return cls(parse_keyring(keyring))
+
+    @property
+    def enabled(self) -> bool:
+        return self.sealing_key_id is not None
+
+    def seal(self, plaintext: bytes, context: bytes | str) -> bytes:
+        """`plaintext` encrypted and authenticated with the sealing key, bound to `context`."""
+        if not self.enabled:
+            return plaintext
+        context = context.encode() if isinstance(context, str) else context
+        nonce = os.urandom(NONCE_BYTES)
+        aead = self._aeads[self.sealing_key_id.encode()]
+        return self._prefix + nonce + aead.encrypt(nonce, plaintext, self._prefix + context)
+
+    def open(self, blob: bytes, context: bytes | str) -> bytes | None:
+        """The plaintext `seal(plaintext, context)` was given, or None when `blob` does not
+        authenticate under `context` with a key in the ring (treat it as a miss)."""
+        if not blob.startswith(MAGIC):
+            if self.enabled:
+                return self._refuse("", "not_sealed")
+            return blob
+        if not self.enabled:
+            return self._refuse("", "no_keys")
+        view = memoryview(blob)
+        id_end = len(MAGIC) + 1 + blob[len(MAGIC)] if len(blob) > len(MAGIC) else 0
+        key_id = bytes(view[len(MAGIC) + 1:id_end])
+        aead = self._aeads.get(key_id)
+        if aead is None or len(blob) < id_end + NONCE_BYTES + TAG_BYTES:
+            return self._refuse(key_id.decode("ascii", "replace"), "unknown_key")
+        context = context.encode() if isinstance(context, str) else context
+        nonce_end = id_end + NONCE_BYTES
+        try:
+            return aead.decrypt(view[id_end:nonce_end], view[nonce_end:],
+                                bytes(view[:id_end]) + context)
+        except InvalidTag:
+            return self._refuse(key_id.decode(), "unauthentic")
+
+    def _refuse(self, key_id: str, reason: str) -> None:
+        """Count a refused blob; warn once per (key id, reason), not once per blob: a
+        rotation gone wrong refuses every blob, and one line says so."""
+        with self._lock:
+            self.failures[key_id, reason] += 1
+            first = (key_id, reason) not in self._warned
+            self._warned.add((key_id, reason))
+        if first:
+            log.warning("at-rest blob refused (%s, key id %r); treated as a miss and "
+                        "recomputed; further ones are counted, not logged", reason, key_id,
+                        extra={"key_id": key_id, "reason": reason})
+        return None
