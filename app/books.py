@@ -31,27 +31,32 @@ import redis
 
 from app.artifacts import ArtifactStore
 from app.keys import Keys
+from app.queueing import resume, send_assemble, send_prepare  # noqa: F401 (see below)
+from app.states import BOOK_ACTIVE, BookState, Transition, lua
 
-QUEUED, PREPARING, RENDERING, ASSEMBLING = "queued", "preparing", "rendering", "assembling"
-DONE, FAILED, CANCELED = "done", "failed", "canceled"
-ACTIVE_STATES = frozenset({QUEUED, PREPARING, RENDERING, ASSEMBLING})
+# The old names (and the three imported above), for web/books.py until it imports
+# app.states and app.queueing (issue 10); nothing here uses them.
+QUEUED, PREPARING, RENDERING, ASSEMBLING = (BookState.QUEUED, BookState.PREPARING,
+                                            BookState.RENDERING, BookState.ASSEMBLING)
+DONE, FAILED, CANCELED = BookState.DONE, BookState.FAILED, BookState.CANCELED
+ACTIVE_STATES = BOOK_ACTIVE
 BOOK_FORMATS = ("m4b", "mp3", "chapters")
 DEFAULT_FORMATS = ("m4b", "chapters")
 
 # Create unless a live record exists; a canceled book is created afresh (its files are gone).
-_CREATE = """
+_CREATE = lua("""
 local state = redis.call('HGET', KEYS[1], 'state')
-if state and state ~= 'canceled' then return 0 end
+if state and state ~= '$CANCELED' then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
-"""
+""", BookState)
 
 # ARGV: seq, chapter, samples, now
-_STORE_SEGMENT = """
+_STORE_SEGMENT = lua("""
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {-2, 0, ''} end
-if state ~= 'rendering' and state ~= 'assembling' and state ~= 'failed' then
+if state ~= '$RENDERING' and state ~= '$ASSEMBLING' and state ~= '$FAILED' then
   return {-1, 0, state}
 end
 if redis.call('SETBIT', KEYS[2], ARGV[1], 1) == 0 then
@@ -61,33 +66,19 @@ if redis.call('SETBIT', KEYS[2], ARGV[1], 1) == 0 then
 end
 local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
 local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
-if done >= total and state == 'rendering' then
-  redis.call('HSET', KEYS[1], 'state', 'assembling', 'rendered_at', ARGV[4])
-  state = 'assembling'
+if done >= total and state == '$RENDERING' then
+  redis.call('HSET', KEYS[1], 'state', '$ASSEMBLING', 'rendered_at', ARGV[4])
+  state = '$ASSEMBLING'
 end
 return {done, total, state}
-"""
-
-# ARGV: from-states (comma separated), to-state, then field/value pairs to set
-_TRANSITION = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return false end
-for s in string.gmatch(ARGV[1], '[^,]+') do
-  if s == state then
-    redis.call('HSET', KEYS[1], 'state', ARGV[2])
-    for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-    return {1, ARGV[2]}
-  end
-end
-return {0, state}
-"""
+""", BookState)
 
 # A re-submit asking for formats the record lacks. ARGV: the formats asked for. The record's
 # formats become the union (files already made stay valid); a done book goes back to
 # assembling to package its stored segments again. Returns {repackage (0/1), state}.
-_ADD_FORMATS = """
+_ADD_FORMATS = lua("""
 local state = redis.call('HGET', KEYS[1], 'state')
-if not state or state == 'canceled' then return {0, state or ''} end
+if not state or state == '$CANCELED' then return {0, state or ''} end
 local have, list = {}, {}
 for f in string.gmatch(redis.call('HGET', KEYS[1], 'formats') or '', '[^,]+') do
   have[f] = true
@@ -104,22 +95,22 @@ end
 if not added then return {0, state} end
 table.sort(list)
 redis.call('HSET', KEYS[1], 'formats', table.concat(list, ','))
-if state == 'done' then
-  redis.call('HSET', KEYS[1], 'state', 'assembling')
-  return {1, 'assembling'}
+if state == '$DONE' then
+  redis.call('HSET', KEYS[1], 'state', '$ASSEMBLING')
+  return {1, '$ASSEMBLING'}
 end
 return {0, state}
-"""
+""", BookState)
 
 # The assembly finished, having packaged ARGV[1] (the formats it read). ARGV: formats, now,
 # duration. Done only if nobody added a format meanwhile; else {2, ...}: package again.
-_ASSEMBLED = """
+_ASSEMBLED = lua("""
 local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'assembling' then return {0, state or ''} end
+if state ~= '$ASSEMBLING' then return {0, state or ''} end
 if (redis.call('HGET', KEYS[1], 'formats') or '') ~= ARGV[1] then return {2, state} end
-redis.call('HSET', KEYS[1], 'state', 'done', 'finished_at', ARGV[2], 'duration_s', ARGV[3])
-return {1, 'done'}
-"""
+redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', ARGV[2], 'duration_s', ARGV[3])
+return {1, '$DONE'}
+""", BookState)
 
 
 def book_id_for(content_digest: str, *, voice: str, speed: float, acoustic_model: str,
@@ -197,7 +188,7 @@ class BookStore:
         self.store = store
         self._create = r.register_script(_CREATE)
         self._store_segment = r.register_script(_STORE_SEGMENT)
-        self._transition = r.register_script(_TRANSITION)
+        self._transition = Transition(r)
         self._add_formats = r.register_script(_ADD_FORMATS)
         self._assembled = r.register_script(_ASSEMBLED)
 
@@ -210,7 +201,7 @@ class BookStore:
                formats: tuple[str, ...], chapters: int, words: int, sample_rate: int,
                source_format: str) -> bool:
         """Write a new record; False when a live one exists already (a re-submit)."""
-        fields = {"id": book_id, "state": QUEUED, "title": title, "author": author,
+        fields = {"id": book_id, "state": BookState.QUEUED, "title": title, "author": author,
                   "voice": voice, "speed": speed, "formats": ",".join(formats),
                   "chapters": chapters, "words": words, "sample_rate": sample_rate,
                   "source_format": source_format, "total": 0, "done": 0, "audio_samples": 0,
@@ -229,19 +220,13 @@ class BookStore:
             fields[f"c{c}_total"], fields[f"c{c}_offset"] = n, offset
             fields.setdefault(f"c{c}_done", 0)
             offset += n
-        moved, _ = self.move(book_id, (PREPARING,), RENDERING, **fields)
+        moved, _ = self.move(book_id, (BookState.PREPARING,), BookState.RENDERING, **fields)
         return moved
 
-    def move(self, book_id: str, from_states: tuple[str, ...], to: str,
+    def move(self, book_id: str, from_states, to: BookState,
              **fields: object) -> tuple[bool, str | None]:
         """Transition atomically; returns (moved, state afterwards), state None if unknown."""
-        args = [",".join(from_states), to]
-        for k, v in fields.items():
-            args += [k, str(v)]
-        out = self._transition(keys=self._keys(book_id), args=args)
-        if not out:
-            return False, None
-        return bool(out[0]), out[1].decode()
+        return self._transition(self.keys.book(book_id), from_states, to, **fields)
 
     def store_segment(self, book_id: str, seq: int, chapter: int, index: int,
                       pcm: bytes, words: list[dict] | None = None) -> tuple[int, str]:
@@ -264,7 +249,8 @@ class BookStore:
     def cancel(self, book_id: str) -> tuple[bool, str | None]:
         """Cancel a book, or delete a finished one: the same one transition also clears an
         earlier failure's error, which would otherwise still say why a canceled book failed."""
-        return self.move(book_id, (*ACTIVE_STATES, DONE, FAILED), CANCELED,
+        return self.move(book_id, (*BOOK_ACTIVE, BookState.DONE, BookState.FAILED),
+                         BookState.CANCELED,
                          finished_at=time.time(), error="", error_chapter="", error_text="")
 
     def add_formats(self, book_id: str, formats: tuple[str, ...]) -> bool:
@@ -282,7 +268,7 @@ class BookStore:
         return int(out[0]), out[1].decode() if isinstance(out[1], bytes) else str(out[1])
 
     def fail(self, book_id: str, chapter: int, text: str, message: str) -> bool:
-        moved, _ = self.move(book_id, (QUEUED, PREPARING, RENDERING, ASSEMBLING), FAILED,
+        moved, _ = self.move(book_id, BOOK_ACTIVE, BookState.FAILED,
                              finished_at=time.time(), error=message,
                              error_chapter=chapter, error_text=text[:500])
         return moved
@@ -348,55 +334,3 @@ class BookStore:
             return json.loads(self.store.get(output_key(book_id, "manifest.json")))
         except KeyError:
             return None
-
-
-# -- starting the book's tasks (the web and the tasks both do; by task name, no imports) ----
-
-
-def send_prepare(celery, book_id: str) -> None:
-    from app.celery_app import BOOK_PREPARE_TASK
-
-    celery.send_task(BOOK_PREPARE_TASK, args=(book_id,))
-
-
-def start_feed(celery, books: BookStore, book_id: str) -> None:
-    """A new feeder generation (any older feeder stops at its next look) and its message."""
-    from app.celery_app import BOOK_FEED_TASK
-
-    gen = books.new_feed_gen(book_id)
-    celery.send_task(BOOK_FEED_TASK, args=(book_id, gen))
-
-
-def send_assemble(celery, book_id: str) -> None:
-    from app.celery_app import BOOK_ASSEMBLE_TASK
-
-    celery.send_task(BOOK_ASSEMBLE_TASK, args=(book_id,))
-
-
-def resume(celery, books: BookStore, book_id: str) -> str | None:
-    """Carry on from wherever the book stopped: the retry endpoint, and a re-submit of a book
-    that is not done. Renders only what is missing (stored segments keep their bits).
-
-    Returns the state the book resumes in, or None when there is nothing to resume
-    (done, canceled, unknown)."""
-    rec = books.get(book_id)
-    if rec is None or rec["state"] in (DONE, CANCELED):
-        return None
-    state = rec["state"]
-    if state == FAILED:
-        if rec["total"] and rec["done"] >= rec["total"]:
-            moved, state = books.move(book_id, (FAILED,), ASSEMBLING, error="")
-        elif rec["total"]:
-            moved, state = books.move(book_id, (FAILED,), RENDERING, error="", cursor=0)
-        else:  # failed before its plan was made
-            moved, state = books.move(book_id, (FAILED,), QUEUED, error="")
-        if not moved:
-            return None
-    if state in (QUEUED, PREPARING):
-        send_prepare(celery, book_id)
-    elif state == RENDERING:
-        books.set_cursor(book_id, 0)
-        start_feed(celery, books, book_id)
-    elif state == ASSEMBLING:
-        send_assemble(celery, book_id)
-    return state

@@ -2,33 +2,27 @@
 
 `Farm(settings)` is built once per process; the web's `create_app` and the tasks' base class
 each hold one. Submission takes already-prepared segments (the web runs the text frontend),
-writes the job record, and enqueues one `acoustic -> vocoder` chain per segment.
+admits the job or refuses it (Overloaded), and hands it to app/queueing.py, which writes the
+job record and enqueues one `acoustic -> vocoder` chain per segment.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
 
-import redis
 from celery import Celery
 
+from app import queueing
 from app.artifacts import open_store
 from app.books import BookStore
 from app.broker import broker_queues
-from app.celery_app import (
-    ACOUSTIC_QUEUE,
-    ACOUSTIC_TASK,
-    ALL_QUEUES,
-    QUEUES,
-    VOCODER_TASK,
-    make_celery,
-)
+from app.celery_app import ACOUSTIC_QUEUE, ALL_QUEUES, QUEUES, make_celery
 from app.jobs import JobStore
 from app.keys import Keys
 from app.melcache import MelCache
+from app.metrics import JobObserver
+from app.queueing import Unavailable  # noqa: F401 (web/synthesis.py imports it from here)
 from app.redis_conn import blocking_client, redis_client
 from app.settings import Settings
 
@@ -45,11 +39,6 @@ return tostring(new)
 """
 
 
-class Unavailable(Exception):
-    """The broker did not take the job's segments in time. The job is marked failed with the
-    reason before this is raised, so nothing waits for segments that were never queued."""
-
-
 class Overloaded(Exception):
     """The acoustic queue is past its bound; the caller should come back later."""
 
@@ -57,21 +46,6 @@ class Overloaded(Exception):
         super().__init__(f"{depth} segments are waiting")
         self.depth = depth
         self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True)
-class SegmentSpec:
-    """What one segment task needs: small, JSON-safe, the same for both stages."""
-
-    job_id: str
-    index: int
-    phonemes: str
-    voice: str
-    speed: float
-    pause_ms: int
-    # [word, phoneme start, phoneme end, text start, text end] per spoken word (the
-    # frontend's models.words.WordSpan); the vocoder stage turns them into timestamps.
-    words: list = field(default_factory=list)
 
 
 class Farm:
@@ -88,59 +62,24 @@ class Farm:
                              waiting=blocking_client(settings.redis_url))
         self.mel_cache = MelCache(self.cache_redis, self.keys, settings.mel_cache_ttl)
         self._run_ewma = self.redis.register_script(_RUN_EWMA)
+        # The per-job figures (first chunk, jobs by final state), counted once from the job
+        # record by whoever sees the change first: a segment task or the web's cancel.
+        self.job_observer = JobObserver(self.redis, self.keys)
         # Book files live in the artifact store; only their records are in Redis.
         self.store = open_store(settings.store_dir)
         self.books = BookStore(self.redis, self.keys, self.store)
         self.celery = celery or make_celery(settings)
 
-    # -- submission --------------------------------------------------------------------------
+    # -- submission (the publishing itself is app/queueing.py's) ------------------------------
 
     def submit(self, segments: Iterable, *, voice: str, speed: float, fmt: str, chars: int,
                sample_rate: int, request_id: str = "") -> dict:
-        """Create the job and enqueue its segments as `segments` yields them.
-
-        Publish as you go: segment 0 is on the acoustic queue while the frontend still works
-        on the rest of the text, and the job's segment count is sealed at the end (the job
-        cannot finish before). The record is written when the first segment exists, so text
-        with nothing speakable leaves nothing behind.
-
-        Raises Overloaded when the farm is full (nothing written), Unavailable when the broker
-        could not take a segment in time (the job is marked failed with the reason). Anything
-        `segments` raises before its first segment propagates with nothing written; after
-        it, the job is failed first. A web process killed mid-way leaves the job in the
-        unpublished set, where `sweep_unpublished` finds it.
-        """
-        # The first segment before admission: a request the frontend refuses (nothing
-        # speakable, a break over the cap) is a 4xx whatever the load.
-        segments = iter(segments)
-        first = next(segments, None)
-        if first is None:
-            raise ValueError("no segments to submit")
-        self._admit()
-        job_id, count = None, 0
-        try:
-            for seg in itertools.chain([first], segments):
-                if job_id is None:
-                    job_id = self.jobs.create(voice=voice, speed=speed, fmt=fmt, chars=chars,
-                                              sample_rate=sample_rate,
-                                              request_id=request_id)["id"]
-                # SSML may give a segment its own voice and rate (models.ssml).
-                spec = SegmentSpec(job_id, seg.index, seg.phonemes,
-                                   getattr(seg, "voice", None) or voice,
-                                   round(speed * getattr(seg, "rate", 1.0), 4), seg.pause_ms,
-                                   [w.to_list() for w in getattr(seg, "words", ())])
-                try:
-                    self.publish_segments([asdict(spec)])
-                except Exception as exc:  # broker down, pool exhausted, publish timed out
-                    raise Unavailable(str(exc)) from exc
-                count += 1
-        except BaseException as exc:  # a failed publish, the frontend, the client leaving
-            if job_id is not None:
-                self._abandon(job_id, exc)
-            raise
-        self.jobs.seal(job_id, count)
-        self.jobs.mark_published(job_id)
-        return self.jobs.get(job_id)
+        """Create the job and enqueue its segments as `segments` yields them
+        (`queueing.submit`), once the farm admits it. Raises Overloaded when the farm is
+        full (nothing written), Unavailable when the broker could not take a segment."""
+        return queueing.submit(self.celery, self.jobs, segments, admit=self._admit,
+                               voice=voice, speed=speed, fmt=fmt, chars=chars,
+                               sample_rate=sample_rate, request_id=request_id)
 
     def _admit(self) -> None:
         """Raise Overloaded when the farm cannot take a job now: the acoustic queue is past
@@ -155,39 +94,10 @@ class Farm:
                                 int(wait - self.settings.max_queue_wait_s) + 1))
             raise Overloaded(depth, retry)
 
-    def _abandon(self, job_id: str, exc: BaseException) -> None:
-        """Fail a job whose submission broke off; if Redis is gone too, the sweeper will."""
-        try:
-            reason = f"{exc.__class__.__name__}: {exc}"[:300]
-            self.jobs.fail(job_id, f"the job could not be queued: {reason}")
-            self.jobs.mark_published(job_id)
-        except redis.RedisError:
-            pass
-
-    def publish_segments(self, specs: Iterable[dict], regenerations: int = 0) -> int:
-        """Enqueue one acoustic -> vocoder chain per spec through ONE pooled producer.
-
-        The vocoder stage rides in the acoustic message's `chain` option, which is what
-        `celery.chain` sends too. `chain(...).apply_async(producer=p)` would drop `p` and take
-        a second producer from the same pool for every segment: with as many concurrent
-        submitters as `broker_pool_limit`, each holding one producer while it waits for
-        another, the pool deadlocks for ever (the web wedge of issue 17). The acquire is
-        bounded by `broker_pool_acquire_timeout`, and the publish by the socket timeouts.
-        `regenerations` counts how often these segments' features expired before the vocoder
-        ran (see tasks/segments.py).
-        """
-        extra = {"regenerations": regenerations} if regenerations else {}
-        count = 0
-        with self.celery.producer_or_acquire() as producer:
-            for spec in specs:
-                self.celery.send_task(ACOUSTIC_TASK, args=(spec,), producer=producer,
-                                      chain=[self.vocoder_signature(spec, **extra)])
-                count += 1
-        return count
-
-    def vocoder_signature(self, spec: dict, **kwargs):
-        """The vocoder stage of `spec`: it receives the acoustic stage's cache key first."""
-        return self.celery.signature(VOCODER_TASK, args=(spec,), kwargs=kwargs)
+    def publish_segments(self, specs: Iterable[dict]) -> int:
+        """`queueing.publish_segments` on this farm's app, for tests/bench/bench_brokers.py
+        (issue 10: it can call that directly)."""
+        return queueing.publish_segments(self.celery, specs)
 
     def sweep_unpublished(self) -> list[str]:
         """Fail the jobs whose web process died before all their segments were queued."""

@@ -24,9 +24,12 @@ from dataclasses import dataclass, field
 import redis
 
 from app.keys import Keys
+from app.states import JOB_FINAL, JOB_LIVE, JobState, Transition, lua
 
-QUEUED, RUNNING, DONE, FAILED, CANCELED = "queued", "running", "done", "failed", "canceled"
-FINAL_STATES = frozenset({DONE, FAILED, CANCELED})
+# The old names, for web/ until it imports app.states (issue 10); nothing here uses them.
+QUEUED, RUNNING, DONE, FAILED, CANCELED = (JobState.QUEUED, JobState.RUNNING, JobState.DONE,
+                                           JobState.FAILED, JobState.CANCELED)
+FINAL_STATES = JOB_FINAL
 
 # Events streams are wake-up signals, not a log: a few hundred entries is plenty.
 EVENTS_MAXLEN = 500
@@ -35,10 +38,10 @@ EVENTS_MAXLEN = 500
 # "count:window_frames" the writer plans (used when the segment has none yet), the window's
 # timing JSON ('' for none: a writer from before word timestamps), the whole segment's
 # samples (0 if unknown).
-_STORE_WINDOW = """
+_STORE_WINDOW = lua("""
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -2 end
-if state == 'canceled' or state == 'failed' then return -1 end
+if state == '$CANCELED' or state == '$FAILED' then return -1 end
 redis.call('HSETNX', KEYS[5], ARGV[1], ARGV[8])
 local plan = redis.call('HGET', KEYS[5], ARGV[1])
 local count = tonumber(string.match(plan, '^(%d+)'))
@@ -60,44 +63,27 @@ end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'chunk', field)
 local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
 local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
-if total >= 0 and done >= total and state ~= 'done' then
-  redis.call('HSET', KEYS[1], 'state', 'done', 'finished_at', ARGV[4])
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'state', 'done')
+if total >= 0 and done >= total and state ~= '$DONE' then
+  redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', ARGV[4])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'state', '$DONE')
 end
 for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 return done
-"""
+""", JobState)
 
 # KEYS: job_keys. ARGV: total, now, events maxlen. Closes the job's segment count; the job
 # is done at once if every segment is already stored.
-_SEAL = """
+_SEAL = lua("""
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -2 end
 redis.call('HSET', KEYS[1], 'total', ARGV[1])
 local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
-if (state == 'queued' or state == 'running') and done >= tonumber(ARGV[1]) then
-  redis.call('HSET', KEYS[1], 'state', 'done', 'finished_at', ARGV[2])
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'state', 'done')
+if (state == '$QUEUED' or state == '$RUNNING') and done >= tonumber(ARGV[1]) then
+  redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', ARGV[2])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'state', '$DONE')
 end
 return done
-"""
-
-# ARGV: from-states (comma separated), to-state, timestamp field, now, error
-_TRANSITION = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return false end
-for s in string.gmatch(ARGV[1], '[^,]+') do
-  if s == state then
-    redis.call('HSET', KEYS[1], 'state', ARGV[2], ARGV[3], ARGV[4])
-    if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[5]) end
-    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'state', ARGV[2])
-    -- The event may have created the stream (no chunk yet): it lives as long as the job.
-    redis.call('EXPIRE', KEYS[4], redis.call('TTL', KEYS[1]))
-    return {1, ARGV[2]}
-  end
-end
-return {0, state}
-"""
+""", JobState)
 
 UNPUBLISHED_ERROR = "the web process stopped before the job's segments were all queued"
 
@@ -156,7 +142,7 @@ class JobStore:
         self.ttl_s = ttl_s
         self._store_window = r.register_script(_STORE_WINDOW)
         self._seal = r.register_script(_SEAL)
-        self._transition = r.register_script(_TRANSITION)
+        self._transition = Transition(r)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -164,7 +150,7 @@ class JobStore:
                sample_rate: int, request_id: str = "") -> dict:
         job_id = uuid.uuid4().hex
         record = {
-            "id": job_id, "state": QUEUED, "total": total, "done": 0,
+            "id": job_id, "state": JobState.QUEUED, "total": total, "done": 0,
             "voice": voice, "speed": speed, "format": fmt, "chars": chars,
             "sample_rate": sample_rate, "created_at": time.time(),
             "cache_hits": 0, "cache_misses": 0, "request_id": request_id,
@@ -198,23 +184,22 @@ class JobStore:
     # Each transition returns (moved, state afterwards); state is None for an unknown job.
 
     def mark_running(self, job_id: str) -> tuple[bool, str | None]:
-        return self._move(job_id, (QUEUED,), RUNNING, "started_at")
+        return self._move(job_id, (JobState.QUEUED,), JobState.RUNNING, "started_at")
 
     def cancel(self, job_id: str) -> tuple[bool, str | None]:
-        return self._move(job_id, (QUEUED, RUNNING), CANCELED, "finished_at")
+        return self._move(job_id, JOB_LIVE, JobState.CANCELED, "finished_at")
 
     def fail(self, job_id: str, error: str) -> tuple[bool, str | None]:
-        return self._move(job_id, (QUEUED, RUNNING), FAILED, "finished_at", error)
+        return self._move(job_id, JOB_LIVE, JobState.FAILED, "finished_at", error)
 
-    def _move(self, job_id: str, from_states: tuple[str, ...], to: str, stamp: str,
+    def _move(self, job_id: str, from_states, to: JobState, stamp: str,
               error: str = "") -> tuple[bool, str | None]:
-        out = self._transition(
-            keys=self.keys.job_keys(job_id),
-            args=[",".join(from_states), to, stamp, repr(time.time()), error, EVENTS_MAXLEN],
-        )
-        if not out:
-            return False, None
-        return bool(out[0]), out[1].decode()
+        """The transition, stamping `stamp` (and `error`, if any); a 'state' event tells
+        the job's listeners."""
+        fields = {stamp: repr(time.time()), **({"error": error} if error else {})}
+        return self._transition(self.keys.job(job_id), from_states, to,
+                                events_key=self.keys.events(job_id),
+                                events_maxlen=EVENTS_MAXLEN, **fields)
 
     def seal(self, job_id: str, total: int) -> int:
         """The job has `total` segments (every one is published). Returns segments done."""
@@ -389,7 +374,7 @@ class JobStore:
                 return None, []
             chunks, job["chunks"] = self.chunks_from(job_id, after + 1, job["total"], limit,
                                                      job)
-            if chunks or job["state"] in FINAL_STATES:
+            if chunks or job["state"] in JOB_FINAL:
                 return job, chunks
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -23,6 +23,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import REGISTRY
 
 from app import multiproc
+from app.states import JobState, lua
 
 log = logging.getLogger("voxfarm.metrics")
 
@@ -205,7 +206,7 @@ def gpu_sampler(device: str, every_s: float = 5.0):
 # a final state not yet counted? HSETNX makes each count happen
 # once, whichever process (a vocoder worker, a failing task, the web's cancel) sees it first.
 # KEYS[1] the job hash; ARGV: segment index ('' for none), now.
-_OBSERVE_JOB = """
+_OBSERVE_JOB = lua("""
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local samples = '0'
 local first = 0
@@ -218,13 +219,13 @@ if ARGV[1] ~= '' then
 end
 local state = redis.call('HGET', KEYS[1], 'state')
 local ended = 0
-if state == 'done' or state == 'failed' or state == 'canceled' then
+if state == '$DONE' or state == '$FAILED' or state == '$CANCELED' then
   ended = redis.call('HSETNX', KEYS[1], 'final_counted', '1')
 end
 return {first, ended, state, redis.call('HGET', KEYS[1], 'created_at') or '0',
         redis.call('HGET', KEYS[1], 'finished_at') or '0', samples,
         redis.call('HGET', KEYS[1], 'sample_rate') or '0', first_at}
-"""
+""", JobState)
 
 
 class JobObserver:
@@ -254,6 +255,6 @@ class JobObserver:
             FIRST_CHUNK.observe(max(0.0, first_at - created))
         if ended and state:
             JOBS_FINISHED.labels(state).inc()
-            if state == "done" and created and finished:
+            if state == JobState.DONE and created and finished:
                 JOB_DURATION.observe(max(0.0, finished - created))
         return state

@@ -31,12 +31,6 @@ from typing import TypeVar
 from celery import shared_task
 
 from app.books import (
-    ASSEMBLING,
-    CANCELED,
-    FAILED,
-    PREPARING,
-    QUEUED,
-    RENDERING,
     book_download_name,
     captions_download_name,
     captions_file,
@@ -47,8 +41,6 @@ from app.books import (
     prefix,
     segment_key,
     segment_words_key,
-    send_assemble,
-    start_feed,
 )
 from app.celery_app import (
     ACOUSTIC_BATCH_QUEUE,
@@ -58,6 +50,8 @@ from app.celery_app import (
     VOCODER_BATCH_QUEUE,
 )
 from app.offload import offload
+from app.queueing import publish_segments, send_assemble, start_feed
+from app.states import BOOK_ACTIVE, BookState
 from models.errors import NoSpeakableText
 from tasks.base import FarmTask
 
@@ -82,7 +76,7 @@ class BookTask(FarmTask):
     def on_failure(self, exc, task_id, args, kwargs, einfo) -> None:
         book_id = args[0] if args else kwargs.get("book_id")
         if book_id:
-            self.farm.books.move(book_id, (QUEUED, PREPARING, RENDERING, ASSEMBLING), FAILED,
+            self.farm.books.move(book_id, BOOK_ACTIVE, BookState.FAILED,
                                  finished_at=time.time(),
                                  error=f"{self.name}: {exc.__class__.__name__}: {exc}")
             log.error("book %s failed in %s: %s", book_id, self.name, exc)
@@ -123,21 +117,21 @@ def prepare(self: BookTask, book_id: str, **_: object) -> int:
     """Split the book into segments (the text frontend, chapter by chapter), then feed."""
     farm, books = self.farm, self.farm.books
     state = books.state(book_id)
-    if state == RENDERING:
+    if state == BookState.RENDERING:
         # A redelivered prepare: its worker died after the plan was made, perhaps before the
         # feed message went out. A new feeder generation is safe either way (an older
         # feeder stops at its next look), and without one the book would never render.
         start_feed(farm.celery, books, book_id)
         return 0
-    if state not in (QUEUED, PREPARING):
+    if state not in (BookState.QUEUED, BookState.PREPARING):
         return 0  # done already, canceled, failed
-    books.move(book_id, (QUEUED,), PREPARING, started_at=time.time())
+    books.move(book_id, (BookState.QUEUED,), BookState.PREPARING, started_at=time.time())
     rec = books.get(book_id)
     book = json.loads(farm.store.get(prefix(book_id) + "book.json"))
     plan = offload("frontend", _plan, book["chapters"], rec["voice"], rec["speed"],
                    timeout_s=self.farm.settings.task_time_limit)
     if not plan:
-        books.move(book_id, (PREPARING,), FAILED, finished_at=time.time(),
+        books.move(book_id, (BookState.PREPARING,), BookState.FAILED, finished_at=time.time(),
                    error="the book has nothing that can be spoken")
         return 0
     for c, (_, segments) in enumerate(plan):
@@ -178,7 +172,7 @@ def feed(self: BookTask, book_id: str, gen: int, **_: object) -> str:
     plans = None
     while time.monotonic() < deadline:
         rec = books.get(book_id)
-        if rec is None or rec["feed_gen"] != gen or rec["state"] != RENDERING:
+        if rec is None or rec["feed_gen"] != gen or rec["state"] != BookState.RENDERING:
             return "stopped"
         if rec["cursor"] >= rec["total"]:
             return "fed"  # every missing segment is published; the last one finishes it
@@ -190,11 +184,11 @@ def feed(self: BookTask, book_id: str, gen: int, **_: object) -> str:
             continue
         seqs = range(rec["cursor"], min(rec["total"], rec["cursor"] + room))
         done_bits = books.done_bits(book_id, seqs)
-        farm.publish_segments(plans.spec(seq)
-                              for seq, done in zip(seqs, done_bits, strict=True) if not done)
+        publish_segments(farm.celery, (plans.spec(seq) for seq, done
+                                       in zip(seqs, done_bits, strict=True) if not done))
         books.set_cursor(book_id, seqs.stop)
     # Hand over to a fresh message: no task runs for hours, and a lost worker loses a slice.
-    if books.state(book_id) == RENDERING:
+    if books.state(book_id) == BookState.RENDERING:
         start_feed(farm.celery, books, book_id)
     return "continued"
 
@@ -204,14 +198,14 @@ def feed(self: BookTask, book_id: str, gen: int, **_: object) -> str:
 
 def segment_wanted(farm, spec: dict) -> bool:
     """False when the book is canceled, failed or gone, or this segment is stored already."""
-    return (farm.books.state(spec["book_id"]) == RENDERING
+    return (farm.books.state(spec["book_id"]) == BookState.RENDERING
             and not farm.books.is_done(spec["book_id"], spec["seq"]))
 
 
 def store_segment(farm, spec: dict, pcm: bytes, words: list[dict] | None = None) -> None:
     done, state = farm.books.store_segment(spec["book_id"], spec["seq"], spec["chapter"],
                                            spec["index"], pcm, words)
-    if done >= 0 and state == ASSEMBLING:
+    if done >= 0 and state == BookState.ASSEMBLING:
         send_assemble(farm.celery, spec["book_id"])
 
 
@@ -319,7 +313,7 @@ def _write_captions(store, book_id: str, title: str, manifest: dict,
 def assemble(self: BookTask, book_id: str, **_: object) -> str:
     farm, books = self.farm, self.farm.books
     rec = books.get(book_id)
-    if rec is None or rec["state"] != ASSEMBLING:
+    if rec is None or rec["state"] != BookState.ASSEMBLING:
         return rec["state"] if rec else "gone"
     # An assembly killed mid-write leaves its temp files. One untouched for longer than the
     # task time limit has no live writer (a live one is killed at that limit), and a
@@ -331,7 +325,7 @@ def assemble(self: BookTask, book_id: str, **_: object) -> str:
     if outcome == 2:
         # A re-submit added formats while this one encoded: package them too.
         send_assemble(farm.celery, book_id)
-    if state == CANCELED:
+    if state == BookState.CANCELED:
         books.remove(book_id)  # canceled while we encoded: leave nothing behind
     return state or "gone"
 

@@ -100,7 +100,7 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
         if spec and state in _OBSERVE_OUTCOMES and (stage != "acoustic" or state != "SUCCESS"):
             index = spec.get("index") if stage == "vocoder" and state == "SUCCESS" else None
             try:
-                job_state = _observer().observe(spec["job_id"], index)
+                job_state = runtime.farm().job_observer.observe(spec["job_id"], index)
             except Exception:  # metrics never fail a segment
                 logging.getLogger("voxfarm.metrics").warning("job metrics failed",
                                                              exc_info=True)
@@ -112,17 +112,6 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
                          "job_state": job_state})
     finally:
         tracing.reset(token)
-
-
-_observers: dict[int, metrics.JobObserver] = {}  # per process: a fork gets its own
-
-
-def _observer() -> metrics.JobObserver:
-    obs = _observers.get(os.getpid())
-    if obs is None:
-        farm = runtime.farm()
-        obs = _observers[os.getpid()] = metrics.JobObserver(farm.redis, farm.keys)
-    return obs
 
 
 _role: dict[str, str] = {}  # the pool this worker serves, given to install()

@@ -14,8 +14,9 @@ from celery import shared_task
 from celery.exceptions import Ignore
 
 from app.celery_app import ACOUSTIC_TASK, VOCODER_TASK
-from app.jobs import CANCELED, FAILED
 from app.melcache import mel_cache_key
+from app.queueing import publish_again
+from app.states import JobState
 from models.errors import SpeechError
 from models.voices import PIPER, get_voice
 from tasks import books, runtime
@@ -26,6 +27,9 @@ log = logging.getLogger("voxfarm.tasks")
 # A mel that expired between the stages is recomputed by re-running the segment's chain;
 # past this many regenerations the cache TTL is too short for the queue and the job fails.
 MAX_REGENERATIONS = 3
+
+# A job in one of these states (or gone: None) wants no more of its segments rendered.
+_STOPPED = (None, JobState.CANCELED, JobState.FAILED)
 
 
 def noise_seed(digest: str) -> int:
@@ -55,7 +59,7 @@ def synthesize(self: SegmentTask, spec: dict, **_: object) -> str:
     if "book_id" in spec:  # a book's segment: skip it if the book stopped or has it already
         if not books.segment_wanted(farm, spec):
             raise Ignore()
-    elif farm.jobs.mark_running(spec["job_id"])[1] in (None, CANCELED, FAILED):
+    elif farm.jobs.mark_running(spec["job_id"])[1] in _STOPPED:
         raise Ignore()  # canceled, failed or expired: the rest of the chain never runs
     voice = get_voice(spec["voice"])  # UnknownVoice is a SpeechError: the job fails at once
     model = runtime.acoustic_for(voice)
@@ -97,7 +101,7 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     if "book_id" in spec:
         wanted = books.segment_wanted(farm, spec)
     else:
-        wanted = farm.jobs.state(spec["job_id"]) not in (None, CANCELED, FAILED)
+        wanted = farm.jobs.state(spec["job_id"]) not in _STOPPED
     if not wanted:
         # Stored already (a twin publish of the feeder) or canceled: the acoustic stage
         # held the features for this stage, so let go of them here too.
@@ -107,7 +111,7 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     if blob is None:
         if regenerations >= MAX_REGENERATIONS:
             raise SpeechError("the mel expired from the cache before the vocoder ran")
-        farm.publish_segments([spec], regenerations=regenerations + 1)
+        publish_again(farm.celery, spec, regenerations)
         raise Ignore()
     from models.mel import mel_from_bytes
 
