@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Iterable
 
 import redis
 
@@ -223,7 +224,7 @@ class BookStore:
         moved, _ = self.move(book_id, (BookState.PREPARING,), BookState.RENDERING, **fields)
         return moved
 
-    def move(self, book_id: str, from_states, to: BookState,
+    def move(self, book_id: str, from_states: Iterable[str], to: BookState,
              **fields: object) -> tuple[bool, str | None]:
         """Transition atomically; returns (moved, state afterwards), state None if unknown."""
         return self._transition(self.keys.book(book_id), from_states, to, **fields)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import redis
@@ -192,7 +193,7 @@ class JobStore:
     def fail(self, job_id: str, error: str) -> tuple[bool, str | None]:
         return self._move(job_id, JOB_LIVE, JobState.FAILED, "finished_at", error)
 
-    def _move(self, job_id: str, from_states, to: JobState, stamp: str,
+    def _move(self, job_id: str, from_states: Iterable[str], to: JobState, stamp: str,
               error: str = "") -> tuple[bool, str | None]:
         """The transition, stamping `stamp` (and `error`, if any); a 'state' event tells
         the job's listeners."""
