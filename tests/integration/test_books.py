@@ -6,13 +6,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import time
 
 import av
 import pytest
 
 from tests import bookfiles
-from tests.helpers import running_farm, wait_book
+from tests.helpers import running_farm, wait_book, wait_state, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -131,10 +130,7 @@ def test_interactive_job_overtakes_a_book(book_farm, bclient):
     book_id = resp.get_json()["id"]
     wait_book(bclient, book_id, until=lambda b: b["segments"]["done"] >= 1)
     job = bclient.post("/v1/jobs", json={"text": "Is anyone there?"}).get_json()
-    deadline = time.monotonic() + 60
-    while bclient.get(f"/v1/jobs/{job['id']}").get_json()["state"] != "done":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_state(bclient, job["id"], timeout_s=60)
     book = bclient.get(f"/v1/books/{book_id}").get_json()
     assert book["state"] == "rendering", "the job finished before the book's remaining segments"
     assert book["segments"]["done"] < book["segments"]["total"] - 4
@@ -145,11 +141,20 @@ def test_cancel_removes_files_and_skips_queued_segments(book_farm, bclient):
     resp = bclient.post("/v1/books", json=json_book("Cut Short", 3, 8))
     book_id = resp.get_json()["id"]
     wait_book(bclient, book_id, until=lambda b: b["segments"]["done"] >= 1)
-    assert bclient.delete(f"/v1/books/{book_id}").get_json()["state"] == "canceled"
-    time.sleep(2)  # segments already running finish and find the book canceled
+    at_cancel = bclient.delete(f"/v1/books/{book_id}").get_json()
+    assert at_cancel["state"] == "canceled"
+    # Segments already running finish, find the book canceled and take back what they wrote.
+    # The sign that they had their chance: every segment of a book submitted after the cancel
+    # is stored. The farm's one acoustic and one vocoder worker process each take their batch
+    # queue in order, one task at a time, so by then every segment of the canceled book has
+    # been taken (the one in hand finished, the queued ones skipped), and so has any vocoder
+    # task those chained.
+    after = bclient.post("/v1/books", json=json_book("After The Cut", 1, 1)).get_json()
+    wait_book(bclient, after["id"], states=(),
+              until=lambda b: 0 < b["segments"]["done"] == b["segments"]["total"])
     book = bclient.get(f"/v1/books/{book_id}").get_json()
     assert book["state"] == "canceled"
-    assert book["segments"]["done"] < book["segments"]["total"]
+    assert book["segments"]["done"] == at_cancel["segments"]["done"] < book["segments"]["total"]
     assert book_farm.farm.store.list(f"books/{book_id}/") == []
     assert bclient.get(f"/v1/books/{book_id}/audio").status_code == 409
     assert bclient.post(f"/v1/books/{book_id}/retry").status_code == 409
@@ -252,15 +257,6 @@ def _assembly_held(farm, book_id: str) -> bool:
     return False
 
 
-def _wait_for(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_book_worker_sigkill_mid_assembly_book_still_completes(book_farm, bclient):
     farm = book_farm.farm
     resp = bclient.post("/v1/books", json={**json_book("Night Shift", 3, 1),
@@ -270,12 +266,15 @@ def test_book_worker_sigkill_mid_assembly_book_still_completes(book_farm, bclien
     # The moment the book worker has taken the assembly and is writing the audiobook (its
     # output files exist only as the store's temporary files).
     out_dir = farm.store.root / "books" / book_id / "out"
-    deadline = time.monotonic() + 90
-    while not (farm.books.state(book_id) == "assembling" and any(out_dir.glob(".*.tmp"))
-               and _assembly_held(farm, book_id)):
-        assert farm.books.state(book_id) in ("queued", "preparing", "rendering", "assembling")
-        assert time.monotonic() < deadline, farm.books.get(book_id)
-        time.sleep(0.002)
+
+    def writing() -> bool:
+        state = farm.books.state(book_id)
+        assert state in ("queued", "preparing", "rendering", "assembling"), state
+        return (state == "assembling" and any(out_dir.glob(".*.tmp"))
+                and _assembly_held(farm, book_id))
+
+    wait_until(writing, 90, lambda: f"never caught writing: {farm.books.get(book_id)}",
+               interval_s=0.002)
     worker = next(w for w in book_farm.workers if w.queue == "book")
     worker.kill()
     book_farm.workers.remove(worker)
@@ -283,7 +282,8 @@ def test_book_worker_sigkill_mid_assembly_book_still_completes(book_farm, bclien
     # (Redis), or back on the book queue the moment the worker's connection closed (RabbitMQ).
     assert farm.books.state(book_id) == "assembling"
     if farm.broker_redis is None:
-        assert _wait_for(lambda: farm.queue_depth("book") == 1, 5)
+        wait_until(lambda: farm.queue_depth("book") == 1, 5,
+                   "the assembly is not back on the book queue", interval_s=0.02)
     else:
         assert _assembly_held(farm, book_id)
     assert farm.books.manifest(book_id) is None and not farm.store.exists(
