@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.embedded_redis import free_port
-from tests.helpers import ROOT, WorkerProc, gunicorn_server, running_farm
+from tests.helpers import ROOT, WorkerProc, gunicorn_server, running_farm, wait_state, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -96,28 +98,19 @@ def run_job(base: str, text: str, headers: dict | None = None, timeout_s: float 
     resp = requests.post(f"{base}/v1/jobs", json={"text": text}, headers=headers or {},
                          timeout=30)
     assert resp.status_code == 202, resp.text
-    job = resp.json()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        cur = requests.get(f"{base}/v1/jobs/{job['id']}", timeout=10).json()
-        if cur["state"] == "done":
-            cur["request_id"] = resp.headers.get("X-Request-ID")
-            return cur
-        assert cur["state"] in ("queued", "running"), cur
-        time.sleep(0.05)
-    raise AssertionError(f"job {job['id']} not done")
+    done = wait_state(base, resp.json()["id"], timeout_s=timeout_s)
+    return {**done, "request_id": resp.headers.get("X-Request-ID")}
 
 
 def settle(obs: ObservedFarm, want_jobs_done: float) -> dict[str, dict]:
     """Scrape until the vocoder's job count reaches what the test expects (the postrun hook
     runs just after the chunk is stored, so a poll that saw 'done' may be a hair earlier)."""
-    deadline = time.monotonic() + 10
-    while True:
+    def settled() -> dict | None:
         after = scrape_all(obs)
-        if val(after["vocoder"], "voxfarm_jobs_finished_total", state="done") >= want_jobs_done \
-                or time.monotonic() > deadline:
-            return after
-        time.sleep(0.05)
+        done = val(after["vocoder"], "voxfarm_jobs_finished_total", state="done")
+        return after if done >= want_jobs_done else None
+
+    return wait_until(settled, 10, f"the vocoder never counted {want_jobs_done:g} jobs done")
 
 
 def deltas(before: dict, after: dict, role: str, name: str, **labels) -> float:
@@ -205,18 +198,33 @@ def test_queue_depth_live_workers_and_no_gpu_on_cpu(obs):
     assert not [k for k in voc if k[0].startswith("voxfarm_gpu_")]
 
 
+def json_lines(path: Path) -> list[dict]:
+    """The JSON records of a log; a line still being written waits for the next read."""
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()
+            if line.startswith("{")]
+
+
+def job_log(path: Path, job_id: str, segments: int) -> list[dict]:
+    """A job's records in a pool's log, once it holds a per-segment line for each of its
+    `segments` (the line is written just after the chunk is stored, so a poll that saw the
+    job done may come a moment before it)."""
+    def written() -> list[dict] | None:
+        mine = [rec for rec in json_lines(path) if rec.get("job_id") == job_id]
+        lines = sum(rec["logger"] == "voxfarm.segments" for rec in mine)
+        return mine if lines >= segments else None
+
+    return wait_until(written, 10, f"{path.name} has fewer than {segments} segment lines "
+                                   f"for job {job_id}")
+
+
 def test_request_id_follows_the_job_into_worker_logs(obs):
     rid = f"trace-{uuid.uuid4().hex[:12]}"
     job = run_job(obs.web, TEXT + " Traced once more.", headers={"X-Request-ID": rid})
     assert job["request_id"] == rid
     n = job["segments"]["total"]
-    time.sleep(0.5)  # the postrun line is written just after the chunk
     for queue in ("acoustic", "vocoder"):
-        lines = [json.loads(line) for line in
-                 (obs.log_dir / f"{queue}.log").read_text().splitlines()
-                 if line.startswith("{")]
-        mine = [rec for rec in lines if rec.get("job_id") == job["id"]]
-        assert mine, f"no {queue} line for the job"
+        mine = job_log(obs.log_dir / f"{queue}.log", job["id"], n)
         # Every line of this job's work carries the client's id...
         assert {rec.get("request_id") for rec in mine} == {rid}
         # ...and the per-segment lines name each segment once, with timings.
@@ -225,21 +233,21 @@ def test_request_id_follows_the_job_into_worker_logs(obs):
         assert all(rec["stage"] == queue and rec["run_ms"] > 0 and rec["queue_wait_ms"] >= 0
                    for rec in seg)
         assert all(rec["task_id"] and rec["level"] == "DEBUG" for rec in seg)
-    # The web's access line carries it too (gunicorn logs JSON).
-    web = [json.loads(line) for line in (obs.log_dir / "web.log").read_text().splitlines()
-           if line.startswith("{")]
-    assert any(rec.get("request_id") == rid and rec.get("path") == "/v1/jobs"
-               and rec.get("status") == 202 for rec in web)
+    # The web's access line carries it too (gunicorn logs JSON, after the answer is sent).
+    wait_until(lambda: any(rec.get("request_id") == rid and rec.get("path") == "/v1/jobs"
+                           and rec.get("status") == 202
+                           for rec in json_lines(obs.log_dir / "web.log")),
+               10, "no access line with the request id for POST /v1/jobs")
 
 
 def test_request_id_made_when_missing_or_unsafe(obs):
     resp = requests.get(f"{obs.web}/healthz", timeout=10)
     made = resp.headers["X-Request-ID"]
-    assert len(made) == 32 and int(made, 16) >= 0
+    assert re.fullmatch(r"[0-9a-f]{32}", made), made
     bad = requests.get(f"{obs.web}/healthz", headers={"X-Request-ID": 'x" injected=1'},
                        timeout=10)
     assert bad.headers["X-Request-ID"] != 'x" injected=1'
-    assert len(bad.headers["X-Request-ID"]) == 32
+    assert re.fullmatch(r"[0-9a-f]{32}", bad.headers["X-Request-ID"])
     # A made-up id is the one the job records.
     resp = requests.post(f"{obs.web}/v1/jobs", json={"text": "Who am I?"}, timeout=30)
     assert resp.status_code == 202
