@@ -1,10 +1,11 @@
 """The `voxfarm` command: run the farm, one of its pools, or speak through a running farm.
 
-    voxfarm up [--port N]              the whole farm on one machine (what `make run` starts)
-    voxfarm worker acoustic|vocoder    one worker pool
-    voxfarm flower                     Flower against the farm's broker
-    voxfarm say "text" -o out.wav      synthesize through a farm's HTTP API
-    voxfarm book render FILE -o DIR    render a book through a farm's HTTP API
+    voxfarm up [--port N]                   the whole farm on one machine (what `make run`
+                                            starts): the Procfile's lines, restarted if they exit
+    voxfarm worker acoustic|vocoder|book    one worker pool
+    voxfarm flower                          Flower against the farm's broker
+    voxfarm say "text" -o out.wav           synthesize through a farm's HTTP API
+    voxfarm book render FILE -o DIR         render a book through a farm's HTTP API
 
 `voxfarm up` writes where the farm listens to `<var>/farm.json` (app/farmstate.py); `say`,
 `book render` and `flower` read it, so they find the farm `make run` started by themselves.
@@ -18,13 +19,17 @@ from __future__ import annotations
 import base64
 import io
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
 import wave
+from collections.abc import Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -39,19 +44,128 @@ def main() -> None:
 
 # -- voxfarm up ----------------------------------------------------------------------------
 
+# The farm's processes, one table for `voxfarm up` and honcho alike.
+PROCFILE = ROOT / "Procfile"
+
+# ${VAR:-default}, ${VAR} and $VAR: all the shell the Procfile may use.
+_PROCFILE_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
+
+# The programs the Procfile runs, as modules of this interpreter: `voxfarm up` runs the farm
+# from its own venv whether or not that venv is on PATH.
+_PROCFILE_MODULES = {"voxfarm": "app.cli", "gunicorn": "gunicorn"}
+
+
+def read_procfile(path: Path = PROCFILE) -> dict[str, str]:
+    """The Procfile's `name: command` lines, in order."""
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return {name.strip(): command.strip()
+            for name, command in (line.split(":", 1) for line in lines
+                                  if line and not line.startswith("#"))}
+
+
+def expand(command: str, env: Mapping[str, str]) -> list[str]:
+    """A Procfile command's words as the shell would give them: variables from `env`, an
+    unset or empty one taking its `:-` default."""
+    def value(m: re.Match) -> str:
+        got = env.get(m[1] or m[3], "")
+        return got if got or m[2] is None else m[2]
+
+    return shlex.split(_PROCFILE_VAR.sub(value, command))
+
+
+def runnable(words: list[str]) -> list[str]:
+    """A Procfile command's words as `voxfarm up` runs them: the program as a module of this
+    interpreter, a relative path taken from the Procfile's directory (as honcho runs it)."""
+    program, *args = words
+    args = [str(PROCFILE.parent / a) if "/" in a and not os.path.isabs(a)
+            and (PROCFILE.parent / a).exists() else a for a in args]
+    return [sys.executable, "-m", _PROCFILE_MODULES[program], *args]
+
+
+def worker_pools(procfile: Mapping[str, str]) -> list[str]:
+    """The Procfile's worker pools (its `voxfarm worker` lines), in order."""
+    return [name for name, command in procfile.items()
+            if command.split()[:2] == ["voxfarm", "worker"]]
+
+
+def metrics_variable(pool: str) -> str:
+    """The Procfile variable that holds `pool`'s metrics port: ACOUSTIC_BATCH_METRICS_PORT."""
+    return f"{pool.upper().replace('-', '_')}_METRICS_PORT"
+
+
+def procfile_env(host: str, port: int, metrics: Mapping[str, int], flower_port: int,
+                 pools: list[str]) -> dict[str, str]:
+    """What `voxfarm up` sets for the Procfile's variables (a pool missing from `metrics`
+    runs without a metrics port)."""
+    return {"HOST": host, "PORT": str(port), "FLOWER_PORT": str(flower_port),
+            **{metrics_variable(pool): str(metrics.get(pool, 0)) for pool in pools}}
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"status {code}"
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Signal the child and whatever it started (its pool processes, gunicorn's workers)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:  # the whole group is gone
+        pass
+
+
+@dataclass
+class Child:
+    name: str
+    args: list[str]
+    # Stopped after the others: the embedded Redis, which they need to shut down cleanly.
+    last: bool = False
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    backoff_s: float = 0.0
+    restart_at: float | None = None  # set while it is dead and waits for its restart
+
 
 class Supervisor:
-    """Starts child processes with prefixed output; stops them all together."""
+    """Runs the farm's processes and restarts any that exits while the farm runs.
 
-    def __init__(self) -> None:
-        self.procs: dict[str, subprocess.Popen] = {}
-        self._stopping = False
+    Each child runs in a session of its own, so a Ctrl-C in the terminal reaches `up` alone,
+    which stops the children in order. A child that exits is logged with its exit status,
+    what is left of its process group is killed (a prefork pool's processes, gunicorn's
+    workers: they would hold its ports), and it starts again after a backoff that doubles
+    from 1 s to 30 s and falls back to 1 s once the child has stayed up 30 s, so a child that
+    cannot start costs a line every 30 s, not a busy loop.
 
-    def spawn(self, name: str, args: list[str], env: dict) -> None:
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        self.procs[name] = proc
-        threading.Thread(target=self._pump, args=(name, proc), daemon=True).start()
+    Threads: `run()`, `stop()` and `kill()` run in `up`'s main thread, as do the signal
+    handlers that set `run()`'s event and call `kill()`; one daemon thread per child copies
+    its output to stdout, each line prefixed with the child's name. They share only stdout.
+    """
+
+    FIRST_BACKOFF_S = 1.0
+    MAX_BACKOFF_S = 30.0
+    STEADY_S = 30.0
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.children: dict[str, Child] = {}
+
+    def start(self, name: str, args: list[str], *, last: bool = False,
+              proc: subprocess.Popen | None = None) -> None:
+        """Start `args` as `name`, or adopt `proc` (started from `args`) as its first run."""
+        child = self.children[name] = Child(name, args, last, backoff_s=self.FIRST_BACKOFF_S)
+        self._spawn(child, proc)
+
+    def _spawn(self, child: Child, proc: subprocess.Popen | None = None) -> None:
+        if proc is None:
+            proc = subprocess.Popen(child.args, env=self.env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            threading.Thread(target=self._pump, args=(child.name, proc), daemon=True).start()
+        child.proc, child.started_at, child.restart_at = proc, time.monotonic(), None
 
     @staticmethod
     def _pump(name: str, proc: subprocess.Popen) -> None:
@@ -59,32 +173,64 @@ class Supervisor:
             sys.stdout.write(f"{name:>9} | {line.decode(errors='replace')}")
             sys.stdout.flush()
 
-    def wait_any(self) -> str | None:
-        while not self._stopping:
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    return name
-            time.sleep(0.2)
-        return None
+    def run(self, stopping: threading.Event) -> None:
+        """Watch the children until `stopping` is set, restarting those that exit."""
+        while not stopping.wait(0.2):
+            now = time.monotonic()
+            for child in self.children.values():
+                if child.restart_at is not None:
+                    if now >= child.restart_at:
+                        click.echo(f"restarting {child.name}", err=True)
+                        self._spawn(child)
+                elif child.proc.poll() is not None:
+                    self._died(child, now)
+
+    def _died(self, child: Child, now: float) -> None:
+        _signal_group(child.proc, signal.SIGKILL)
+        ran_s = now - child.started_at
+        if ran_s >= self.STEADY_S:
+            child.backoff_s = self.FIRST_BACKOFF_S
+        click.echo(f"{child.name} exited ({_exit_status(child.proc.returncode)}) after "
+                   f"{ran_s:.0f} s; restarting it in {child.backoff_s:g} s", err=True)
+        child.restart_at = now + child.backoff_s
+        child.backoff_s = min(2 * child.backoff_s, self.MAX_BACKOFF_S)
 
     def stop(self, grace_s: float = 15.0) -> None:
-        self._stopping = True
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        """SIGTERM to every child, then to the `last` ones; SIGKILL to what outlives grace_s."""
+        for last in (False, True):
+            procs = [c.proc for c in self.children.values()
+                     if c.last == last and c.restart_at is None]
+            for proc in procs:
+                _signal_group(proc, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for proc in procs:
+                try:
+                    proc.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+                _signal_group(proc, signal.SIGKILL)  # and anything it left behind
                 proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL to every child: a second Ctrl-C waits for nothing."""
+        for child in self.children.values():
+            if child.restart_at is None:
+                _signal_group(child.proc, signal.SIGKILL)
 
 
 def _settings():
     from app.settings import Settings
 
     return Settings.from_env()
+
+
+def _configured_redis_url() -> str:
+    """The Redis URL the settings were given, or "" when they hold the default (no URL was
+    configured: `up` starts an embedded Redis, `flower` watches the farm in farm.json)."""
+    from app.settings import Settings
+
+    url = _settings().redis_url
+    return "" if url == Settings().redis_url else url
 
 
 def _is_loopback(host: str) -> bool:
@@ -129,7 +275,8 @@ _MAX_SOCKET_PATH = 100
               help="The interface every listener binds: the web, the pools' metrics and "
                    "Flower. The embedded Redis stays on loopback (it has no password).")
 @click.option("--port", default=8000, show_default=True, type=int, help="The web's port.")
-@click.option("--web-workers", default=2, show_default=True, type=int)
+@click.option("--web-workers", default=lambda: _settings().web_workers, show_default="2",
+              type=int, help="gunicorn workers. [env VOXFARM_WEB_WORKERS]")
 @click.option("--var", "var_dir", default=lambda: _settings().var_dir, show_default="var",
               help="This farm's own directory: the embedded Redis's data, the artifact "
                    "store, gunicorn's control socket and farm.json (where the farm "
@@ -144,10 +291,13 @@ _MAX_SOCKET_PATH = 100
 @click.option("--flower-port", default=5555, show_default=True, type=int)
 def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
        with_flower: bool, flower_port: int) -> None:
-    """Start the whole farm: Redis (embedded unless configured), web, acoustic, vocoder and
-    book pools, and Flower with --flower."""
+    """Start the whole farm, the Procfile's lines: web, the acoustic, vocoder and book pools
+    (interactive and batch), Flower with --flower, and a Redis of its own unless one is
+    configured. A process that exits is restarted (the embedded Redis on the same port, with
+    its data); Ctrl-C stops them all."""
     from app import farmstate
     from app.embedded_redis import EmbeddedRedis
+    from app.settings import Settings
 
     var = Path(var_dir).resolve()
     running = farmstate.live_state(var)
@@ -155,16 +305,10 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
         raise click.UsageError(f"a farm already runs from {var_dir} (pid {running.pid}, "
                                f"{running.web_url}); stop it, or give this one a directory "
                                "of its own with --var DIR")
-    # Interactive jobs get pools of their own; book segments run on batch pools at a lower
-    # OS priority, so a book never slows a listener (README, "Priority").
-    pool_args = {
-        "acoustic": ["acoustic", "--work", "interactive"],
-        "vocoder": ["vocoder", "--work", "interactive"],
-        "book": ["book"],
-        "acoustic-batch": ["acoustic", "--work", "batch", "--nice", str(BATCH_NICE)],
-        "vocoder-batch": ["vocoder", "--work", "batch", "--nice", str(BATCH_NICE)],
-    }
-    pools = tuple(pool_args)
+    procfile = read_procfile()
+    if not with_flower:
+        procfile.pop("flower", None)
+    pools = worker_pools(procfile)
     metrics = {pool: metrics_port + i for i, pool in enumerate(pools)} if metrics_port else {}
     listeners = {f"{port} (web, --port)": port,
                  **{f"{p} ({pool} metrics, --metrics-port)": p for pool, p in metrics.items()}}
@@ -175,82 +319,77 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
         raise click.UsageError(f"in use on {host}: {', '.join(taken)}. Pick free ports, e.g. "
                                "`voxfarm up --port 8100 --metrics-port 9201` or "
                                "`PORT=8100 METRICS_PORT=9201 make run`")
-    flower_args: list[str] = []
-    if with_flower:
-        settings = _settings()
-        if not (settings.flower_user and settings.flower_password):
-            if not _is_loopback(host):
-                raise click.UsageError("--flower on a non-loopback --host needs "
-                                       "VOXFARM_FLOWER_USER and VOXFARM_FLOWER_PASSWORD")
-            flower_args = ["--no-auth"]
+    settings = _settings()
+    # What `up` adds to the Procfile's lines: the web's worker count and its control socket
+    # in this farm's var dir, and Flower without auth on loopback when no user is set.
+    control_socket = str(var / "gunicorn.ctl")
+    extra_args = {"web": ["--workers", str(web_workers),
+                          *(["--control-socket", control_socket]
+                            if len(control_socket) <= _MAX_SOCKET_PATH
+                            else ["--no-control-socket"])]}
+    if with_flower and not (settings.flower_user and settings.flower_password):
+        if not _is_loopback(host):
+            raise click.UsageError("--flower on a non-loopback --host needs "
+                                   "VOXFARM_FLOWER_USER and VOXFARM_FLOWER_PASSWORD")
+        extra_args["flower"] = ["--no-auth"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # Said once here instead of Celery's multi-line SecurityWarning in every worker
         # (workers/main.py silences it: the farm accepts JSON messages only).
         click.echo("running as root: the workers accept JSON messages only; a normal user "
                    "is still the better choice")
 
-    env = dict(os.environ)
+    env = {**os.environ, **procfile_env(host, port, metrics, flower_port, pools)}
+    redis_url = _configured_redis_url()
     redis_server = None
-    if not (env.get("VOXFARM_REDIS_URL") or env.get("REDIS_URL")):
-        redis_server = EmbeddedRedis(var / "redis").start()
-        env["VOXFARM_REDIS_URL"] = redis_server.url
-        click.echo(f"embedded Redis on {redis_server.url} (data in {var_dir}/redis)")
-    redis_url = env.get("VOXFARM_REDIS_URL") or env["REDIS_URL"]
-    env.setdefault("VOXFARM_STORE", str(var / "store"))
-    control_socket = str(var / "gunicorn.ctl")
-    control = (["--control-socket", control_socket] if len(control_socket) <= _MAX_SOCKET_PATH
-               else ["--no-control-socket"])
-    py = sys.executable
-    sup = Supervisor()
+    if not redis_url:
+        redis_server = EmbeddedRedis(var / "redis")
+        redis_url = env["VOXFARM_REDIS_URL"] = redis_server.url
+    if settings.store_dir == Settings().store_dir:  # not configured: this farm's own
+        env["VOXFARM_STORE"] = str(var / "store")
+    commands = {name: runnable(expand(command, env)) + extra_args.get(name, [])
+                for name, command in procfile.items()}
+
+    sup = Supervisor(env)
     stopping = threading.Event()
 
     def on_signal(signum, _frame) -> None:
+        if stopping.is_set():
+            sup.kill()  # a second Ctrl-C
         stopping.set()
-        sup._stopping = True
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    web_url = f"http://{_url_host(host)}:{port}"
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     try:
-        sup.spawn("web", [py, "-m", "gunicorn", "-c", str(ROOT / "ops" / "gunicorn.conf.py"),
-                          "--bind", f"{host}:{port}", "--workers", str(web_workers), *control,
-                          "web.wsgi:app"], env)
-        for pool in pools:
-            sup.spawn(pool, [py, "-m", "app.cli", "worker", *pool_args[pool],
-                             "--metrics-port", str(metrics.get(pool, 0)),
-                             "--metrics-addr", host], env)
-        flower_url = ""
-        if with_flower:
-            sup.spawn("flower", [py, "-m", "app.cli", "flower", "--port", str(flower_port),
-                                 "--address", host, *flower_args], env)
-            flower_url = f"http://{_url_host(host)}:{flower_port}"
+        if redis_server is not None:
+            try:
+                redis_server.start()
+            except RuntimeError as exc:
+                raise click.ClickException(str(exc)) from None
+            sup.start("redis", redis_server.command(), last=True, proc=redis_server.proc)
+            click.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis)")
+        for name, args in commands.items():
+            sup.start(name, args)
+        web_url = f"http://{_url_host(host)}:{port}"
+        flower_url = f"http://{_url_host(host)}:{flower_port}" if with_flower else ""
         state_file = farmstate.write_state(
             var, farmstate.new_state(web_url, redis_url, metrics, flower_url))
         click.echo(f"voxfarm on {web_url}  (Ctrl-C stops everything; where it listens: "
                    f"{state_file})")
         if flower_url:
             click.echo(f"Flower on {flower_url}")
-        died = sup.wait_any()
-        if died and not stopping.is_set():
-            click.echo(f"{died} exited with {sup.procs[died].returncode}; stopping the farm",
-                       err=True)
+        sup.run(stopping)
     finally:
         farmstate.remove_state(var)
         sup.stop()
-        if redis_server:
-            redis_server.stop()
         click.echo("voxfarm stopped")
 
 
 # -- voxfarm worker / flower ---------------------------------------------------------------
 
-# How much lower the OS priority of `voxfarm up`'s book (batch) pools is.
-BATCH_NICE = 10
-
-
 @main.command()
 @click.argument("queue", type=click.Choice(["acoustic", "vocoder", "book"]))
-@click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N")
+@click.option("--device", default=lambda: _settings().device, show_default="cpu",
+              help="cpu or cuda:N [env VOXFARM_DEVICE]")
 @click.option("--concurrency", default=None, type=int,
               help="Worker processes (1; one per GPU for a CUDA device), or greenlets for "
                    "the book pool (32).")
@@ -259,14 +398,15 @@ BATCH_NICE = 10
               type=click.Choice(["prefork", "solo", "threads", "gevent"]))
 @click.option("--loglevel", default="INFO", show_default=True)
 @click.option("--name", default=None, help="Worker node name (default QUEUE-DEVICE@host).")
-@click.option("--metrics-port", default=0, show_default=True, type=int,
-              envvar="VOXFARM_METRICS_PORT",
-              help="Serve this pool's Prometheus metrics on this port (0: off).")
+@click.option("--metrics-port", default=lambda: _settings().metrics_port, show_default="0",
+              type=int, help="Serve this pool's Prometheus metrics on this port (0: off). "
+                              "[env VOXFARM_METRICS_PORT]")
 @click.option("--metrics-addr", default="0.0.0.0", show_default=True)
-@click.option("--threads", default=None, type=int, envvar="VOXFARM_TORCH_THREADS",
-              help="torch threads per process (default 1: the pools run side by side, "
-                   "interactive and batch, so more threads per process only spin against "
-                   "each other; scale a pool with --concurrency instead).")
+@click.option("--threads", default=lambda: _settings().torch_threads or 1, type=int,
+              show_default="1",
+              help="torch threads per process (1: the pools run side by side, interactive "
+                   "and batch, so more threads per process only spin against each other; "
+                   "scale a pool with --concurrency instead). [env VOXFARM_TORCH_THREADS]")
 @click.option("--work", default="all", show_default=True,
               type=click.Choice(["all", "interactive", "batch"]),
               help="Which queue of the stage: interactive jobs, book (batch) segments, or "
@@ -275,7 +415,7 @@ BATCH_NICE = 10
               help="Lower the pool's OS priority by this much (e.g. 10 for a batch pool).")
 def worker(queue: str, device: str, concurrency: int | None, pool: str | None, loglevel: str,
            name: str | None, metrics_port: int, metrics_addr: str,
-           threads: int | None, work: str, nice: int) -> None:
+           threads: int, work: str, nice: int) -> None:
     """Run one worker pool on its queue."""
     # The book pool orchestrates (waits on Redis, the store, the broker): gevent, many
     # greenlets. It must patch before the worker opens a socket.
@@ -293,8 +433,6 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
         multiproc.prepare(f"{queue}-{metrics_port}")
     from workers.main import run_worker
 
-    if threads is None:
-        threads = 1
     run_worker(queue, device=device, concurrency=concurrency, pool=pool, loglevel=loglevel,
                name=name, metrics_port=metrics_port, metrics_addr=metrics_addr,
                threads=threads, work=work, nice=nice)
@@ -321,7 +459,7 @@ def flower(port: int, address: str, no_auth: bool, var_dir: str,
     from app.celery_app import make_celery
     from app.settings import Settings
 
-    if not (os.environ.get("VOXFARM_REDIS_URL") or os.environ.get("REDIS_URL")):
+    if not _configured_redis_url():
         running = farmstate.live_state(var_dir)
         if running is not None:  # the farm `voxfarm up` started (its embedded Redis)
             os.environ["VOXFARM_REDIS_URL"] = running.redis_url

@@ -2,6 +2,13 @@
 
 `make run` and the tests use it when no Redis URL is configured. It listens on loopback only,
 keeps its data (AOF) under the given directory, and never evicts: it is the broker too.
+
+`voxfarm up` restarts it with the same `command()` when it dies: the same port, so every client
+reconnects to the URL it has, and the same AOF, so the jobs and queued segments it held come
+back. The AOF is fsynced every second, and a write reaches the kernel before its client hears
+OK, so a killed server loses nothing it acknowledged and a crashed machine the last second or
+so. (On a disk too slow for those fsyncs Redis holds writes back, up to 2 s, and then a kill
+can cost them too.)
 """
 
 from __future__ import annotations
@@ -53,16 +60,20 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        args = [
+    def command(self) -> list[str]:
+        """The server's command line; run again, it serves the same port and data."""
+        return [
             redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.data_dir.resolve()), "--save", "",
             "--appendonly", "yes" if self.persist else "no",
             "--maxmemory-policy", "noeviction", "--daemonize", "no",
             "--logfile", str((self.data_dir / "redis.log").resolve()),
         ]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
