@@ -158,12 +158,14 @@ class WorkerProc:
     log: Path
     proc: subprocess.Popen | None = None
     extra: tuple[str, ...] = ()  # more `voxfarm worker` options (--work batch, --nice 10)
+    name: str = ""  # Celery's node name; a fresh one per start unless given
 
     def start(self) -> WorkerProc:
         out = open(self.log, "ab")
+        self.name = self.name or f"{self.queue}-{os.getpid()}-{time.monotonic_ns()}@test"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "worker", self.queue, "--loglevel", "WARNING",
-             "--name", f"{self.queue}-{os.getpid()}-{time.monotonic_ns()}@test", *self.extra],
+             "--name", self.name, *self.extra],
             env=self.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, cwd=ROOT)
         return self
@@ -201,8 +203,9 @@ class FarmUnderTest:
         """The farm's own Redis database."""
         return int(urlparse(self.settings.redis_url).path.lstrip("/") or 0)
 
-    def start_worker(self, queue: str, *extra: str) -> WorkerProc:
-        w = WorkerProc(queue, self.env, self.log_dir / f"{queue}.log", extra=extra).start()
+    def start_worker(self, queue: str, *extra: str, name: str = "") -> WorkerProc:
+        w = WorkerProc(queue, self.env, self.log_dir / f"{queue}.log", extra=extra,
+                       name=name).start()
         self.workers.append(w)
         return w
 

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import warnings
 
 from celery import Celery, signals
@@ -26,6 +27,8 @@ from app.celery_app import (
     WORKER_QUEUES,
     make_celery,
 )
+from app.farm import WORKER_STALE_S
+from app.redelivery import Redelivery
 from app.settings import Settings
 from tasks import runtime
 
@@ -51,10 +54,16 @@ class Heartbeat:
     The acoustic pool's heartbeat also sweeps jobs whose web process died mid-submit (see
     `Farm.sweep_unpublished`): the web cannot sweep its own, being dead, and the acoustic
     pool is the one every job needs anyway.
+
+    Every heartbeat also hands the unacked messages of peers whose heartbeat went stale back
+    to their queue (`app.redelivery`), once this worker has itself been in touch with Redis
+    for that long (after an outage every peer looks stale until it beats again).
     """
 
-    def __init__(self, celery: Celery, queues: tuple[str, ...], name: str) -> None:
+    def __init__(self, celery: Celery, queues: tuple[str, ...], name: str,
+                 redelivery: Redelivery) -> None:
         self.celery, self.queues, self.name = celery, queues, name
+        self.redelivery = redelivery
         self._stop = threading.Event()
 
     def start(self) -> None:
@@ -62,14 +71,23 @@ class Heartbeat:
 
     def _run(self) -> None:
         farm = runtime.farm(self.celery)
+        in_touch_since, beats = None, 0
         while not self._stop.is_set():
             try:
                 for queue in self.queues:
                     farm.heartbeat(queue, self.name)
+                in_touch_since = in_touch_since or time.monotonic()
                 if ACOUSTIC_QUEUE in self.queues:
                     for job_id in farm.sweep_unpublished():
                         log.warning("job %s failed: its segments were never all queued", job_id)
+                if time.monotonic() - in_touch_since > WORKER_STALE_S:
+                    for queue in self.queues:
+                        self.redelivery.sweep(farm.keys.workers(queue))
+                beats += 1
+                if beats % 10 == 0:
+                    self.redelivery.forget_acked(self.name)
             except Exception:  # Redis down: readiness already says so; keep trying
+                in_touch_since = None
                 log.warning("heartbeat to Redis failed", exc_info=True)
             self._stop.wait(HEARTBEAT_EVERY_S)
 
@@ -119,7 +137,23 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
                             category=SecurityWarning)
     # Live on each queue it consumes: a batch-only pool on its batch queue alone, which
     # /readyz reports beside the interactive ones (that decide readiness).
-    heartbeat = Heartbeat(celery, worker_queues(queue, work), hostname)
+    farm = runtime.farm(celery)
+    redelivery = Redelivery(celery, farm.redis, farm.settings.key_prefix, WORKER_STALE_S)
+    heartbeat = Heartbeat(celery, worker_queues(queue, work), hostname, redelivery)
+
+    def predecessor(**_: object) -> None:
+        # Before consuming: a worker restarted under its old name hands back what its
+        # previous life held (nobody else would: the name is live again at once).
+        try:
+            redelivery.hand_back(hostname)
+        except Exception:  # Redis down: the peers' sweep or the visibility timeout will
+            log.warning("could not hand back the previous worker's messages", exc_info=True)
+
+    def received(request, **_: object) -> None:
+        try:
+            redelivery.received(hostname, request.message.delivery_tag)
+        except Exception:  # the visibility timeout still covers this message
+            log.warning("could not note a received message", exc_info=True)
 
     def preload(**_: object) -> None:
         # After the fork (prefork) or in the only process (solo): load the model this pool
@@ -131,6 +165,8 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     signals.worker_process_init.connect(preload, weak=False)
     if pool == "solo":
         signals.worker_init.connect(preload, weak=False)
+    signals.worker_init.connect(predecessor, weak=False)
+    signals.task_received.connect(received, weak=False)
     signals.worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
     signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
     celery.worker_main([
