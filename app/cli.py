@@ -75,7 +75,8 @@ def expand(command: str, env: Mapping[str, str]) -> list[str]:
 
 def runnable(words: list[str]) -> list[str]:
     """A Procfile command's words as `voxfarm up` runs them: the program as a module of this
-    interpreter, a relative path taken from the Procfile's directory (as honcho runs it)."""
+    interpreter, a relative path (ops/gunicorn.conf.py) from the Procfile's directory, wherever
+    `up` runs."""
     program, *args = words
     args = [str(PROCFILE.parent / a) if "/" in a and not os.path.isabs(a)
             and (PROCFILE.parent / a).exists() else a for a in args]
@@ -487,8 +488,12 @@ def flower(port: int, address: str, no_auth: bool, var_dir: str,
         os.environ["FLOWER_BASIC_AUTH"] = f"{user}:{password}"
     click.echo(f"Flower on http://{_url_host(address)}:{port}, broker "
                f"{maybe_sanitize_url(settings.broker)}")
-    make_celery(settings).start(["flower", f"--port={port}",
-                                 f"--address={address}", *extra])
+    celery = make_celery(settings)
+    # The transport the URL names: Flower picks its queue-length client by the URL's scheme
+    # and knows kombu's own only. It consumes no task, so the workers' hardened Redis
+    # transport (app/redis_transport.py) is none of its concern.
+    celery.conf.broker_transport = None
+    celery.start(["flower", f"--port={port}", f"--address={address}", *extra])
 
 
 # -- voxfarm say ---------------------------------------------------------------------------
