@@ -76,9 +76,6 @@ def route_batch_segments(name, args, kwargs, options, task=None, **_):
 def redis_broker_config(settings: Settings) -> dict:
     """Redis as broker: queues are lists, an unacked message sits in a hash until acked."""
     return {
-        # kombu's Redis transport, dropping (and logging) queue items that are not messages
-        # the farm sends instead of letting one stop the worker: app/redis_transport.py.
-        "broker_transport": "app.redis_transport:Transport",
         "broker_transport_options": {
             # An unacked message goes back to the queue after this long: longer than the
             # longest task, or a slow task would run twice at once.

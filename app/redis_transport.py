@@ -13,7 +13,7 @@ log that names its queue, when it
 What passes on is Celery's to judge: it already refuses a content type other than JSON
 (`accept_content`, so no pickle) and a task name nobody registered, logging both.
 
-The farm's Redis broker URLs select this transport (`app.celery_app`); RabbitMQ frames are
+Workers on a Redis broker select this transport (`workers.main`); RabbitMQ frames are
 parsed by the AMQP client, which does not stop the worker on a bad body.
 """
 

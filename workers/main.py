@@ -40,6 +40,12 @@ HEARTBEAT_EVERY_S = 3.0
 def build_worker_app(settings: Settings | None = None) -> Celery:
     """The Celery app of a worker process, with the tasks registered."""
     celery = make_celery(settings or Settings.from_env())
+    if celery.conf.broker_url.startswith(("redis://", "rediss://")):
+        # A consumer parses what it pops: kombu's Redis transport, hardened to drop (and
+        # log) queue items that are not messages the farm sends instead of stopping the
+        # worker (app/redis_transport.py). Producers (the web) and Flower keep kombu's own,
+        # whose URL Flower reads.
+        celery.conf.broker_transport = "app.redis_transport:Transport"
     import tasks.books  # noqa: F401  (book orchestration; the segment tasks call it too)
     import tasks.segments  # noqa: F401  (registers the shared tasks on this app)
 
