@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 
 from app.apikeys import ApiKeys, split_token
-from tests.conftest import with_db
+from tests.helpers import with_db
 
 
 class Clock:
