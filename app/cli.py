@@ -488,12 +488,7 @@ def flower(port: int, address: str, no_auth: bool, var_dir: str,
         os.environ["FLOWER_BASIC_AUTH"] = f"{user}:{password}"
     click.echo(f"Flower on http://{_url_host(address)}:{port}, broker "
                f"{maybe_sanitize_url(settings.broker)}")
-    celery = make_celery(settings)
-    # The transport the URL names: Flower picks its queue-length client by the URL's scheme
-    # and knows kombu's own only. It consumes no task, so the workers' hardened Redis
-    # transport (app/redis_transport.py) is none of its concern.
-    celery.conf.broker_transport = None
-    celery.start(["flower", f"--port={port}", f"--address={address}", *extra])
+    make_celery(settings).start(["flower", f"--port={port}", f"--address={address}", *extra])
 
 
 # -- voxfarm say ---------------------------------------------------------------------------
