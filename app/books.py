@@ -32,15 +32,9 @@ import redis
 
 from app.artifacts import ArtifactStore
 from app.keys import Keys
-from app.queueing import resume, send_assemble, send_prepare  # noqa: F401 (see below)
+from app.queueing import resume, send_assemble, send_prepare  # noqa: F401 (web/books.py's)
 from app.states import BOOK_ACTIVE, BookState, Transition, lua
 
-# The old names (and the three imported above), for web/books.py until it imports
-# app.states and app.queueing (issue 10); nothing here uses them.
-QUEUED, PREPARING, RENDERING, ASSEMBLING = (BookState.QUEUED, BookState.PREPARING,
-                                            BookState.RENDERING, BookState.ASSEMBLING)
-DONE, FAILED, CANCELED = BookState.DONE, BookState.FAILED, BookState.CANCELED
-ACTIVE_STATES = BOOK_ACTIVE
 BOOK_FORMATS = ("m4b", "mp3", "chapters")
 DEFAULT_FORMATS = ("m4b", "chapters")
 

@@ -27,11 +27,6 @@ import redis
 from app.keys import Keys
 from app.states import JOB_FINAL, JOB_LIVE, JobState, Transition, lua
 
-# The old names, for web/ until it imports app.states (issue 10); nothing here uses them.
-QUEUED, RUNNING, DONE, FAILED, CANCELED = (JobState.QUEUED, JobState.RUNNING, JobState.DONE,
-                                           JobState.FAILED, JobState.CANCELED)
-FINAL_STATES = JOB_FINAL
-
 # Events streams are wake-up signals, not a log: a few hundred entries is plenty.
 EVENTS_MAXLEN = 500
 
