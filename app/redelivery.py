@@ -35,6 +35,13 @@ class Redelivery:
         self.celery, self.r, self.prefix, self.stale_s = celery, r, prefix, stale_s
         self.enabled = celery.conf.broker_url.startswith(("redis", "rediss"))
 
+    def broker_run_id(self) -> str:
+        """The broker server's run id: a new one means it restarted since the last look."""
+        if not self.enabled:
+            return ""
+        with self.celery.connection_for_write() as conn:
+            return conn.default_channel.client.info("server")["run_id"]
+
     def inflight_key(self, worker: str) -> str:
         return f"{self.prefix}:inflight:{worker}"
 

@@ -46,6 +46,11 @@ def build_worker_app(settings: Settings | None = None) -> Celery:
         # worker (app/redis_transport.py). Producers (the web) and Flower keep kombu's own,
         # whose URL Flower reads.
         celery.conf.broker_transport = "app.redis_transport:Transport"
+    # A worker's publishes (a segment's next stage, a retry) wait out a broker restart, about
+    # 20 s, where the web's give up in half a second and answer 503: a worker has no client
+    # waiting on a socket, and a retry whose publish fails is dropped by Celery for good.
+    celery.conf.task_publish_retry_policy = {"max_retries": 12, "interval_start": 0.5,
+                                             "interval_step": 0.5, "interval_max": 2}
     import tasks.books  # noqa: F401  (book orchestration; the segment tasks call it too)
     import tasks.segments  # noqa: F401  (registers the shared tasks on this app)
 
@@ -77,11 +82,19 @@ class Heartbeat:
 
     def _run(self) -> None:
         farm = runtime.farm(self.celery)
-        in_touch_since, beats = None, 0
+        in_touch_since, beats, broker_run = None, 0, ""
         while not self._stop.is_set():
             try:
                 for queue in self.queues:
                     farm.heartbeat(queue, self.name)
+                run_id = self.redelivery.broker_run_id()
+                if (in_touch_since is None and beats) or run_id != (broker_run or run_id):
+                    # Back after an outage (or the broker restarted between two beats): what
+                    # this worker held when the connection broke sits in `unacked` (kombu's
+                    # restore at the loss found no server), and its ack would go to the dead
+                    # channel. Hand it back now, not after the visibility timeout.
+                    self.redelivery.hand_back(self.name)
+                broker_run = run_id
                 in_touch_since = in_touch_since or time.monotonic()
                 if ACOUSTIC_QUEUE in self.queues:
                     for job_id in farm.sweep_unpublished():
@@ -93,7 +106,7 @@ class Heartbeat:
                 if beats % 10 == 0:
                     self.redelivery.forget_acked(self.name)
             except Exception:  # Redis down: readiness already says so; keep trying
-                in_touch_since = None
+                in_touch_since, beats = None, beats or 1
                 log.warning("heartbeat to Redis failed", exc_info=True)
             self._stop.wait(HEARTBEAT_EVERY_S)
 

@@ -150,11 +150,6 @@ def test_a_killed_redis_comes_back_on_its_port_with_its_data(farm):
                lambda: job_state(farm.web, after) == "done", 60, farm.log)
 
 
-@pytest.mark.xfail(reason="a segment in flight when Redis dies is lost or parked for the "
-                          "visibility timeout (420 s): Celery's Task.retry turns a failed retry "
-                          "publish into Reject(requeue=False), and the connection-loss restore "
-                          "of unacked messages cannot reach the dead server (see the report "
-                          "of issue 11)", strict=False)
 def test_a_job_in_flight_when_redis_died_finishes(farm):
     assert farm.in_flight, "runs after the Redis kill"
     job_id, killed_at = farm.in_flight
