@@ -119,6 +119,10 @@ class Settings:
     bind: str = "127.0.0.1:8000"
     web_workers: int = 2
     log_level: str = "info"
+    # HTTPS for the web: a PEM certificate (chain) and its key (ops/gunicorn.conf.py). Both
+    # or neither; with neither the web speaks plain HTTP (behind a TLS-terminating proxy).
+    tls_cert: str = ""
+    tls_key: str = ""
     # `voxfarm worker`: serve the pool's Prometheus metrics on this port (0: off), and torch
     # threads per process (0: the CLI's default, one).
     metrics_port: int = 0

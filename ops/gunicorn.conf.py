@@ -24,6 +24,12 @@ keepalive = 5
 accesslog = "-"
 errorlog = "-"
 loglevel = _settings.log_level
+# HTTPS (VOXFARM_TLS_CERT, VOXFARM_TLS_KEY): gunicorn serves TLS itself, the gevent workers
+# included. A half-configured pair is refused at start, not served as plain HTTP.
+if bool(_settings.tls_cert) != bool(_settings.tls_key):
+    raise SystemExit("set both VOXFARM_TLS_CERT and VOXFARM_TLS_KEY, or neither")
+if _settings.tls_cert:
+    certfile, keyfile = _settings.tls_cert, _settings.tls_key
 
 # JSON lines (app/logging_setup.py) for gunicorn's error and access logs and the app's own;
 # the access line carries the request id the app echoed in X-Request-ID.

