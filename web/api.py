@@ -6,45 +6,41 @@ Thin on purpose: validate, call one function of the farm or the frontend, shape 
 from __future__ import annotations
 
 import base64
-from datetime import UTC, datetime
 
 import numpy as np
-from flask import Blueprint, Response, current_app, g, jsonify, request, url_for
+from flask import Blueprint, Response, g, jsonify, request, url_for
 
 from app.celery_app import WORKER_QUEUES
-from app.farm import Farm
-from app.jobs import DONE, QUEUED, RUNNING
 from app.offload import offload
+from app.states import JobState
 from models import captions
 from models.encode import CONTENT_TYPES, encode, wav_bytes
 from models.errors import BreakTooLong, NoSpeakableText
 from models.frontend import iter_run_segments, prepare
 from models.voices import PIPER, list_voices
-from web import validation as v
 from web.errors import ApiError
-from web.synthesis import (
+from web.helpers import (
     break_error,
+    farm,
+    iso_time,
+    json_body,
     lexicon_or_422,
+    no_speakable_text,
+    parse,
     phonemes_or_422,
     ssml_or_422,
-    submit_segments,
-    submit_text,
     voice_or_422,
 )
+from web.schemas import (
+    AudioQuery,
+    CaptionsQuery,
+    ChunksQuery,
+    JobRequest,
+    PhonemizeRequest,
+)
+from web.synthesis import submit_segments, submit_text
 
 api = Blueprint("api", __name__)
-
-# Chunks returned by one long-poll answer, at most; the client asks again for the rest.
-MAX_CHUNKS_PER_POLL = 32
-
-
-def farm() -> Farm:
-    return current_app.extensions["voxfarm"]
-
-
-def iso_time(ts: float | None) -> str | None:
-    """An epoch timestamp as ISO 8601 UTC, the API's one time format."""
-    return datetime.fromtimestamp(ts, UTC).isoformat() if ts else None
 
 
 def job_view(job: dict) -> dict:
@@ -81,30 +77,19 @@ def _job_or_404(job_id: str) -> dict:
 @api.post("/v1/jobs")
 def create_job():
     settings = farm().settings
-    body = v.json_body(request)
-    phonemes = "phonemes" in body and "text" not in body
-    if phonemes and "lexicon" in body:
-        raise ApiError(422, "invalid_field", "'lexicon' applies to 'text'; phonemes are "
-                       "spoken as given", field="lexicon")
-    if "phonemes" in body and "text" in body:
-        raise ApiError(422, "invalid_field", "send 'text' or 'phonemes', not both",
-                       field="phonemes")
-    text = None if phonemes else v.text_field(body, settings.max_text_chars)
-    voice_name = body.get("voice", settings.default_voice)
-    if not isinstance(voice_name, str):
-        raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
-    speed = v.speed_field(body)
-    fmt = v.format_value(body.get("format", "wav"))
+    req = parse(JobRequest, json_body(request))
+    voice_name = settings.default_voice if req.voice is None else req.voice
     request_id = g.get("voxfarm_request_id", "")
     voice = voice_or_422(voice_name)
-    if phonemes:
-        segments = phonemes_or_422(body["phonemes"], voice, settings.max_text_chars)
-        job = submit_segments(farm(), segments, voice, speed, fmt,
+    if req.text is None:
+        segments = phonemes_or_422(req.phonemes, voice, settings.max_text_chars)
+        job = submit_segments(farm(), segments, voice, req.speed, req.format,
                               sum(len(s.phonemes) for s in segments), request_id)
     else:
-        lexicon = lexicon_or_422(body["lexicon"], voice) if "lexicon" in body else None
-        job = submit_text(farm(), text, voice_name, speed, fmt, request_id=request_id,
-                          lexicon=lexicon, text_type=body.get("text_type"))
+        lexicon = (lexicon_or_422(req.lexicon, voice) if "lexicon" in req.model_fields_set
+                   else None)
+        job = submit_text(farm(), req.text, voice_name, req.speed, req.format,
+                          request_id=request_id, lexicon=lexicon, text_type=req.text_type)
     resp = jsonify(job_view(job))
     resp.status_code = 202
     resp.headers["Location"] = url_for("api.get_job", job_id=job["id"])
@@ -115,25 +100,20 @@ def create_job():
 def phonemize():
     """The segments a job of this text would have: their text and phonemes, and each word's
     phonemes (neural voices). Nothing is queued."""
-    settings = farm().settings
-    body = v.json_body(request)
-    text = v.text_field(body, settings.max_text_chars)
-    voice_name = body.get("voice", settings.default_voice)
-    if not isinstance(voice_name, str):
-        raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
-    voice = voice_or_422(voice_name)
-    lexicon = lexicon_or_422(body["lexicon"], voice) if "lexicon" in body else None
-    speed = v.speed_field(body)
-    runs = ssml_or_422(text, body.get("text_type"), voice, speed)
+    req = parse(PhonemizeRequest, json_body(request))
+    voice = voice_or_422(farm().settings.default_voice if req.voice is None else req.voice)
+    lexicon = (lexicon_or_422(req.lexicon, voice) if "lexicon" in req.model_fields_set
+               else None)
+    speed = req.speed
+    runs = ssml_or_422(req.text, req.text_type, voice, speed)
     try:
         if runs is None:
-            segments = offload("frontend", prepare, text, voice.name, lexicon)
+            segments = offload("frontend", prepare, req.text, voice.name, lexicon)
         else:
             segments = offload("frontend", lambda: list(iter_run_segments(runs, voice.name,
                                                                           lexicon)))
     except NoSpeakableText:
-        raise ApiError(422, "no_speakable_text", "the text has nothing that can be spoken",
-                       field="text") from None
+        raise no_speakable_text() from None
     except BreakTooLong as exc:
         raise break_error(exc, "text") from None
     return jsonify({
@@ -164,6 +144,11 @@ def cancel_job(job_id: str):
     return jsonify(job_view(farm().jobs.get(job_id) or job))
 
 
+def _given(args) -> dict[str, str]:
+    """A query's parameters that have a value (`?wait=` is the default)."""
+    return {name: value for name, value in args.items() if value != ""}
+
+
 def _chunk_wav(pcm: bytes, sample_rate: int) -> bytes:
     return wav_bytes(np.frombuffer(pcm, dtype="<i2"), sample_rate)
 
@@ -172,7 +157,8 @@ def _chunk_wav(pcm: bytes, sample_rate: int) -> bytes:
 def get_chunks(job_id: str):
     """Long-poll for the chunks after cursor `after` (-1: from the start)."""
     job = _job_or_404(job_id)
-    after = v.int_arg(request.args, "after", -1, -1, 10**9)
+    query = parse(ChunksQuery, _given(request.args))
+    after = query.after
     count = farm().jobs.chunk_count(job_id, job["total"])
     if count is not None and after > count - 1:
         # Every chunk of the job is planned: none can come after this cursor, and answering
@@ -180,14 +166,13 @@ def get_chunks(job_id: str):
         raise ApiError(422, "out_of_range", f"'after' is past the last chunk (index "
                        f"{count - 1}); the job has {count} chunks", field="after",
                        last=count - 1)
-    wait = v.int_arg(request.args, "wait", 0, 0, farm().settings.max_wait_s)
-    limit = v.int_arg(request.args, "max", MAX_CHUNKS_PER_POLL, 1, MAX_CHUNKS_PER_POLL)
-    job, chunks = farm().jobs.wait_for_chunks(job_id, after, wait, limit)
+    job, chunks = farm().jobs.wait_for_chunks(job_id, after, query.wait, query.max)
     if job is None:
         raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
     cursor = chunks[-1].index if chunks else after
-    end = job["state"] == DONE and job["chunks"] is not None and cursor >= job["chunks"] - 1
-    if not chunks and not end and job["state"] in ("failed", "canceled"):
+    end = (job["state"] == JobState.DONE and job["chunks"] is not None
+           and cursor >= job["chunks"] - 1)
+    if not chunks and not end and job["state"] in (JobState.FAILED, JobState.CANCELED):
         end = True  # nothing more will come
     if not chunks and not end:
         resp = Response(status=204)
@@ -219,8 +204,8 @@ def get_chunks(job_id: str):
 @api.get("/v1/jobs/<job_id>/audio")
 def get_audio(job_id: str):
     job = _job_or_404(job_id)
-    fmt = v.format_value(request.args.get("format", job["format"]))
-    if job["state"] != DONE:
+    fmt = parse(AudioQuery, request.args.to_dict()).format or job["format"]
+    if job["state"] != JobState.DONE:
         raise ApiError(409, "job_not_done",
                        f"the job is {job['state']} ({job['done']}/{job['total']} segments); "
                        "its audio exists once it is done", state=job["state"])
@@ -238,15 +223,11 @@ def get_audio(job_id: str):
 def get_captions(job_id: str):
     """The finished job's words with their times, as JSON, SRT or WebVTT."""
     job = _job_or_404(job_id)
-    fmt = request.args.get("format", "json")
-    if fmt not in captions.CAPTION_FORMATS:
-        raise ApiError(422, "unsupported_format", "'format' must be one of "
-                       f"{', '.join(captions.CAPTION_FORMATS)}", field="format",
-                       valid=list(captions.CAPTION_FORMATS))
+    fmt = parse(CaptionsQuery, request.args.to_dict()).format
     # JSON grows as the job renders (the page follows it to highlight words while the
     # audio streams); SRT and VTT are files, whole once the job is done.
-    rendering = job["state"] in (QUEUED, RUNNING) and fmt == "json"
-    if job["state"] != DONE and not rendering:
+    rendering = job["state"] in (JobState.QUEUED, JobState.RUNNING) and fmt == "json"
+    if job["state"] != JobState.DONE and not rendering:
         raise ApiError(409, "job_not_done",
                        f"the job is {job['state']} ({job['done']}/{job['total']} segments); "
                        "its captions exist once it is done", state=job["state"])

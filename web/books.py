@@ -19,15 +19,9 @@ import json
 import time
 from urllib.parse import quote
 
-from flask import Blueprint, Response, current_app, jsonify, request, send_file, url_for
+from flask import Blueprint, Response, jsonify, request, send_file, url_for
 
 from app.books import (
-    BOOK_FORMATS,
-    CANCELED,
-    DEFAULT_FORMATS,
-    DONE,
-    QUEUED,
-    RENDERING,
     book_download_name,
     book_id_for,
     captions_download_name,
@@ -43,25 +37,36 @@ from app.books import (
 from app.celery_app import ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE
 from app.farm import Farm
 from app.offload import offload
+from app.states import BookState
+from models import captions
 from models.book_parse import EXTENSIONS, Book, BookError, Chapter, finish, parse_book
 from models.errors import BreakTooLong
 from models.frontend import check_breaks
 from models.ssml import looks_like_ssml
-from models.voices import get_voice
-from web import validation as v
-from web.api import iso_time
+from models.voices import Voice
 from web.errors import ApiError
-from web.synthesis import break_error, ssml_or_422, voice_or_422
+from web.helpers import (
+    break_error,
+    farm,
+    iso_time,
+    json_body,
+    parse,
+    ssml_or_422,
+    voice_or_422,
+)
+from web.schemas import (
+    BOOK_AUDIO_TYPES,
+    BookAudioQuery,
+    BookCaptionsQuery,
+    BookFields,
+    BookRequest,
+    BookUpload,
+)
 
 books_api = Blueprint("books", __name__)
 
 # Parse errors that mean "this is not the kind of file it says": 415; the rest 422.
 _STATUS = {"unsupported_format": 415, "wrong_format": 415}
-AUDIO_TYPES = {"m4b": "audio/mp4", "mp3": "audio/mpeg"}
-
-
-def farm() -> Farm:
-    return current_app.extensions["voxfarm"]
 
 
 @books_api.before_request
@@ -73,15 +78,16 @@ def _book_upload_limit() -> None:
 def book_view(rec: dict) -> dict:
     bid = rec["id"]
     started = rec["rendering_at"]
-    end = rec["rendered_at"] or (rec["finished_at"] if rec["state"] != RENDERING else None)
+    rendering = rec["state"] == BookState.RENDERING
+    end = rec["rendered_at"] or (None if rendering else rec["finished_at"])
     elapsed = max(1e-6, (end or time.time()) - started) if started else None
     rate = rec["done"] / elapsed if elapsed and rec["done"] else 0.0
     eta = None
-    if rec["state"] == RENDERING and rate:
+    if rendering and rate:
         eta = round((rec["total"] - rec["done"]) / rate, 1)
-    elif rec["state"] == DONE:
+    elif rec["state"] == BookState.DONE:
         eta = 0.0
-    done = rec["state"] == DONE
+    done = rec["state"] == BookState.DONE
     return {
         "id": bid,
         "state": rec["state"],
@@ -111,7 +117,7 @@ def book_view(rec: dict) -> dict:
             "self": url_for("books.get_book", book_id=bid),
             "manifest": url_for("books.manifest", book_id=bid),
             **{f: url_for("books.audio", book_id=bid, format=f)
-               for f in ("m4b", "mp3") if f in rec["formats"]},
+               for f in BOOK_AUDIO_TYPES if f in rec["formats"]},
             "retry": url_for("books.retry", book_id=bid),
         },
     }
@@ -127,72 +133,22 @@ def _book_or_404(book_id: str) -> dict:
 # -- submission ------------------------------------------------------------------------------
 
 
-def _formats(value: object) -> tuple[str, ...]:
-    if value is None:  # not given (an empty form field is not given either)
-        return DEFAULT_FORMATS
-    if isinstance(value, str):
-        value = [p.strip() for p in value.split(",") if p.strip()]
-    if not isinstance(value, list) or not value or not all(isinstance(f, str) for f in value):
-        raise ApiError(422, "invalid_type", "'formats' must be a list of formats",
-                       field="formats", valid=list(BOOK_FORMATS))
-    bad = [f for f in value if f.lower() not in BOOK_FORMATS]
-    if bad:
-        raise ApiError(422, "unsupported_format", f"unknown format(s) {', '.join(bad)}; "
-                       f"'formats' takes {', '.join(BOOK_FORMATS)}", field="formats",
-                       valid=list(BOOK_FORMATS))
-    return tuple(sorted({f.lower() for f in value}))
-
-
-def _json_book(body: dict, voice: str, speed: float) -> Book:
-    chapters = body.get("chapters")
-    if not isinstance(chapters, list) or not chapters:
-        raise ApiError(422, "missing_field", "'chapters' must be a non-empty list of "
-                       "{\"title\", \"text\"}", field="chapters")
-    parsed = []
-    for i, ch in enumerate(chapters):
-        if not isinstance(ch, dict) or not isinstance(ch.get("text"), str) or not isinstance(
-                ch.get("title", ""), str):
-            raise ApiError(422, "invalid_type", f"chapter {i} must be an object with string "
-                           "'title' and 'text'", field=f"chapters[{i}]")
-        text = ch["text"]
+def _json_book(req: BookRequest, voice: Voice) -> Book:
+    chapters = []
+    for i, ch in enumerate(req.chapters):
+        text = ch.text
         # A chapter may be SSML (`text_type: ssml`, or a <speak> root): checked now, with
         # the error's place in the chapter's own text, so the book never fails on a worker.
-        runs = ssml_or_422(text, ch.get("text_type"), voice_or_422(voice), speed,
-                           field=f"chapters[{i}].text")
+        runs = ssml_or_422(text, ch.text_type, voice, req.speed, field=f"chapters[{i}].text")
         if runs is not None and not looks_like_ssml(text):
             text = f"<speak>{text}</speak>"  # the workers know SSML by its root
-        parsed.append(Chapter(ch.get("title") or "", text))
-    for name in ("title", "author"):
-        if not isinstance(body.get(name, ""), str):
-            raise ApiError(422, "invalid_type", f"'{name}' must be a string", field=name)
-    return finish(Book(body.get("title") or "Untitled", body.get("author") or "", parsed))
+        chapters.append(Chapter(ch.title, text))
+    return finish(Book(req.title or "Untitled", req.author, chapters))
 
 
-def _settings_fields(fields, form: bool) -> tuple[str, float, tuple[str, ...]]:
-    """voice, speed and formats from a multipart form (strings; an empty one means the
-    default) or a JSON body (typed, as POST /v1/jobs takes them: a field that is there must
-    be valid, so `"voice": 0` is refused rather than read as the default voice)."""
-    settings = farm().settings
-    if form:
-        fields = {k: value for k, value in fields.items() if value != ""}
-    else:
-        for name in ("voice", "speed", "formats"):
-            if name in fields and fields[name] is None:
-                raise ApiError(422, "invalid_type", f"'{name}' is null; leave it out for the "
-                               "default", field=name)
-    voice_name = fields.get("voice", settings.default_voice)
-    if not isinstance(voice_name, str):
-        raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
-    voice = voice_or_422(voice_name)
-    speed = fields.get("speed", 1.0)
-    if form:
-        try:
-            speed = float(speed)
-        except ValueError:
-            raise ApiError(422, "invalid_type", "'speed' must be a number",
-                           field="speed") from None
-    speed = v.speed_field({"speed": speed})
-    return voice.name, speed, _formats(fields.get("formats"))
+def _voice(fields: BookFields) -> Voice:
+    return voice_or_422(farm().settings.default_voice if fields.voice is None
+                        else fields.voice)
 
 
 def _breaks_within_cap(book: Book) -> Book:
@@ -214,9 +170,9 @@ STALLED_QUEUED_S = 30.0
 def _stalled(f: Farm, rec: dict) -> bool:
     """Nothing will move this book on by itself: its prepare message is lost, or every
     segment was published but some never came back and nothing is left in the queues."""
-    if rec["state"] == QUEUED:
+    if rec["state"] == BookState.QUEUED:
         return time.time() - (rec["created_at"] or 0) > STALLED_QUEUED_S
-    if rec["state"] == RENDERING and rec["cursor"] >= rec["total"] > rec["done"]:
+    if rec["state"] == BookState.RENDERING and rec["cursor"] >= rec["total"] > rec["done"]:
         return not (f.queue_depth(ACOUSTIC_BATCH_QUEUE) or f.queue_depth(VOCODER_BATCH_QUEUE))
     return False
 
@@ -232,7 +188,9 @@ def create_book():
                            field="file")
         form = request.form.to_dict()
         form["formats"] = ",".join(request.form.getlist("formats"))
-        voice, speed, formats = _settings_fields(form, form=True)
+        # A form sends every field as a string, and an empty one means the default.
+        fields = parse(BookUpload, {k: value for k, value in form.items() if value != ""})
+        voice = _voice(fields)
         name = upload.filename or ""
         ext = name.lower().rsplit(".", 1)[-1] if "." in name else ""
         if f".{ext}" not in EXTENSIONS:
@@ -250,10 +208,10 @@ def create_book():
         except BreakTooLong as exc:
             raise break_error(exc, "file") from None
     elif request.is_json:
-        body = v.json_body(request)
-        voice, speed, formats = _settings_fields(body, form=False)
+        fields = parse(BookRequest, json_body(request))
+        voice = _voice(fields)
         try:
-            book = _breaks_within_cap(_json_book(body, voice, speed))
+            book = _breaks_within_cap(_json_book(fields, voice))
         except BookError as exc:
             raise ApiError(422, exc.code, exc.message, field="chapters") from None
         except BreakTooLong as exc:
@@ -263,10 +221,11 @@ def create_book():
                        "(field 'file') or as JSON chapters")
 
     settings = f.settings
-    book_id = book_id_for(book.digest(), voice=voice, speed=speed,
+    speed, formats = fields.speed, fields.formats
+    book_id = book_id_for(book.digest(), voice=voice.name, speed=speed,
                           acoustic_model=settings.acoustic_model, vocoder=settings.vocoder)
     existing = f.books.get(book_id)
-    if existing is None or existing["state"] == CANCELED:
+    if existing is None or existing["state"] == BookState.CANCELED:
         # Everything is valid: only now is anything written. Files first (content-addressed,
         # so a concurrent identical submit writes the same bytes), then the record.
         base = prefix(book_id)
@@ -275,9 +234,10 @@ def create_book():
             f.store.put(base + "cover", book.cover)
         if source:
             f.store.put(base + f"source.{source[1]}", source[0])
-        created = f.books.create(book_id, title=book.title, author=book.author, voice=voice,
-                                 speed=speed, formats=formats, chapters=len(book.chapters),
-                                 words=book.words, sample_rate=get_voice(voice).sample_rate,
+        created = f.books.create(book_id, title=book.title, author=book.author,
+                                 voice=voice.name, speed=speed, formats=formats,
+                                 chapters=len(book.chapters), words=book.words,
+                                 sample_rate=voice.sample_rate,
                                  source_format=book.source_format)
         if created:
             send_prepare(f.celery, book_id)
@@ -325,7 +285,7 @@ def _send(key: str, mimetype: str, download_name: str):
 
 
 def _done_or_409(rec: dict) -> None:
-    if rec["state"] != DONE:
+    if rec["state"] != BookState.DONE:
         raise ApiError(409, "book_not_done",
                        f"the book is {rec['state']} ({rec['done']}/{rec['total']} segments); "
                        "its audio exists once it is done", state=rec["state"])
@@ -334,15 +294,13 @@ def _done_or_409(rec: dict) -> None:
 @books_api.get("/v1/books/<book_id>/audio")
 def audio(book_id: str):
     rec = _book_or_404(book_id)
-    fmt = (request.args.get("format") or ("m4b" if "m4b" in rec["formats"] else "mp3")).lower()
-    if fmt not in AUDIO_TYPES:
-        raise ApiError(422, "unsupported_format", "'format' must be m4b or mp3", field="format",
-                       valid=list(AUDIO_TYPES))
+    fmt = (parse(BookAudioQuery, _given(request.args)).format
+           or ("m4b" if "m4b" in rec["formats"] else "mp3"))
     if fmt not in rec["formats"]:
         raise ApiError(404, "format_not_rendered", f"the book was not rendered as {fmt}; "
                        f"its formats are {', '.join(rec['formats'])}", field="format")
     _done_or_409(rec)
-    return _send(output_key(book_id, f"book.{fmt}"), AUDIO_TYPES[fmt],
+    return _send(output_key(book_id, f"book.{fmt}"), BOOK_AUDIO_TYPES[fmt],
                  book_download_name(rec["title"], book_id, fmt))
 
 
@@ -360,22 +318,20 @@ def chapter_audio(book_id: str, n: int):
                  chapter_download_name(n, rec["chapter_list"][n]["title"]))
 
 
-CAPTION_TYPES = {"srt": "application/x-subrip; charset=utf-8",
-                 "vtt": "text/vtt; charset=utf-8"}
+def _given(args) -> dict[str, str]:
+    """A query's parameters that have a value (`?format=` is the default)."""
+    return {name: value for name, value in args.items() if value != ""}
 
 
 def _captions(book_id: str, n: int | None):
     rec = _book_or_404(book_id)
-    fmt = (request.args.get("format") or "srt").lower()
-    if fmt not in CAPTION_TYPES:
-        raise ApiError(422, "unsupported_format", "'format' must be srt or vtt",
-                       field="format", valid=list(CAPTION_TYPES))
+    fmt = parse(BookCaptionsQuery, _given(request.args)).format
     if n is not None and not 0 <= n < len(rec["chapter_list"]):
         raise ApiError(404, "chapter_not_found", f"the book has chapters 0 to "
                        f"{len(rec['chapter_list']) - 1}")
     _done_or_409(rec)
     title = rec["title"] if n is None else rec["chapter_list"][n]["title"]
-    return _send(output_key(book_id, captions_file(n, fmt)), CAPTION_TYPES[fmt],
+    return _send(output_key(book_id, captions_file(n, fmt)), captions.CONTENT_TYPES[fmt],
                  captions_download_name(title, book_id, n, fmt))
 
 
@@ -424,9 +380,9 @@ def cancel(book_id: str):
 @books_api.post("/v1/books/<book_id>/retry")
 def retry(book_id: str):
     rec = _book_or_404(book_id)
-    if rec["state"] in (DONE, CANCELED):
+    if rec["state"] in (BookState.DONE, BookState.CANCELED):
         raise ApiError(409, "book_not_retryable", f"the book is {rec['state']}; "
-                       + ("nothing is missing" if rec["state"] == DONE
+                       + ("nothing is missing" if rec["state"] == BookState.DONE
                           else "submit it again to render it"), state=rec["state"])
     f = farm()
     resume(f.celery, f.books, book_id)

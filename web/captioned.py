@@ -24,67 +24,19 @@ import base64
 import json
 
 import numpy as np
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, jsonify, request
 
-from app.farm import Farm
-from app.jobs import FINAL_STATES
 from app.offload import offload
+from app.states import JOB_FINAL
 from models.encode import StreamEncoder
-from web import validation as v
 from web.errors import ApiError
-from web.openai_compat import (
-    RESPONSE_FORMATS,
-    _error,
-    resolve_speed,
-    resolve_voice,
-    submit_speech,
-)
+from web.helpers import farm, json_body, openai_errors, parse
+from web.openai_compat import farm_speed, resolve_voice, submit_speech
+from web.schemas import RESPONSE_FORMATS, CaptionedSpeechRequest
 from web.streams import streaming_response
 from web.synthesis import ChunkFollower
 
 captioned = Blueprint("captioned", __name__)
-
-AUDIO_FORMATS = tuple(RESPONSE_FORMATS)
-
-
-def farm() -> Farm:
-    return current_app.extensions["voxfarm"]
-
-
-def _bool(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise _error(422, "invalid_type", f"'{name}' must be true or false", name)
-    return value
-
-
-def _request(body: dict) -> tuple[str, str, str, float, bool, bool]:
-    """(input, voice, response_format, speed, stream, timestamps), checked as the speech
-    endpoint checks them."""
-    settings = farm().settings
-    model = body.get("model", "tts-1")  # Kokoro's clients often leave it out
-    if not isinstance(model, str) or not model.strip():
-        raise _error(422, "invalid_type", "'model' must be a non-empty string", "model")
-    text = body.get("input")
-    if text is None:
-        raise _error(422, "missing_field", "'input' is required", "input")
-    if not isinstance(text, str):
-        raise _error(422, "invalid_type", "'input' must be a string", "input")
-    if not text.strip():
-        raise _error(422, "empty_text", "'input' is empty or only whitespace", "input")
-    if len(text) > settings.max_text_chars:
-        raise _error(413, "text_too_long", f"'input' has {len(text)} characters; the limit "
-                     f"is {settings.max_text_chars}", "input", limit=settings.max_text_chars)
-    voice = resolve_voice(body.get("voice", "alloy"))
-    fmt = body.get("response_format") or "mp3"
-    if not isinstance(fmt, str) or fmt not in RESPONSE_FORMATS:
-        raise _error(422, "unsupported_format", "'response_format' must be one of "
-                     f"{', '.join(AUDIO_FORMATS)}", "response_format",
-                     valid=list(AUDIO_FORMATS))
-    return (text, voice, fmt, resolve_speed(body), _bool(body, "stream", False),
-            _bool(body, "return_timestamps", True))
 
 
 def _timestamps(words: list[dict]) -> list[dict]:
@@ -101,9 +53,11 @@ def _encode(encoder: StreamEncoder, pcm: bytes) -> bytes:
 @captioned.post("/v1/audio/captioned_speech")
 @captioned.post("/dev/captioned_speech")
 def captioned_speech():
-    body = v.json_body(request)
-    text, voice, fmt, speed, stream, want_words = _request(body)
-    job = submit_speech(text, voice, speed)
+    with openai_errors():
+        req = parse(CaptionedSpeechRequest, json_body(request))
+        voice, speed = resolve_voice(req.voice), farm_speed(req.speed)
+        job = submit_speech(req.input, voice, speed)
+    fmt, stream, want_words = req.response_format, req.stream, req.return_timestamps
     codec, out_rate = RESPONSE_FORMATS[fmt]
     encoder = StreamEncoder(codec, job["sample_rate"], out_rate)
     f = farm()
@@ -112,7 +66,7 @@ def captioned_speech():
     headers = {"X-Job-Id": job_id, "X-Voxfarm-Voice": voice, "X-Voxfarm-Speed": speed}
 
     def cancel_unless_done() -> None:
-        if f.jobs.state(job_id) not in FINAL_STATES:
+        if f.jobs.state(job_id) not in JOB_FINAL:
             f.jobs.cancel(job_id)
 
     if stream:

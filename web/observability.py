@@ -16,6 +16,7 @@ import time
 from flask import Blueprint, Response, current_app, g, request
 
 from app import celery_app, metrics, tracing
+from web.helpers import farm
 
 observability = Blueprint("observability", __name__)
 
@@ -70,11 +71,10 @@ def _observe_job(job_id: str | None) -> None:
     """Count a job the web moved to a final state (a cancel), once."""
     if not job_id:
         return
-    farm = current_app.extensions["voxfarm"]
     observer = current_app.extensions.get("voxfarm.job_observer")
     if observer is None:
         observer = current_app.extensions["voxfarm.job_observer"] = metrics.JobObserver(
-            farm.redis, farm.keys)
+            farm().redis, farm().keys)
     try:
         observer.observe(job_id)
     except Exception:  # metrics never fail a request
@@ -94,7 +94,6 @@ def _pools() -> tuple[str, ...]:
 
 @observability.get("/metrics")
 def prometheus_metrics() -> Response:
-    farm = current_app.extensions["voxfarm"]
-    body = metrics.exposition([metrics.FarmCollector(farm, _depth_queues(), _pools())])
+    body = metrics.exposition([metrics.FarmCollector(farm(), _depth_queues(), _pools())])
     return Response(body, mimetype="text/plain", headers={
         "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, render_template
 
-from web.validation import SPEED_MAX, SPEED_MIN
+from web.helpers import farm
+from web.schemas import SPEED_MAX, SPEED_MIN
 
 page = Blueprint("page", __name__)
 
 
 @page.get("/")
 def index():
-    settings = current_app.extensions["voxfarm"].settings
+    settings = farm().settings
     # The book section shows only where the books API is served (it lands separately).
     books = any(rule.rule == "/v1/books" for rule in current_app.url_map.iter_rules())
     return render_template("index.html", default_voice=settings.default_voice,

@@ -13,29 +13,15 @@ or fails mid-way (the audio so far is a valid prefix; `GET /v1/jobs/{id}` says w
 from __future__ import annotations
 
 import numpy as np
-from flask import Blueprint, Response, current_app, request, stream_with_context
+from flask import Blueprint, Response, request, stream_with_context
 
-from app.farm import Farm
 from app.offload import offload
 from models.encode import StreamEncoder
-from web.errors import ApiError
+from web.helpers import farm, parse
+from web.schemas import StreamQuery
 from web.synthesis import ChunkFollower, streamable_job
 
 streams = Blueprint("streams", __name__)
-
-# The formats a job stream offers; `wav` (open length) plays in any browser's <audio>.
-JOB_STREAM_FORMATS = ("wav", "pcm", "ogg", "mp3", "aac", "flac")
-
-
-def farm() -> Farm:
-    return current_app.extensions["voxfarm"]
-
-
-def stream_format(value: object, allowed: tuple[str, ...], field: str = "format") -> str:
-    if not isinstance(value, str) or value.lower() not in allowed:
-        raise ApiError(422, "unsupported_format", f"'{field}' must be one of {', '.join(allowed)}",
-                       field=field, valid=list(allowed))
-    return value.lower()
 
 
 def encoded_audio(follower: ChunkFollower, encoder: StreamEncoder, on_end=None):
@@ -82,7 +68,7 @@ def streaming_response(body, content_type: str, headers: dict | None = None) -> 
 
 @streams.get("/v1/jobs/<job_id>/stream")
 def stream_job(job_id: str):
-    fmt = stream_format(request.args.get("format", "wav"), JOB_STREAM_FORMATS)
+    fmt = parse(StreamQuery, request.args.to_dict()).format
     f = farm()
     job = streamable_job(f, job_id)
     encoder = StreamEncoder(fmt, job["sample_rate"])

@@ -14,28 +14,14 @@ import redis
 
 from app import metrics
 from app.farm import Farm, Overloaded, Unavailable
-from app.jobs import CANCELED, FAILED, FINAL_STATES, Chunk
+from app.jobs import Chunk
 from app.offload import offload
-from models.errors import (
-    BreakTooLong,
-    InvalidLexicon,
-    InvalidPhonemes,
-    NoSpeakableText,
-    UnknownSpeaker,
-    UnknownVoice,
-)
-from models.frontend import (
-    Segment,
-    TextRun,
-    iter_run_segments,
-    iter_segments,
-    phoneme_segments,
-)
-from models.lexicon import check_lexicon
-from models.ssml import SsmlError, looks_like_ssml
-from models.ssml import parse as parse_ssml
-from models.voices import Voice, get_voice
+from app.states import JOB_FINAL, JobState
+from models.errors import BreakTooLong, NoSpeakableText
+from models.frontend import Segment, TextRun, iter_run_segments, iter_segments
+from models.voices import Voice
 from web.errors import ApiError
+from web.helpers import break_error, no_speakable_text, ssml_or_422, voice_or_422
 
 log = logging.getLogger("voxfarm.web")
 
@@ -46,86 +32,6 @@ STREAM_IDLE_S = 120.0
 # deadline and lets its caller look at other work (the WebSocket reads client messages).
 POLL_S = 15.0
 CHUNKS_PER_WAIT = 16
-
-
-def break_error(exc: BreakTooLong, field: str) -> ApiError:
-    """A break tag over the cap: 422 saying the cap (jobs, the socket, books alike)."""
-    return ApiError(422, "invalid_break", str(exc), field=field, limit=exc.limit_ms)
-
-
-def voice_or_422(name: str, field: str = "voice") -> Voice:
-    """The voice called `name` (`NAME:SPEAKER` for one speaker), or the API's 422 for it.
-
-    The voice list is read once at app start, so this touches no engine and may run on the
-    hub."""
-    try:
-        return get_voice(name)
-    except UnknownVoice as exc:
-        raise ApiError(422, "unknown_voice", f"unknown voice '{name}'", field=field,
-                       valid=exc.valid) from None
-    except UnknownSpeaker as exc:
-        raise ApiError(422, "unknown_speaker", str(exc), field=field,
-                       valid=exc.valid) from None
-
-
-def lexicon_or_422(value: object, voice: Voice, field: str = "lexicon") -> dict[str, str]:
-    """A request's pronunciation lexicon checked against `voice`, or the 422 that names the
-    entry, the character of its phonemes and the symbols the voice lacks."""
-    try:
-        return check_lexicon(value, voice)
-    except InvalidLexicon as exc:
-        extra = {"entry": exc.word} if exc.word else {}
-        if exc.position >= 0:
-            extra.update(position=exc.position, symbols=exc.symbols)
-        raise ApiError(422, "invalid_lexicon", str(exc), field=field, **extra) from None
-
-
-def phonemes_or_422(value: object, voice: Voice, max_chars: int,
-                    field: str = "phonemes") -> list[Segment]:
-    """Segments for phonemes given instead of text (`models.frontend.phoneme_segments`), or
-    the 422 naming the item, the character and the symbols the voice lacks."""
-    if isinstance(value, str):
-        size = len(value)
-    elif isinstance(value, list) and value:
-        size = sum(len(item.get("phonemes", "") if isinstance(item, dict) else item)
-                   for item in value if isinstance(item, str | dict))
-    else:
-        raise ApiError(422, "invalid_type", f"'{field}' must be a string or a non-empty list",
-                       field=field)
-    if size > max_chars:
-        raise ApiError(413, "text_too_long", f"'{field}' has {size} characters; the limit is "
-                       f"{max_chars}", field=field, limit=max_chars)
-    try:
-        return phoneme_segments(value, voice.name)
-    except InvalidPhonemes as exc:
-        extra = {"item": exc.segment} if isinstance(value, list) else {}
-        if exc.position >= 0:
-            extra.update(position=exc.position, symbols=exc.symbols)
-        raise ApiError(422, "invalid_phonemes", str(exc), field=field, **extra) from None
-    except NoSpeakableText:
-        raise ApiError(422, "no_speakable_text", "the phonemes say nothing",
-                       field=field) from None
-
-
-TEXT_TYPES = ("text", "ssml")
-
-
-def ssml_or_422(text: str, text_type: object, voice: Voice, speed: float,
-                field: str = "text") -> list[TextRun] | None:
-    """The runs of `text` if it is SSML (`text_type` "ssml", or no `text_type` and a
-    `<speak>` root), None for plain text; a 422 naming the element and where it starts for
-    markup the farm refuses (models/ssml.py)."""
-    if text_type is not None and text_type not in TEXT_TYPES:
-        raise ApiError(422, "unsupported_format", f"'text_type' must be one of "
-                       f"{', '.join(TEXT_TYPES)}", field="text_type", valid=list(TEXT_TYPES))
-    if text_type == "text" or (text_type is None and not looks_like_ssml(text)):
-        return None
-    try:
-        return parse_ssml(text, voice, speed)
-    except SsmlError as exc:
-        extra = {"element": exc.element} if exc.element else {}
-        raise ApiError(422, exc.code, str(exc), field=field, **extra, line=exc.line,
-                       column=exc.column, offset=exc.offset, **exc.extra) from None
 
 
 def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
@@ -148,8 +54,7 @@ def submit_segments(farm: Farm, segments, voice: Voice, speed: float, fmt: str, 
         job = farm.submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=chars,
                           sample_rate=voice.sample_rate, request_id=request_id)
     except NoSpeakableText:
-        raise ApiError(422, "no_speakable_text", "the text has nothing that can be spoken",
-                       field="text") from None
+        raise no_speakable_text() from None
     except BreakTooLong as exc:
         raise break_error(exc, "text") from None
     except Overloaded as exc:
@@ -181,10 +86,10 @@ def streamable_job(farm: Farm, job_id: str) -> dict:
     job = farm.jobs.get(job_id)
     if job is None:
         raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
-    if job["state"] == CANCELED:
+    if job["state"] == JobState.CANCELED:
         raise ApiError(409, "job_canceled", "the job was canceled; it has no audio to stream",
                        state=job["state"])
-    if job["state"] == FAILED:
+    if job["state"] == JobState.FAILED:
         raise ApiError(409, "job_failed", f"the job failed: {job['error']}", state=job["state"])
     return job
 
@@ -229,9 +134,9 @@ class ChunkFollower:
             self._last_progress = time.monotonic()
         if self.total is not None and self.cursor >= self.total - 1:
             self._end("done")
-        elif not chunks and job["state"] in FINAL_STATES:
+        elif not chunks and job["state"] in JOB_FINAL:
             # canceled or failed (or done with chunks expired): nothing more will come
-            self._end(job["state"] if job["state"] != "done" else "expired")
+            self._end(job["state"] if job["state"] != JobState.DONE else "expired")
         elif time.monotonic() - self._last_progress >= self.idle_s:
             self._end("stalled")
         return chunks

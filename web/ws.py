@@ -41,16 +41,17 @@ import re
 from collections import deque
 
 import redis
-from flask import Blueprint, current_app
+from flask import Blueprint
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
 from app.farm import Farm
-from app.jobs import FINAL_STATES
+from app.states import JOB_FINAL
 from models.voices import get_voice
-from web import validation as v
 from web.errors import ApiError
-from web.synthesis import ChunkFollower, lexicon_or_422, submit_text, voice_or_422
+from web.helpers import check_unicode, farm, lexicon_or_422, parse, voice_or_422
+from web.schemas import SocketMessage
+from web.synthesis import ChunkFollower, submit_text
 
 log = logging.getLogger("voxfarm.web")
 
@@ -69,17 +70,12 @@ PING_INTERVAL_S = 25
 # A finished sentence: end punctuation (Latin or CJK) and then whitespace, or CJK end
 # punctuation alone (Chinese puts no space after it).
 _SENTENCE_BOUNDARY = re.compile(r"[.!?…][\"'”’)\]]*\s+|[。！？；][\"'”’」』）)]*")
-_KNOWN_KEYS = frozenset({"text", "voice", "speed", "flush", "lexicon"})
 
 
 @ws_bp.record_once
 def _configure(state) -> None:
     state.app.config.setdefault("SOCK_SERVER_OPTIONS", {
         "max_message_size": HARD_MESSAGE_BYTES, "ping_interval": PING_INTERVAL_S})
-
-
-def farm() -> Farm:
-    return current_app.extensions["voxfarm"]
 
 
 def error_event(err: ApiError, **extra) -> dict:
@@ -126,32 +122,16 @@ class Session:
             raise ApiError(400, "invalid_json", "the message is not valid JSON") from None
         if not isinstance(msg, dict):
             raise ApiError(400, "invalid_json", "the message must be a JSON object")
-        v.check_unicode(msg)
-        unknown = sorted(set(msg) - _KNOWN_KEYS)
-        if unknown:
-            raise ApiError(422, "unknown_field", f"unknown field '{unknown[0]}'; a message "
-                           "has text, voice, speed, lexicon and flush", field=unknown[0])
-        if not _KNOWN_KEYS & set(msg):
-            raise ApiError(422, "missing_field", "a message needs 'text' or 'flush'",
-                           field="text")
-        voice, speed = self.voice, self.speed
-        if "voice" in msg:
-            voice = msg["voice"]
-            if not isinstance(voice, str) or not voice:
-                raise ApiError(422, "invalid_type", "'voice' must be a string", field="voice")
-            voice = voice_or_422(voice).name
-        if "speed" in msg:
-            speed = v.speed_field(msg)
+        message = parse(SocketMessage, check_unicode(msg), self.farm.settings)
+        given = message.model_fields_set
+        voice = self.voice if message.voice is None else voice_or_422(message.voice).name
+        speed = self.speed if message.speed is None else message.speed
         lexicon = self.lexicon
-        if "lexicon" in msg or (lexicon and voice != self.voice):
+        if "lexicon" in given or (lexicon and voice != self.voice):
             # A lexicon is in one voice's alphabet: checked again when the voice changes.
-            lexicon = lexicon_or_422(msg.get("lexicon", lexicon), voice_or_422(voice)) or None
-        text = msg.get("text", "")
-        if not isinstance(text, str):
-            raise ApiError(422, "invalid_type", "'text' must be a string", field="text")
-        flush = msg.get("flush", False)
-        if not isinstance(flush, bool):
-            raise ApiError(422, "invalid_type", "'flush' must be true or false", field="flush")
+            lexicon = lexicon_or_422(message.lexicon if "lexicon" in given else lexicon,
+                                     voice_or_422(voice)) or None
+        text, flush = message.text, message.flush
         limit = self.farm.settings.max_text_chars
         switch = (voice, speed, lexicon) != (self.voice, self.speed, self.lexicon)
         if (0 if switch else len(self.buffer)) + len(text) > limit:
@@ -236,7 +216,7 @@ class Session:
 
     def cleanup(self) -> None:
         for job_id in self.started:
-            if self.farm.jobs.state(job_id) not in FINAL_STATES:
+            if self.farm.jobs.state(job_id) not in JOB_FINAL:
                 self.farm.jobs.cancel(job_id)
 
     # -- the loop ----------------------------------------------------------------------------

@@ -1,0 +1,219 @@
+"""What every web module shares: the farm, a request parsed into its model (web/schemas.py),
+the checks that need a voice, and the API errors they raise.
+
+Each turns bad input into one `ApiError` (web/errors.py): HTTP sends it as the one error
+body, the WebSocket as an error event, the OpenAI endpoints with OpenAI's fields added
+(`openai_errors`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from flask import Request, current_app
+from pydantic import BaseModel, ValidationError
+
+from app.farm import Farm
+from app.settings import Settings
+from models.errors import (
+    BreakTooLong,
+    InvalidLexicon,
+    InvalidPhonemes,
+    NoSpeakableText,
+    UnknownSpeaker,
+    UnknownVoice,
+)
+from models.frontend import Segment, TextRun, phoneme_segments
+from models.lexicon import check_lexicon
+from models.ssml import SsmlError, looks_like_ssml
+from models.ssml import parse as parse_ssml
+from models.voices import Voice, get_voice
+from web.errors import ApiError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def farm() -> Farm:
+    """The farm this app serves (`create_app(settings, farm)`)."""
+    return current_app.extensions["voxfarm"]
+
+
+def iso_time(ts: float | None) -> str | None:
+    """An epoch timestamp as ISO 8601 UTC, the API's one time format."""
+    return datetime.fromtimestamp(ts, UTC).isoformat() if ts else None
+
+
+# -- requests into their models --------------------------------------------------------------
+
+
+def json_body(request: Request) -> dict:
+    if not request.is_json:
+        raise ApiError(415, "unsupported_media_type",
+                       "send the request body as JSON (Content-Type: application/json)")
+    body = request.get_json(silent=True)
+    if body is None:
+        raise ApiError(400, "invalid_json", "the request body is not valid JSON")
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_json", "the request body must be a JSON object")
+    return check_unicode(body)
+
+
+def check_unicode(value: object, field: str | None = None):
+    """`value` (parsed JSON) unchanged, or a 422 naming the field whose string holds a lone
+    UTF-16 surrogate. JSON may escape one (`"\\ud800"`), but it is no character: it cannot be
+    encoded as UTF-8, so it would fail deep in the frontend (or a book's digest) instead."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            name = field or "body"
+            raise ApiError(422, "invalid_text", f"'{name}' holds a lone UTF-16 surrogate, "
+                           "which is not a character", field=field) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_unicode(key, field)
+            check_unicode(item, key if field is None else field)
+    elif isinstance(value, list):
+        for item in value:
+            check_unicode(item, field)
+    return value
+
+
+def parse(model: type[M], data: object, settings: Settings | None = None) -> M:
+    """`data` (a JSON body, a query, a message) as `model`, or the API error for its first
+    fault. Bounds that are settings are these settings' (the app's by default)."""
+    try:
+        return model.model_validate(data, context={"settings": settings or farm().settings})
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+# What a value of pydantic's type errors should have been.
+_EXPECTED = {"string_type": "a string", "float_type": "a number", "int_type": "an integer",
+             "bool_type": "true or false", "list_type": "a list", "tuple_type": "a list",
+             "model_type": "an object", "dict_type": "an object"}
+
+
+def _field(loc: tuple) -> str:
+    """pydantic's error location as the API names a field: `chapters[1].text`."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def validation_error(exc: ValidationError) -> ApiError:
+    """The first fault of a request as the API's error: a model's own refusal
+    (`schemas.refusal`) as it is; pydantic's type errors as `missing_field` and
+    `invalid_type`."""
+    err = exc.errors(include_url=False)[0]
+    kind, ctx = err["type"], dict(err.get("ctx") or {})
+    field = ctx.pop("field", None) or _field(err["loc"]) or None
+    if "status" in ctx:
+        return ApiError(ctx.pop("status"), kind, err["msg"], field=field, **ctx)
+    if kind == "missing":
+        return ApiError(422, "missing_field", f"'{field}' is required", field=field)
+    if kind == "extra_forbidden":
+        return ApiError(422, "unknown_field", f"unknown field '{field}'", field=field)
+    expected = _EXPECTED.get(kind)
+    message = f"'{field}' must be {expected}" if expected else f"'{field}': {err['msg']}"
+    return ApiError(422, "invalid_type", message, field=field)
+
+
+@contextmanager
+def openai_errors() -> Iterator[None]:
+    """Errors raised inside carry OpenAI's `type` and `param` too, which the OpenAI client
+    reads into its exception."""
+    try:
+        yield
+    except ApiError as err:
+        err.extra.setdefault("type", "invalid_request_error")
+        err.extra.setdefault("param", err.field)
+        raise
+
+
+# -- what needs the voice --------------------------------------------------------------------
+
+
+def voice_or_422(name: str, field: str = "voice", aliases: list[str] = ()) -> Voice:
+    """The voice called `name` (`NAME:SPEAKER` for one speaker), or the API's one 422 for it
+    (every entry point's), which lists `aliases` (other names the field takes) before the
+    voices.
+
+    The voice list is read once at app start, so this touches no engine and may run on the
+    hub."""
+    try:
+        return get_voice(name)
+    except UnknownVoice as exc:
+        raise ApiError(422, "unknown_voice", f"unknown voice '{name}'", field=field,
+                       valid=[*aliases, *exc.valid]) from None
+    except UnknownSpeaker as exc:
+        raise ApiError(422, "unknown_speaker", str(exc), field=field,
+                       valid=exc.valid) from None
+
+
+def break_error(exc: BreakTooLong, field: str) -> ApiError:
+    """A break tag over the cap: 422 saying the cap (jobs, the socket, books alike)."""
+    return ApiError(422, "invalid_break", str(exc), field=field, limit=exc.limit_ms)
+
+
+def no_speakable_text(field: str = "text") -> ApiError:
+    return ApiError(422, "no_speakable_text", "the text has nothing that can be spoken",
+                    field=field)
+
+
+def lexicon_or_422(value: object, voice: Voice, field: str = "lexicon") -> dict[str, str]:
+    """A request's pronunciation lexicon checked against `voice`, or the 422 that names the
+    entry, the character of its phonemes and the symbols the voice lacks."""
+    try:
+        return check_lexicon(value, voice)
+    except InvalidLexicon as exc:
+        extra = {"entry": exc.word} if exc.word else {}
+        if exc.position >= 0:
+            extra.update(position=exc.position, symbols=exc.symbols)
+        raise ApiError(422, "invalid_lexicon", str(exc), field=field, **extra) from None
+
+
+def phonemes_or_422(value: object, voice: Voice, max_chars: int,
+                    field: str = "phonemes") -> list[Segment]:
+    """Segments for phonemes given instead of text (`models.frontend.phoneme_segments`), or
+    the 422 naming the item, the character and the symbols the voice lacks."""
+    if isinstance(value, str):
+        size = len(value)
+    elif isinstance(value, list) and value:
+        size = sum(len(item.get("phonemes", "") if isinstance(item, dict) else item)
+                   for item in value if isinstance(item, str | dict))
+    else:
+        raise ApiError(422, "invalid_type", f"'{field}' must be a string or a non-empty list",
+                       field=field)
+    if size > max_chars:
+        raise ApiError(413, "text_too_long", f"'{field}' has {size} characters; the limit is "
+                       f"{max_chars}", field=field, limit=max_chars)
+    try:
+        return phoneme_segments(value, voice.name)
+    except InvalidPhonemes as exc:
+        extra = {"item": exc.segment} if isinstance(value, list) else {}
+        if exc.position >= 0:
+            extra.update(position=exc.position, symbols=exc.symbols)
+        raise ApiError(422, "invalid_phonemes", str(exc), field=field, **extra) from None
+    except NoSpeakableText:
+        raise ApiError(422, "no_speakable_text", "the phonemes say nothing",
+                       field=field) from None
+
+
+def ssml_or_422(text: str, text_type: str | None, voice: Voice, speed: float,
+                field: str = "text") -> list[TextRun] | None:
+    """The runs of `text` if it is SSML (`text_type` "ssml", or no `text_type` and a
+    `<speak>` root), None for plain text; a 422 naming the element and where it starts for
+    markup the farm refuses (models/ssml.py). `text_type` is checked (schemas.TextType)."""
+    if text_type == "text" or (text_type is None and not looks_like_ssml(text)):
+        return None
+    try:
+        return parse_ssml(text, voice, speed)
+    except SsmlError as exc:
+        extra = {"element": exc.element} if exc.element else {}
+        raise ApiError(422, exc.code, str(exc), field=field, **extra, line=exc.line,
+                       column=exc.column, offset=exc.offset, **exc.extra) from None
