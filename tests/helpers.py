@@ -66,6 +66,13 @@ def get_json(api, path: str) -> dict:
     return api.get(path).get_json()
 
 
+def submit(client, text: str, **extra) -> dict:
+    """POST /v1/jobs through a Flask test client; the accepted job (202) or a failed test."""
+    resp = client.post("/v1/jobs", json={"text": text, **extra})
+    assert resp.status_code == 202, resp.get_json()
+    return resp.get_json()
+
+
 def wait_state(api, job_id: str, states=("done",), timeout_s: float = 120) -> dict:
     """The job once it is in one of `states`; a job that ends in another state fails at once.
     `api` is a Flask test client or a base URL (see `get_json`)."""

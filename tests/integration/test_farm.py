@@ -16,6 +16,7 @@ from tests.helpers import (
     decode_chunk,
     job_ids,
     running_farm,
+    submit,
     wait_state,
     wait_until,
     wav_to_pcm,
@@ -30,12 +31,6 @@ PARAGRAPH = (
     "The farm renders them on separate workers, and the client hears them in order."
 )
 PARAGRAPH_WORDS = len(PARAGRAPH.split())
-
-
-def submit(client, text: str, **extra) -> dict:
-    resp = client.post("/v1/jobs", json={"text": text, **extra})
-    assert resp.status_code == 202, resp.get_json()
-    return resp.get_json()
 
 
 def test_job_renders_speech_in_ordered_chunks(client):

@@ -13,8 +13,7 @@ import wave
 import numpy as np
 import pytest
 
-from tests.helpers import assert_speech, collect_chunks, running_farm, wait_state
-from tests.integration.test_farm import submit
+from tests.helpers import assert_speech, collect_chunks, running_farm, submit, wait_state
 from tests.unit.test_neural_wer import SENTENCES
 
 pytestmark = pytest.mark.integration

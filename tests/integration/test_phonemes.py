@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_farm import submit, wait_state
+from tests.helpers import submit, wait_state
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import collect_chunks, wait_state, wav_to_pcm
-from tests.integration.test_farm import submit
+from tests.helpers import collect_chunks, submit, wait_state, wav_to_pcm
 
 pytestmark = pytest.mark.integration
 
@@ -114,10 +113,12 @@ def test_json_captions_grow_while_the_job_renders(client):
     done = wait_state(client, job["id"])
     final = client.get(f"/v1/jobs/{done['id']}/captions").get_json()
     assert final["complete"] and final["state"] == "done"
-    if not early["complete"]:  # caught while rendering: the words so far, a prefix
-        assert srt.status_code == 409
-        assert final["words"][:len(early["words"])] == early["words"]
-        assert len(early["words"]) < len(final["words"])
+    # Asked a moment after the submit, the job is still rendering: the words so far, a
+    # prefix of the final ones (none yet is a prefix too), and no SRT until it is done.
+    assert not early["complete"] and early["state"] in ("queued", "running"), early
+    assert srt.status_code == 409
+    assert final["words"][:len(early["words"])] == early["words"]
+    assert len(early["words"]) < len(final["words"])
 
 
 def test_captions_of_a_job_not_done_are_409(client):
