@@ -17,6 +17,7 @@ Subcommands import what they run lazily: `say` needs neither Celery workers nor 
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import os
 import re
@@ -494,6 +495,18 @@ def flower(port: int, address: str, no_auth: bool, var_dir: str,
 # -- voxfarm say ---------------------------------------------------------------------------
 
 
+@functools.cache
+def _http():
+    """One requests session (kept-alive connections), with the farm's API key when one is set
+    (VOXFARM_API_KEY)."""
+    import requests
+
+    session = requests.Session()
+    if _settings().api_key:
+        session.headers["Authorization"] = f"Bearer {_settings().api_key}"
+    return session
+
+
 def _api_error(resp) -> str:
     try:
         err = resp.json()["error"]
@@ -569,19 +582,18 @@ def say(text: str, output: str, voice: str, speed: float, server: str | None,
 
 
 def _say(text: str, output: str, voice: str, speed: float, server: str) -> None:
-    import requests
 
     fmt = Path(output).suffix.lstrip(".").lower() or "wav"
     server = server.rstrip("/")
     body = {"text": text, "speed": speed, "format": fmt, **({"voice": voice} if voice else {})}
-    resp = requests.post(f"{server}/v1/jobs", json=body, timeout=60)
+    resp = _http().post(f"{server}/v1/jobs", json=body, timeout=60)
     if resp.status_code != 202:
         raise click.ClickException(_api_error(resp))
     job = resp.json()
     after, pcm, rate = -1, [], 22050
     with click.progressbar(length=job["segments"]["total"], label="segments") as bar:
         while True:
-            r = requests.get(f"{server}/v1/jobs/{job['id']}/chunks",
+            r = _http().get(f"{server}/v1/jobs/{job['id']}/chunks",
                              params={"after": after, "wait": 30}, timeout=90)
             if r.status_code == 204:
                 continue
@@ -605,7 +617,7 @@ def _say(text: str, output: str, voice: str, speed: float, server: str) -> None:
 
         Path(output).write_bytes(wav_bytes(np.frombuffer(b"".join(pcm), dtype="<i2"), rate))
     else:
-        r = requests.get(f"{server}/v1/jobs/{job['id']}/audio", params={"format": fmt},
+        r = _http().get(f"{server}/v1/jobs/{job['id']}/audio", params={"format": fmt},
                          timeout=120)
         if r.status_code != 200:
             raise click.ClickException(_api_error(r))
@@ -645,10 +657,9 @@ def book_render(file: str, out_dir: str, voice: str, speed: float, formats: str,
 
 def _book_render(file: str, out_dir: str, voice: str, speed: float, formats: str,
                  server: str) -> None:
-    import requests
 
     with open(file, "rb") as f:
-        resp = requests.post(f"{server}/v1/books", files={"file": (Path(file).name, f)},
+        resp = _http().post(f"{server}/v1/books", files={"file": (Path(file).name, f)},
                              data={**({"voice": voice} if voice else {}),
                                    "speed": str(speed), "formats": formats},
                              timeout=300)
@@ -666,7 +677,7 @@ def _book_render(file: str, out_dir: str, voice: str, speed: float, formats: str
     click.echo(f"book {bk['id']}: '{bk['title']}' ({how})")
     if bk["state"] == "failed":
         click.echo(f"it failed before: {bk['error']}; retrying what is missing")
-        r = requests.post(f"{server}{bk['links']['retry']}", timeout=60)
+        r = _http().post(f"{server}{bk['links']['retry']}", timeout=60)
         if r.status_code != 202:
             raise click.ClickException(_api_error(r))
     try:
@@ -684,14 +695,13 @@ def _book_render(file: str, out_dir: str, voice: str, speed: float, formats: str
 
 
 def _watch_book(server: str, bk: dict) -> dict:
-    import requests
 
     total = max(1, bk["segments"]["total"])
     with click.progressbar(length=total, label="segments", show_pos=True,
                            item_show_func=lambda x: x) as bar:
         shown = 0
         while True:
-            r = requests.get(f"{server}/v1/books/{bk['id']}", timeout=30)
+            r = _http().get(f"{server}/v1/books/{bk['id']}", timeout=30)
             if r.status_code != 200:
                 raise click.ClickException(_api_error(r))
             bk = r.json()
@@ -713,18 +723,17 @@ def _download_book(server: str, bk: dict, out: Path, formats: str) -> None:
     names the API's downloads carry too), and a manifest.json listing exactly those files."""
     import json
 
-    import requests
 
     asked = {f.strip().lower() for f in formats.split(",") if f.strip()}
     out.mkdir(parents=True, exist_ok=True)
-    r = requests.get(f"{server}{bk['links']['manifest']}", timeout=60)
+    r = _http().get(f"{server}{bk['links']['manifest']}", timeout=60)
     if r.status_code != 200:
         raise click.ClickException(_api_error(r))
     manifest = r.json()
 
     def fetch(url: str, name: str) -> None:
         dest = out / Path(name).name  # a name, never a path out of the folder
-        with requests.get(f"{server}{url}", stream=True, timeout=300) as resp:
+        with _http().get(f"{server}{url}", stream=True, timeout=300) as resp:
             if resp.status_code != 200:
                 raise click.ClickException(_api_error(resp))
             tmp = dest.with_suffix(dest.suffix + ".part")
@@ -747,6 +756,83 @@ def _download_book(server: str, bk: dict, out: Path, formats: str) -> None:
         ch.pop("audio", None)  # a link into the farm, not a file here
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
     click.echo(f"wrote {out / 'manifest.json'}")
+
+
+# -- voxfarm keys --------------------------------------------------------------------------
+
+
+@main.group()
+def keys() -> None:
+    """API keys: with one live key, every API route needs a key (docs/security.md)."""
+
+
+@contextmanager
+def _registry(var_dir: str):
+    """The key registry in the farm's Redis: the configured URL, else the one the running
+    `voxfarm up` in --var started."""
+    import redis
+
+    from app import farmstate
+    from app.apikeys import ApiKeys
+
+    url = _configured_redis_url()
+    if not url:
+        running = farmstate.live_state(var_dir)
+        if running is None:
+            raise click.ClickException(
+                "no Redis: set VOXFARM_REDIS_URL, or start the farm (`make run`) so its "
+                f"{farmstate.state_path(var_dir)} names its Redis")
+        url = running.redis_url
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    try:
+        yield ApiKeys(client, _settings().key_prefix)
+    except redis.RedisError as exc:
+        raise click.ClickException(f"Redis at {url}: {exc}") from None
+
+
+_KEYS_VAR = click.option("--var", "var_dir", default=lambda: _settings().var_dir,
+                         show_default="var", help=_VAR_HELP)
+
+
+@keys.command("create")
+@click.argument("name")
+@click.option("--rate", "rate_per_min", default=0, type=int,
+              help="Requests a minute (0: the farm's default, VOXFARM_KEY_RATE_PER_MIN).")
+@click.option("--max-active", default=0, type=int,
+              help="Jobs and books running at once (0: the default, VOXFARM_KEY_MAX_ACTIVE).")
+@_KEYS_VAR
+def keys_create(name: str, rate_per_min: int, max_active: int, var_dir: str) -> None:
+    """Make a key; its token is printed once and stored nowhere."""
+    with _registry(var_dir) as registry:
+        key, token = registry.create(name, rate_per_min, max_active)
+    click.echo(f"key {key.id} ({name}): {token}", err=True)
+    click.echo(token)
+
+
+@keys.command("list")
+@_KEYS_VAR
+def keys_list(var_dir: str) -> None:
+    """Every key: id, name, created, revoked, limits (never a secret)."""
+    with _registry(var_dir) as registry:
+        rows = registry.list()
+    for k in rows:
+        created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(k.created_at))
+        state = "revoked" if k.revoked else "live"
+        click.echo(f"{k.id}  {state:<7}  {created}  rate={k.rate_per_min or 'default'}  "
+                   f"max_active={k.max_active or 'default'}  {k.name}")
+    if not rows:
+        click.echo("no keys: the API is open to whoever reaches it")
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+@_KEYS_VAR
+def keys_revoke(key_id: str, var_dir: str) -> None:
+    """Revoke a key at once (its record stays, marked revoked)."""
+    with _registry(var_dir) as registry:
+        if not registry.revoke(key_id):
+            raise click.ClickException(f"no key {key_id}")
+    click.echo(f"revoked {key_id}")
 
 
 if __name__ == "__main__":

@@ -123,6 +123,12 @@ class Settings:
     # or neither; with neither the web speaks plain HTTP (behind a TLS-terminating proxy).
     tls_cert: str = ""
     tls_key: str = ""
+    # API keys (app/apikeys.py; `voxfarm keys`): per-key defaults for requests a minute and
+    # jobs or books running at once (a key's own limits win); 0 turns a limit off. The CLI's
+    # own key, sent as a Bearer token when the farm has keys.
+    key_rate_per_min: int = 600
+    key_max_active: int = 16
+    api_key: str = ""
     # `voxfarm worker`: serve the pool's Prometheus metrics on this port (0: off), and torch
     # threads per process (0: the CLI's default, one).
     metrics_port: int = 0
