@@ -67,6 +67,13 @@ JOB_DURATION = Histogram(
 MEL_CACHE = Counter(
     "voxfarm_mel_cache_requests_total", "Mel cache lookups by the acoustic stage.",
     ["result"])
+AT_REST_REFUSED = Counter(
+    "voxfarm_at_rest_refused_total",
+    "Blobs read back from Redis or the store that failed to open (app/sealing.py) and were "
+    "treated as missing, never played: tampered or moved (unauthentic), sealed with a key no "
+    "longer in the ring (unknown_key), written before keys were set (not_sealed), or sealed "
+    "while the farm now has no keys (no_keys).",
+    ["reason"])
 SEGMENTS = Counter("voxfarm_segments_total", "Segments rendered to audio and stored.")
 AUDIO_SECONDS = Counter("voxfarm_audio_seconds_total", "Seconds of audio rendered.")
 # Every way a job enters the farm: POST /v1/jobs, the OpenAI speech endpoint, the WebSocket.

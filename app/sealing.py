@@ -30,15 +30,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 import logging
 import os
 import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from typing import BinaryIO
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from app.metrics import AT_REST_REFUSED
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +129,14 @@ class Sealer:
     def open(self, blob: bytes, context: bytes | str) -> bytes | None:
         """The plaintext `seal(plaintext, context)` was given, or None when `blob` does not
         authenticate under `context` with a key in the ring (treat it as a miss)."""
+        return self.open_or_reason(blob, context)[0]
+
+    def open_or_reason(self, blob: bytes, context: bytes | str) -> tuple[bytes | None, str]:
+        """(plaintext, "") as :meth:`open`, or (None, why it was refused), counted."""
         if not blob.startswith(MAGIC):
             if self.enabled:
                 return self._refuse("", "not_sealed")
-            return blob
+            return blob, ""
         if not self.enabled:
             return self._refuse("", "no_keys")
         view = memoryview(blob)
@@ -140,13 +149,14 @@ class Sealer:
         nonce_end = id_end + NONCE_BYTES
         try:
             return aead.decrypt(view[id_end:nonce_end], view[nonce_end:],
-                                bytes(view[:id_end]) + context)
+                                bytes(view[:id_end]) + context), ""
         except InvalidTag:
             return self._refuse(key_id.decode(), "unauthentic")
 
-    def _refuse(self, key_id: str, reason: str) -> None:
+    def _refuse(self, key_id: str, reason: str) -> tuple[None, str]:
         """Count a refused blob; warn once per (key id, reason), not once per blob: a
         rotation gone wrong refuses every blob, and one line says so."""
+        AT_REST_REFUSED.labels(reason).inc()
         with self._lock:
             self.failures[key_id, reason] += 1
             first = (key_id, reason) not in self._warned
@@ -155,4 +165,129 @@ class Sealer:
             log.warning("at-rest blob refused (%s, key id %r); treated as a miss and "
                         "recomputed; further ones are counted, not logged", reason, key_id,
                         extra={"key_id": key_id, "reason": reason})
-        return None
+        return None, reason
+
+
+# -- files: a sealed object of any size, sealed and opened a record at a time ----------------
+#
+# A book's M4B is hundreds of megabytes: one GCM blob would have to be held whole to seal and
+# to authenticate. A sealed file is instead
+#
+#     FILE_MAGIC (4) | record | record | ...    record: u32 big-endian header | sealed blob
+#
+# where the header's top bit marks the last record and its other bits give the blob's length.
+# Record n holds RECORD_BYTES of plaintext (the last one 0 to RECORD_BYTES) sealed with the
+# file's context plus n and the last-record flag as associated data, so a record moved,
+# repeated, dropped or cut off at a record boundary fails like a tampered byte does.
+
+FILE_MAGIC = b"\x89VXF"
+RECORD_BYTES = 1 << 20
+_LAST = 1 << 31
+
+
+class Refused(KeyError):
+    """A sealed file that does not open (tampered, truncated, an unknown key, not sealed);
+    `reason` is one of :meth:`Sealer.open`'s. A KeyError, since a store's reader treats it as
+    an object that is not there: it is never played."""
+
+    def __init__(self, context: str, reason: str) -> None:
+        super().__init__(context)
+        self.context, self.reason = context, reason
+
+    def __str__(self) -> str:
+        return f"{self.context} failed to open at rest ({self.reason}); it is never played"
+
+
+def _record_context(context: bytes, n: int, last: bool) -> bytes:
+    return context + b"\x00" + n.to_bytes(8, "big") + (b"\x01" if last else b"\x00")
+
+
+def record_overhead(key_id: str) -> int:
+    """Bytes a record adds to its plaintext when sealed with key `key_id`."""
+    return 4 + len(MAGIC) + 1 + len(key_id.encode()) + NONCE_BYTES + TAG_BYTES
+
+
+class SealedFileWriter:
+    """A write-only file object that seals what is written to it into `raw`, a record at a
+    time; :meth:`close` seals the last record (it does not close `raw`)."""
+
+    def __init__(self, sealer: Sealer, raw: BinaryIO, context: bytes | str) -> None:
+        self._sealer, self._raw = sealer, raw
+        self._context = context.encode() if isinstance(context, str) else context
+        self._buffer = bytearray()
+        self._records = 0
+        self.closed = False
+        raw.write(FILE_MAGIC)
+
+    def write(self, data: bytes) -> int:
+        self._buffer += data
+        # A full buffer is sealed only once more follows, so the last record is never empty
+        # unless the file is.
+        while len(self._buffer) > RECORD_BYTES:
+            self._emit(bytes(self._buffer[:RECORD_BYTES]), last=False)
+            del self._buffer[:RECORD_BYTES]
+        return len(data)
+
+    def _emit(self, plaintext: bytes, last: bool) -> None:
+        blob = self._sealer.seal(plaintext, _record_context(self._context, self._records, last))
+        self._raw.write(((_LAST if last else 0) | len(blob)).to_bytes(4, "big") + blob)
+        self._records += 1
+
+    def close(self) -> None:
+        if not self.closed:
+            self._emit(bytes(self._buffer), last=True)
+            self._buffer.clear()
+            self.closed = True
+
+    def __enter__(self) -> SealedFileWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def seal_file(sealer: Sealer, plaintext: bytes, context: bytes | str) -> bytes:
+    """`plaintext` as a whole sealed file's bytes."""
+    out = io.BytesIO()
+    with SealedFileWriter(sealer, out, context) as writer:
+        writer.write(plaintext)
+    return out.getvalue()
+
+
+def open_records(sealer: Sealer, raw: BinaryIO, context: bytes | str) -> Iterator[bytes]:
+    """The plaintext of a sealed file, a record at a time, each authenticated before it is
+    yielded; raises :class:`Refused` at the first record that fails, or where the file ends
+    before its last record (or goes on after it)."""
+    name = context if isinstance(context, str) else context.decode("utf-8", "replace")
+    context = context.encode() if isinstance(context, str) else context
+    if raw.read(len(FILE_MAGIC)) != FILE_MAGIC:
+        raise Refused(name, sealer._refuse("", "not_sealed" if sealer.enabled else "no_keys")[1])
+    n = 0
+    while True:
+        header = raw.read(4)
+        value = int.from_bytes(header, "big")
+        last, length = bool(value & _LAST), value & ~_LAST
+        blob = raw.read(length) if len(header) == 4 else b""
+        if len(header) < 4 or len(blob) < length:  # cut off before its last record
+            raise Refused(name, sealer._refuse("", "unauthentic")[1])
+        plaintext, reason = sealer.open_or_reason(blob, _record_context(context, n, last))
+        if plaintext is None:
+            raise Refused(name, reason)
+        yield plaintext
+        n += 1
+        if last:
+            if raw.read(1):  # bytes after the last record
+                raise Refused(name, sealer._refuse("", "unauthentic")[1])
+            return
+
+
+def sealed_file_size(head: bytes, file_size: int) -> int:
+    """The plaintext size of a sealed file of `file_size` bytes whose first bytes are `head`
+    (at least FILE_MAGIC, a record header, MAGIC and the key id's length: 13 bytes), from
+    the record layout alone: every record but the last holds RECORD_BYTES."""
+    start = len(FILE_MAGIC) + 4
+    if len(head) < start + len(MAGIC) + 1 or not head.startswith(FILE_MAGIC):
+        raise ValueError("not a sealed file")
+    overhead = 4 + len(MAGIC) + 1 + head[start + len(MAGIC)] + NONCE_BYTES + TAG_BYTES
+    records = -(-(file_size - len(FILE_MAGIC)) // (RECORD_BYTES + overhead))
+    return file_size - len(FILE_MAGIC) - records * overhead

@@ -133,6 +133,20 @@ class Settings:
     # threads per process (0: the CLI's default, one).
     metrics_port: int = 0
     torch_threads: int = 0
+    # Encryption at rest (app/sealing.py): `id:base64key,...`, 32-byte keys; the first seals
+    # cached features, job chunks and book files, every one opens (rotation: put the new key
+    # first, keep the old behind it until what it sealed has expired). Empty: nothing sealed.
+    # Parsed when the settings are built, so a bad keyring stops the process at boot.
+    at_rest_keys: str = ""
+
+    def __post_init__(self) -> None:
+        if self.at_rest_keys.strip():
+            from app.sealing import parse_keyring
+
+            try:
+                parse_keyring(self.at_rest_keys)
+            except ValueError as exc:
+                raise ValueError(f"VOXFARM_AT_REST_KEYS: {exc}") from None
 
     @property
     def broker(self) -> str:
