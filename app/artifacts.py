@@ -7,10 +7,14 @@ farm of several machines; `DirectoryStore` is the default, a directory on one ma
 Every write is atomic (a temporary file, then a rename), so a reader never sees half a file
 and a retried task that writes the same key replaces it: the count of files under a prefix is
 the count of distinct keys written, however many times each was written.
+
+`SealedStore` wraps a store so that every object is encrypted at rest (issue 11); the farm
+always builds one (a pass-through without keys: see app/farm.py).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import time
@@ -20,6 +24,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
+
+from app.sealing import (
+    FILE_MAGIC,
+    SealedFileWriter,
+    Sealer,
+    open_records,
+    seal_file,
+    sealed_file_size,
+)
 
 
 class ArtifactStore(ABC):
@@ -176,6 +189,128 @@ class DirectoryStore(ArtifactStore):
                     except FileNotFoundError:
                         pass  # its writer finished (renamed it) or another sweep took it
         return swept
+
+
+class SealedStore(ArtifactStore):
+    """Another store whose every object is sealed at rest (app/sealing.py's file format, the
+    object's key as its context), for a farm with `VOXFARM_AT_REST_KEYS`.
+
+    Reads give the plaintext, or raise `Refused` (a KeyError: the object counts as missing)
+    when it does not authenticate, so a tampered segment or book file is never played.
+    `open` authenticates the whole object before it hands out its first byte, then streams
+    it (a record at a time, authenticated again). `local_path` is None for a sealed object:
+    its bytes on disk are not the audio, so the web streams it through `open`.
+
+    With a pass-through sealer (no keys) objects are written as they are, and one found
+    sealed (written while the farm had keys) is refused, not read as audio.
+    """
+
+    def __init__(self, inner: ArtifactStore, sealer: Sealer) -> None:
+        self.inner = inner
+        self.sealer = sealer
+
+    @property
+    def root(self) -> Path:
+        """The directory of a DirectoryStore underneath (tests look at the files)."""
+        return self.inner.root  # type: ignore[attr-defined]
+
+    def _head(self, key: str, n: int) -> bytes:
+        with self.inner.open(key) as f:
+            return f.read(n)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, seal_file(self.sealer, data, key) if self.sealer.enabled
+                       else data)
+
+    @contextmanager
+    def writer(self, key: str) -> Iterator[BinaryIO]:
+        with self.inner.writer(key) as raw:
+            if not self.sealer.enabled:
+                yield raw
+                return
+            sealed = SealedFileWriter(self.sealer, raw, key)
+            yield sealed  # type: ignore[misc]
+            sealed.close()
+
+    def get(self, key: str) -> bytes:
+        data = self.inner.get(key)
+        if not (self.sealer.enabled or data.startswith(FILE_MAGIC)):
+            return data
+        return b"".join(open_records(self.sealer, io.BytesIO(data), key))
+
+    def open(self, key: str) -> BinaryIO:
+        raw = self.inner.open(key)
+        try:
+            if not self.sealer.enabled and raw.read(len(FILE_MAGIC)) != FILE_MAGIC:
+                raw.seek(0)
+                return raw
+            raw.seek(0)
+            for _ in open_records(self.sealer, raw, key):
+                pass  # authenticate it all before the first byte goes out
+            raw.seek(0)
+        except BaseException:
+            raw.close()
+            raise
+        return _OpenedFile(open_records(self.sealer, raw, key), raw)  # type: ignore[return-value]
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def size(self, key: str) -> int:
+        """The plaintext's size, from the sealed layout (no decryption)."""
+        size = self.inner.size(key)
+        head = self._head(key, 16)
+        return sealed_file_size(head, size) if head.startswith(FILE_MAGIC) else size
+
+    def list(self, prefix: str) -> list[str]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def delete_prefix(self, prefix: str) -> int:
+        return self.inner.delete_prefix(prefix)
+
+    def local_path(self, key: str) -> str | None:
+        if self.sealer.enabled:
+            return None  # every object is sealed (one that is not is refused by `open`)
+        path = self.inner.local_path(key)
+        return None if path is None or self._head(key, len(FILE_MAGIC)) == FILE_MAGIC \
+            else path
+
+    def sweep_abandoned(self, prefix: str, idle_s: float) -> int:
+        return self.inner.sweep_abandoned(prefix, idle_s)
+
+
+class _OpenedFile(io.RawIOBase):
+    """A read-only file object over a sealed file's records (see `SealedStore.open`)."""
+
+    def __init__(self, records: Iterator[bytes], raw: BinaryIO) -> None:
+        self._records, self._raw = records, raw
+        self._buffer = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._buffer) < size:
+            record = next(self._records, None)
+            if record is None:
+                break
+            self._buffer += record
+        if size < 0:
+            size = len(self._buffer)
+        out, self._buffer = self._buffer[:size], self._buffer[size:]
+        return out
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def open_store(location: str) -> ArtifactStore:
