@@ -110,6 +110,19 @@ class Settings:
     log_sample_rate: float = 1.0
     # Where a worker's models run: "cpu", "cuda", "cuda:1" (tasks/runtime.py).
     device: str = "cpu"
+    # The GPU memory rule (docs/operations.md, "GPU memory"): a CUDA worker with less than
+    # this share of its device's memory free runs no forward pass and never falls back to its
+    # CPU; it hands the segment to a pool with room, and the web answers 507 while no pool of
+    # a stage has any. 0.15 is the seed's figure (issue 11), not a measured one: raise it
+    # where other processes share the card and allocate in bursts.
+    gpu_min_free: float = 0.15
+    # What the memory probe answers instead of measuring: "fixed:0.05" makes a worker, a CPU
+    # one too, see 5% of its device free (the rerouting is tested on CPU this way). Empty:
+    # measure a CUDA device; a CPU device has no such limit (1.0).
+    memory_probe: str = ""
+    # A segment handed on this many times at one stage fails its job with the reason instead
+    # of bouncing between pools that are all short.
+    max_reroutes: int = 3
     # The pool a worker process serves (its queue), set by `voxfarm worker`; names its logs.
     role: str = ""
     # prometheus_client's multiprocess files; empty: voxfarm-metrics-UID in the temp dir
