@@ -73,6 +73,11 @@ def _files(types, description: str, headers: dict | None = None) -> dict:
     return out
 
 
+def _texts(types) -> dict:
+    """Text answers by media type (`text/vtt; charset=utf-8` is `text/vtt`)."""
+    return {t.split(";")[0]: {"schema": {"type": "string"}} for t in types}
+
+
 def _header(description: str = "") -> dict:
     return {"schema": {"type": "string"}, **({"description": description} if description
                                              else {})}
@@ -94,7 +99,8 @@ _JSON_BODY = {"400": _BAD_JSON, "413": _TOO_LARGE, "415": _NOT_JSON, "422": _INV
               "503": _UNAVAILABLE}
 _OPENAI_HEADERS = {"X-Job-Id": _header(), "X-Voxfarm-Voice": _header(),
                    "X-Voxfarm-Speed": _header("the speed applied (clamped)")}
-_CAPTION_FILES = _files([CAPTION_TYPES[f] for f in s.BOOK_CAPTION_FORMATS], "SubRip or WebVTT")
+_CAPTION_FILES = {"description": "SubRip or WebVTT",
+                  "content": _texts(CAPTION_TYPES[f] for f in s.BOOK_CAPTION_FORMATS)}
 _PATH_PARAMS = {
     "job_id": {"description": "the job's id", "schema": {"type": "string"}},
     "book_id": {"schema": {"type": "string"}},
@@ -193,9 +199,8 @@ def _paths() -> dict:
         "/v1/jobs/{job_id}/captions": {"get": _op(
             "jobs", "getCaptions", "A finished job's word timestamps, as JSON, SRT or WebVTT", {
                 "200": {"description": "the captions", "content": {
-                    "application/json": {"schema": s.Captions},
-                    **{CAPTION_TYPES[f].split(";")[0]: {"schema": {"type": "string"}}
-                       for f in CAPTION_FORMATS if f != "json"}}},
+                    **_texts(CAPTION_TYPES[f] for f in CAPTION_FORMATS),
+                    "application/json": {"schema": s.Captions}}},
                 "404": _JOB_NOT_FOUND,
                 "409": _error("SRT/VTT of a job not done yet, or a canceled or failed job "
                               "(`job_not_done`)"),

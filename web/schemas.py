@@ -44,11 +44,11 @@ from models.encode import CONTENT_TYPES as AUDIO_CONTENT_TYPES
 from models.frontend import MAX_BREAK_MS
 from models.lexicon import MAX_ENTRIES as LEXICON_MAX_ENTRIES
 from models.lexicon import MAX_PHONEME_CHARS as LEXICON_MAX_PHONEMES
+from models.ssml import SPEED_MAX, SPEED_MIN  # the speeds the farm renders
 from models.voices import ESPEAK, PIPER
 
 # -- the values the API takes ----------------------------------------------------------------
 
-SPEED_MIN, SPEED_MAX = 0.5, 2.0
 # A job's `format`: what `/audio` encodes (models/encode.py can write each).
 AUDIO_FORMATS = tuple(AUDIO_CONTENT_TYPES)
 # The formats a job stream offers; `wav` (open length) plays in any browser's <audio>.
@@ -264,7 +264,7 @@ VoiceName = Annotated[str, Field(description="a name from `GET /v1/voices`",
 # -- requests --------------------------------------------------------------------------------
 
 
-class Request(BaseModel):
+class RequestModel(BaseModel):
     """A request's fields, typed as JSON types them: a string is no number, null is no
     string. A field whose default is None may be left out, and null is refused as any other
     value of the wrong type; fields in `null_is_unset` may be sent as null for their
@@ -281,7 +281,7 @@ class Request(BaseModel):
         return data
 
 
-class PhonemizeRequest(Request):
+class PhonemizeRequest(RequestModel):
     text: SpokenText
     voice: VoiceName = None
     speed: Speed = 1.0
@@ -290,7 +290,7 @@ class PhonemizeRequest(Request):
     null_is_unset: ClassVar = frozenset({"text_type"})
 
 
-class JobRequest(Request):
+class JobRequest(RequestModel):
     text: SpokenText = Field(None, description="plain text, English or Mandarin; "
                              "`[break=300ms]` tags insert pauses")
     phonemes: Phonemes = None
@@ -318,7 +318,7 @@ class JobRequest(Request):
         return data
 
 
-class ChunksQuery(Request):
+class ChunksQuery(RequestModel):
     after: Annotated[QueryInt, Range(-1, 10**9),
                      Field(description="cursor; -1 from the start")] = -1
     wait: Annotated[QueryInt, Range(0, "max_wait_s"),
@@ -327,19 +327,19 @@ class ChunksQuery(Request):
                    Field(description="chunks per answer, at most")] = MAX_CHUNKS_PER_POLL
 
 
-class AudioQuery(Request):
+class AudioQuery(RequestModel):
     format: AudioFormat = Field(None, description="the job's `format` unless given")
 
 
-class CaptionsQuery(Request):
+class CaptionsQuery(RequestModel):
     format: Annotated[str, OneOf(CAPTION_FORMATS)] = "json"
 
 
-class StreamQuery(Request):
+class StreamQuery(RequestModel):
     format: Annotated[str, OneOf(JOB_STREAM_FORMATS, fold_case=True)] = "wav"
 
 
-class SpeechRequest(Request):
+class SpeechRequest(RequestModel):
     """OpenAI's speech request."""
 
     model: Name = Field(description="any name (`tts-1`, `tts-1-hd`, ...); accepted, not used: "
@@ -380,7 +380,7 @@ class CaptionedSpeechRequest(SpeechRequest):
                                          "return_timestamps"})
 
 
-class Chapter(Request):
+class Chapter(RequestModel):
     title: str = ""
     text: str
     text_type: TextType = None
@@ -394,7 +394,7 @@ def _chapters(value: object) -> object:
     return value
 
 
-class BookFields(Request):
+class BookFields(RequestModel):
     voice: VoiceName = None
     speed: Speed = 1.0
     formats: BookFormats = DEFAULT_FORMATS
@@ -408,24 +408,29 @@ class BookRequest(BookFields):
     chapters: Annotated[list[Chapter], BeforeValidator(_chapters), Field(min_length=1)]
 
 
+def _with_file(schema: dict) -> None:
+    schema["properties"] = {"file": {"type": "string", "format": "binary",
+                                     "description": ", ".join(sorted(BOOK_EXTENSIONS))},
+                            **schema["properties"]}
+    schema["required"] = ["file"]
+
+
 class BookUpload(BookFields):
     """A book file, multipart; the fields are strings, an empty one is the default."""
 
-    model_config = ConfigDict(json_schema_extra={"required": ["file"], "properties": {
-        "file": {"type": "string", "format": "binary",
-                 "description": ", ".join(sorted(BOOK_EXTENSIONS))}}})
+    model_config = ConfigDict(json_schema_extra=_with_file)
     speed: Annotated[Speed, BeforeValidator(_form_number)] = 1.0
 
 
-class BookAudioQuery(Request):
+class BookAudioQuery(RequestModel):
     format: Annotated[str, OneOf(tuple(BOOK_AUDIO_TYPES), fold_case=True)] = None
 
 
-class BookCaptionsQuery(Request):
+class BookCaptionsQuery(RequestModel):
     format: Annotated[str, OneOf(BOOK_CAPTION_FORMATS, fold_case=True)] = "srt"
 
 
-class SocketMessage(Request):
+class SocketMessage(RequestModel):
     """A client's message on `WS /v1/ws`: text appended, a flush, a change of voice, speed or
     lexicon (from now on). The same fields as a job's, as the socket takes them."""
 
@@ -453,13 +458,13 @@ class SocketMessage(Request):
 # -- responses -------------------------------------------------------------------------------
 
 
-class Response(BaseModel):
+class ResponseModel(BaseModel):
     """A JSON answer, for the document (the views build it as a dict)."""
 
     model_config = ConfigDict(extra="allow")
 
 
-class ErrorDetail(Response):
+class ErrorDetail(ResponseModel):
     code: str = Field(description="machine-readable, stable")
     message: str = Field(description="what went wrong, for people")
     field: str = Field(None, description="the request field at fault")
@@ -469,18 +474,18 @@ class ErrorDetail(Response):
     state: str = None
 
 
-class Error(Response):
+class Error(ResponseModel):
     """The one error body of the whole API."""
 
     error: ErrorDetail
 
 
-class Progress(Response):
+class Progress(ResponseModel):
     done: int = Field(ge=0)
     total: int = Field(ge=0)
 
 
-class Word(Response):
+class Word(ResponseModel):
     """A spoken word and when it is said, in seconds of the job's audio. `word` is the
     normalised text (`$12` is said as `twelve` `dollars`); `text_start`/`text_end` are the
     characters of the submitted text it was read from (every word of `$12` points at `$12`)."""
@@ -493,19 +498,19 @@ class Word(Response):
     text_end: int = None
 
 
-class CacheCounts(Response):
+class CacheCounts(ResponseModel):
     hits: int
     misses: int
 
 
-class JobLinks(Response):
+class JobLinks(ResponseModel):
     self: str
     chunks: str
     audio: str
     captions: str
 
 
-class Job(Response):
+class Job(ResponseModel):
     id: str
     state: JobState
     segments: Progress
@@ -521,7 +526,7 @@ class Job(Response):
     links: JobLinks
 
 
-class Chunk(Response):
+class Chunk(ResponseModel):
     index: int = Field(ge=0)
     segment: int = Field(ge=0)
     window: int = Field(ge=0)
@@ -538,7 +543,7 @@ class Chunk(Response):
                        json_schema_extra={"contentEncoding": "base64"})
 
 
-class ChunkPage(Response):
+class ChunkPage(ResponseModel):
     job_id: str
     state: JobState
     total: int | None = Field(description="the job's chunk count, null until every segment's "
@@ -549,14 +554,14 @@ class ChunkPage(Response):
     end: bool = Field(description="no more chunks will come")
 
 
-class PhonemizedWord(Response):
+class PhonemizedWord(ResponseModel):
     word: str
     phonemes: str
     text_start: int = None
     text_end: int = None
 
 
-class PhonemizedSegment(Response):
+class PhonemizedSegment(ResponseModel):
     index: int
     text: str = Field(description="the normalised text")
     phonemes: str = Field(description="what the acoustic model is given")
@@ -568,19 +573,19 @@ class PhonemizedSegment(Response):
     words: list[PhonemizedWord]
 
 
-class Phonemized(Response):
+class Phonemized(ResponseModel):
     voice: str
     alphabet: Literal["ipa", "espeak"] = Field(description="what `phonemes` are written in")
     segments: list[PhonemizedSegment]
 
 
-class Cue(Response):
+class Cue(ResponseModel):
     start: float
     end: float
     text: str
 
 
-class Captions(Response):
+class Captions(ResponseModel):
     job_id: str
     state: JobState = None
     complete: bool = Field(None, description="false while the job renders: the words "
@@ -591,7 +596,7 @@ class Captions(Response):
                                         "them")
 
 
-class Voice(Response):
+class Voice(ResponseModel):
     name: str
     engine: Annotated[str, OneOf((PIPER, ESPEAK))]
     language: str
@@ -602,38 +607,38 @@ class Voice(Response):
                                             "NAME:SPEAKER")
 
 
-class Voices(Response):
+class Voices(ResponseModel):
     default: str = None
     voices: list[Voice] = Field(description="every voice name `voice` accepts")
 
 
-class QueueStats(Response):
+class QueueStats(ResponseModel):
     depth: int
     workers: int = Field(description="live workers consuming it")
     pool: str
 
 
-class Stats(Response):
+class Stats(ResponseModel):
     mel_cache: dict[str, Any]
     queues: dict[str, QueueStats] = Field(description="every queue, batch and book included")
 
 
-class Health(Response):
+class Health(ResponseModel):
     status: Literal["ok"]
 
 
-class Ready(Response):
+class Ready(ResponseModel):
     ready: bool
     workers: dict[str, Any] = None
     warnings: list[Any] = None
 
 
-class NotReady(Response):
+class NotReady(ResponseModel):
     ready: Literal[False]
     missing: list[Any] = None
 
 
-class Model(Response):
+class Model(ResponseModel):
     """An OpenAI model entry; every one is the farm's engine."""
 
     id: Annotated[str, OneOf(OPENAI_MODELS)]
@@ -642,42 +647,42 @@ class Model(Response):
     owned_by: str
 
 
-class ModelList(Response):
+class ModelList(ResponseModel):
     object: Literal["list"]
     data: list[Model]
 
 
-class SpeechVoices(Response):
+class SpeechVoices(ResponseModel):
     voices: list[str] = Field(description="OpenAI's voice names, then the farm's voices "
                                           "(details in `GET /v1/voices`)")
 
 
-class Timestamp(Response):
+class Timestamp(ResponseModel):
     word: str
     start_time: float
     end_time: float
 
 
-class CaptionedSpeech(Response):
+class CaptionedSpeech(ResponseModel):
     audio: str = Field(json_schema_extra={"contentEncoding": "base64"})
     audio_format: Annotated[str, OneOf(tuple(RESPONSE_FORMATS))]
     timestamps: list[Timestamp]
 
 
-class BookChapter(Response):
+class BookChapter(ResponseModel):
     index: int
     title: str
     segments: Progress
     audio: str = None
 
 
-class BookError(Response):
+class BookError(ResponseModel):
     message: str
     chapter: int | None = None
     text: str | None = None
 
 
-class Book(Response):
+class Book(ResponseModel):
     id: str
     state: BookState
     title: str = None
@@ -689,14 +694,14 @@ class Book(Response):
     links: dict[str, str]
 
 
-class Manifest(Response):
+class Manifest(ResponseModel):
     chapters: list[dict[str, Any]]
 
 
 # -- the WebSocket's frames (the same field models as REST) ----------------------------------
 
 
-class SocketReady(Response):
+class SocketReady(ResponseModel):
     type: Literal["ready"]
     sample_rate: int = Field(description="the default voice's; each `job.started` says its "
                                          "job's")
@@ -706,7 +711,7 @@ class SocketReady(Response):
     max_message_bytes: int
 
 
-class SocketJobStarted(Response):
+class SocketJobStarted(ResponseModel):
     type: Literal["job.started"]
     job_id: str
     segments: int
@@ -714,7 +719,7 @@ class SocketJobStarted(Response):
     text: str
 
 
-class SocketSegmentStarted(Response):
+class SocketSegmentStarted(ResponseModel):
     """Frames one chunk: this event, its binary PCM frames, then `segment.done`."""
 
     type: Literal["segment.started"]
@@ -728,19 +733,19 @@ class SocketSegmentStarted(Response):
     words: list[Word]
 
 
-class SocketSegmentDone(Response):
+class SocketSegmentDone(ResponseModel):
     type: Literal["segment.done"]
     job_id: str
     index: int
 
 
-class SocketJobDone(Response):
+class SocketJobDone(ResponseModel):
     type: Literal["job.done"]
     job_id: str
     audio_seconds: float | None
 
 
-class SocketFlushed(Response):
+class SocketFlushed(ResponseModel):
     type: Literal["flushed"]
 
 
