@@ -44,13 +44,22 @@ BOOK_QUEUE = "book"
 ACOUSTIC_BATCH_QUEUE = "acoustic_batch"
 VOCODER_BATCH_QUEUE = "vocoder_batch"
 BATCH_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_BATCH_QUEUE, VOCODER_QUEUE: VOCODER_BATCH_QUEUE}
-# What each pool consumes, most urgent first.
+# What each pool consumes, most urgent first (a CPU pool also takes its stage's overflow
+# queue, below).
 WORKER_QUEUES = {
     ACOUSTIC_QUEUE: (ACOUSTIC_QUEUE, ACOUSTIC_BATCH_QUEUE),
     VOCODER_QUEUE: (VOCODER_QUEUE, VOCODER_BATCH_QUEUE),
     BOOK_QUEUE: (BOOK_QUEUE,),
 }
-ALL_QUEUES = (*QUEUES, ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE, BOOK_QUEUE)
+# The GPU memory rule (tasks/segments.py): a GPU worker short of device memory hands the
+# segment's stage to its overflow queue, which only pools without that limit (CPU pools)
+# consume, first of their queues: the segment already waited its turn once. A queue, not a
+# retry on the stage's own queue, so the short worker cannot take its own hand-over back.
+ACOUSTIC_OVERFLOW_QUEUE = "acoustic_cpu"
+VOCODER_OVERFLOW_QUEUE = "vocoder_cpu"
+OVERFLOW_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_OVERFLOW_QUEUE, VOCODER_QUEUE: VOCODER_OVERFLOW_QUEUE}
+ALL_QUEUES = (*QUEUES, ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE, BOOK_QUEUE,
+              ACOUSTIC_OVERFLOW_QUEUE, VOCODER_OVERFLOW_QUEUE)
 
 BOOK_PREPARE_TASK = "voxfarm.book.prepare"
 BOOK_FEED_TASK = "voxfarm.book.feed"

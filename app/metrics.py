@@ -101,6 +101,19 @@ GPU_UTILIZATION = Gauge(
     "voxfarm_gpu_utilization_ratio",
     "Fraction of the last sample period the device was busy (NVML), 0..1.",
     ["device"], multiprocess_mode="livemax")
+# The GPU memory rule (docs/operations.md, "GPU memory"): the share of its device's memory a
+# worker's probe last found free (only workers under the rule: CUDA, or a probe override),
+# and the segment stages a worker short of memory did not run: handed to a CPU pool's
+# overflow queue (to="cpu"), to another GPU worker (to="gpu"), or failed, no pool having
+# room or the hand-overs past their bound (to="none").
+GPU_MEMORY_FREE = Gauge(
+    "voxfarm_gpu_memory_free_ratio",
+    "Share of the device's memory free for a forward pass, as the worker last probed it.",
+    ["worker", "device"], multiprocess_mode="livemostrecent")
+SEGMENTS_REROUTED = Counter(
+    "voxfarm_segments_rerouted_total",
+    "Segment stages a worker short of GPU memory did not run, by where they went.",
+    ["stage", "reason", "to"])
 
 
 class FarmCollector:

@@ -3,6 +3,7 @@
     submit(...)           a job: its record, then one acoustic -> vocoder chain per segment
     publish_segments(...) chains for segment specs (a job's, or a book's from its feeder)
     publish_again(...)    a segment whose features expired before its vocoder stage ran
+    hand_over(...)        a segment stage that a worker short of GPU memory will not run
     send_prepare / start_feed / send_assemble / resume    a book's orchestration tasks
 
 Work is published by task name through the Celery app it is given (`farm.celery`), so the
@@ -148,6 +149,15 @@ def publish_again(celery: Celery, spec: dict, regenerations: int) -> None:
     which its next vocoder stage receives one higher (tasks/segments.py gives up past a
     bound: the cache's TTL is too short for the queue)."""
     publish_segments(celery, [spec], regenerations=regenerations + 1)
+
+
+def hand_over(celery: Celery, task_name: str, args: tuple, kwargs: dict, *,
+              queue: str, chain: list | None = None) -> None:
+    """Publish a segment stage again, as it came (`args`, `kwargs`, the rest of its `chain`),
+    on `queue`: a CPU pool's overflow queue, or the stage's own where another GPU worker has
+    room (`Farm.room_for`). The caller counts the hand-overs in `kwargs` (tasks/segments.py:
+    the GPU memory rule)."""
+    celery.send_task(task_name, args=args, kwargs=kwargs, queue=queue, chain=chain or None)
 
 
 # -- books -----------------------------------------------------------------------------------
