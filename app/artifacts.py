@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -25,8 +26,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
 from app.sealing import (
     FILE_MAGIC,
+    RECORD_BYTES,
     SealedFileWriter,
     Sealer,
     open_records,
@@ -224,13 +228,22 @@ class SealedStore(ArtifactStore):
 
     @contextmanager
     def writer(self, key: str) -> Iterator[BinaryIO]:
+        """The block writes to a seekable scratch file (a muxer seeks back to patch its
+        headers), which is sealed into the store once the block succeeds. The scratch file's
+        bytes on disk are under a key that lives only in this process's memory."""
         with self.inner.writer(key) as raw:
             if not self.sealer.enabled:
                 yield raw
                 return
-            sealed = SealedFileWriter(self.sealer, raw, key)
-            yield sealed  # type: ignore[misc]
-            sealed.close()
+            scratch = _ScratchFile()
+            try:
+                yield scratch  # type: ignore[misc]
+                scratch.seek(0)
+                with SealedFileWriter(self.sealer, raw, key) as sealed:
+                    while block := scratch.read(RECORD_BYTES):
+                        sealed.write(block)
+            finally:
+                scratch.discard()
 
     def get(self, key: str) -> bytes:
         data = self.inner.get(key)
@@ -280,6 +293,70 @@ class SealedStore(ArtifactStore):
 
     def sweep_abandoned(self, prefix: str, idle_s: float) -> int:
         return self.inner.sweep_abandoned(prefix, idle_s)
+
+
+class _ScratchFile(io.RawIOBase):
+    """A seekable, readable, writable temporary file whose bytes on disk are AES-CTR under a
+    random key held only by this object: what a muxer writes (and seeks back into) before it
+    is sealed never lies on disk in plaintext, and is unreadable once the process is gone.
+    No integrity: it lives only as long as one write. `close` is left to `discard`, as a
+    muxer may close the file object it was given before the store seals it."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile()
+        self._key = os.urandom(32)
+        # A random counter block whose low 64 bits start at 0: no wrap within any file.
+        self._counter = int.from_bytes(os.urandom(8), "big") << 64
+        self._pos = 0
+
+    def _xor(self, data: bytes, offset: int) -> bytes:
+        block, skip = divmod(offset, 16)
+        counter = (self._counter + block).to_bytes(16, "big")
+        keystream = Cipher(algorithms.AES(self._key), modes.CTR(counter)).encryptor()
+        return keystream.update(bytes(skip) + bytes(data))[skip:]
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self._file.seek(self._pos)
+        self._file.write(self._xor(data, self._pos))
+        self._pos += len(data)
+        return len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        self._file.seek(self._pos)
+        data = self._file.read(size)
+        out = self._xor(data, self._pos)
+        self._pos += len(data)
+        return out
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos,
+                io.SEEK_END: os.fstat(self._file.fileno()).st_size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        pass  # see the class docstring
+
+    def discard(self) -> None:
+        self._file.close()
+        super().close()
 
 
 class _OpenedFile(io.RawIOBase):

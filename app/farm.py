@@ -14,16 +14,24 @@ from collections.abc import Iterable
 from celery import Celery
 
 from app import queueing
-from app.artifacts import open_store
+from app.artifacts import SealedStore, open_store
 from app.books import BookStore
 from app.broker import broker_queues
-from app.celery_app import ACOUSTIC_QUEUE, ALL_QUEUES, QUEUES, make_celery
+from app.celery_app import (
+    ACOUSTIC_QUEUE,
+    ALL_QUEUES,
+    BATCH_QUEUES,
+    OVERFLOW_QUEUES,
+    QUEUES,
+    make_celery,
+)
 from app.jobs import JobStore
 from app.keys import Keys
 from app.melcache import MelCache
 from app.metrics import JobObserver
 from app.queueing import Unavailable  # noqa: F401 (web/synthesis.py imports it from here)
 from app.redis_conn import blocking_client, redis_client
+from app.sealing import Sealer
 from app.settings import Settings
 
 # A worker counts as live while its heartbeat is younger than this.
@@ -48,6 +56,19 @@ class Overloaded(Exception):
         self.retry_after_s = retry_after_s
 
 
+class GpuMemoryExhausted(Overloaded):
+    """Every live worker of a stage is short of GPU memory and no CPU pool takes its overflow
+    (the GPU memory rule: docs/operations.md). The web answers 507 with Retry-After; a web
+    that maps only Overloaded still answers 503 with it."""
+
+    def __init__(self, stages: list[str], depth: int, retry_after_s: int) -> None:
+        Exception.__init__(self, "no worker of the " + " and ".join(stages) + " stage has the "
+                           "GPU memory for a segment, and no CPU pool is live to take it")
+        self.stages = stages
+        self.depth = depth
+        self.retry_after_s = retry_after_s
+
+
 class Farm:
     def __init__(self, settings: Settings, celery: Celery | None = None) -> None:
         self.settings = settings
@@ -58,15 +79,19 @@ class Farm:
         # RabbitMQ (app/broker.py). `broker_redis` is None with RabbitMQ.
         self.broker = broker_queues(settings, self.redis)
         self.broker_redis = self.broker.redis
+        # One sealer per process (app/sealing.py): audio and features at rest are encrypted
+        # with `at_rest_keys`, or pass through as they are without keys.
+        self.sealer = Sealer.from_keyring(settings.at_rest_keys)
         self.jobs = JobStore(self.redis, self.keys, settings.job_ttl,
-                             waiting=blocking_client(settings.redis_url))
-        self.mel_cache = MelCache(self.cache_redis, self.keys, settings.mel_cache_ttl)
+                             waiting=blocking_client(settings.redis_url), sealer=self.sealer)
+        self.mel_cache = MelCache(self.cache_redis, self.keys, settings.mel_cache_ttl,
+                                  sealer=self.sealer)
         self._run_ewma = self.redis.register_script(_RUN_EWMA)
         # The per-job figures (first chunk, jobs by final state), counted once from the job
         # record by whoever sees the change first: a segment task or the web's cancel.
         self.job_observer = JobObserver(self.redis, self.keys)
         # Book files live in the artifact store; only their records are in Redis.
-        self.store = open_store(settings.store_dir)
+        self.store = SealedStore(open_store(settings.store_dir), self.sealer)
         self.books = BookStore(self.redis, self.keys, self.store)
         self.celery = celery or make_celery(settings)
 
@@ -84,8 +109,12 @@ class Farm:
     def _admit(self) -> None:
         """Raise Overloaded when the farm cannot take a job now: the acoustic queue is past
         its bound, or a new job would wait longer than `max_queue_wait_s` (accepting a job
-        its client times out on is worse than a 503 that says when to come back)."""
+        its client times out on is worse than a 503 that says when to come back); raise
+        GpuMemoryExhausted when no pool of a stage has the memory to run it."""
         depth = self.queue_depth(ACOUSTIC_QUEUE)
+        exhausted = self.memory_exhausted()
+        if exhausted:
+            raise GpuMemoryExhausted(exhausted, depth, self.settings.retry_after_s)
         if depth + 1 > self.settings.max_queue_depth:
             raise Overloaded(depth, self.settings.retry_after_s)
         wait = self.expected_wait_s(depth)
@@ -138,6 +167,53 @@ class Farm:
         live = self.redis.zrangebyscore(self.keys.workers(queue), since, "+inf")
         return [w.decode() for w in live]
 
+    # -- the GPU memory rule (tasks/runtime.py probes, tasks/segments.py hands over) ---------
+
+    def _short_key(self, stage: str) -> str:
+        # Beside the stage's heartbeat set: worker -> when it last found itself short.
+        return f"{self.keys.workers(stage)}:short"
+
+    def mark_short(self, stage: str, worker: str, short: bool) -> None:
+        """`worker` of `stage` found itself short of device memory (or not) just now. A mark
+        counts while it is as fresh as a heartbeat: a worker that dies short stops counting."""
+        if short:
+            now = time.time()
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zadd(self._short_key(stage), {worker: now})
+            pipe.zremrangebyscore(self._short_key(stage), "-inf", now - WORKER_STALE_S)
+            pipe.execute()
+        else:
+            self.redis.zrem(self._short_key(stage), worker)
+
+    def short_workers(self, stage: str) -> set[str]:
+        since = time.time() - WORKER_STALE_S
+        return {w.decode() for w in
+                self.redis.zrangebyscore(self._short_key(stage), since, "+inf")}
+
+    def room_for(self, stage: str, batch: bool, worker: str) -> str | None:
+        """Where `worker`, short of memory, hands a segment of `stage` (a book's if `batch`):
+        the stage's overflow queue while a CPU pool consumes it; else the stage's own queue
+        (interactive or batch) while another live worker there has room; else None."""
+        overflow = OVERFLOW_QUEUES[stage]
+        if self.live_workers(overflow):
+            return overflow
+        home = BATCH_QUEUES[stage] if batch else stage
+        short = self.short_workers(stage) | {worker}
+        return home if set(self.live_workers(home)) - short else None
+
+    def memory_exhausted(self) -> list[str]:
+        """The stages whose every live worker is short of memory with no CPU pool live: a job
+        admitted now could only fail. One read per stage while no worker is short."""
+        stages = []
+        for stage in QUEUES:
+            short = self.short_workers(stage)
+            if not short:
+                continue
+            live = set(self.live_workers(stage))
+            if live and live <= short and not self.live_workers(OVERFLOW_QUEUES[stage]):
+                stages.append(stage)
+        return stages
+
     def readiness(self) -> dict:
         """What /readyz reports: Redis reachable and a live worker on each queue."""
         try:
@@ -159,10 +235,20 @@ class Farm:
         # the interactive ones decide readiness. The book and batch pools may be scaled to
         # zero while no book waits (ops/k8s/scaledobjects.yaml): without them books queue
         # and nothing else stops, so they are warnings, not a 503.
-        live = {q: self.live_workers(q) for q in ALL_QUEUES}
+        # The overflow queues have consumers only where CPU pools back GPU ones: reported
+        # apart, and never a warning. A stage whose every worker is short of GPU memory is a
+        # warning, not a 503: the web must stay in the balancer to answer 507 to new jobs.
+        overflow = set(OVERFLOW_QUEUES.values())
+        live = {q: self.live_workers(q) for q in ALL_QUEUES if q not in overflow}
         missing = [q for q in QUEUES if not live[q]]
+        short = {q: len(self.short_workers(q) & set(live[q])) for q in QUEUES}
         return {"ready": not missing, "redis": "ok",
                 "workers": {q: len(w) for q, w in live.items()},
+                "cpu_overflow": {q: len(self.live_workers(q)) for q in OVERFLOW_QUEUES.values()},
+                "short_of_memory": short,
                 "missing": [f"no live worker on queue '{q}'" for q in missing],
                 "warnings": [f"no live worker on queue '{q}': its work waits until one "
-                             "starts" for q, w in live.items() if not w and q not in QUEUES]}
+                             "starts" for q, w in live.items() if not w and q not in QUEUES]
+                + [f"every live worker on queue '{q}' is short of GPU memory and no CPU pool "
+                   "takes its overflow: new jobs are refused (507)"
+                   for q in self.memory_exhausted()]}

@@ -12,6 +12,11 @@ order across the job (segment 0's windows, then segment 1's), a numbering a read
 compute as far as the window counts are known. The job's segment count may be open while
 the web still segments the text (`total` is -1 until `seal`): segments are published as the
 frontend yields them, and the job is done once it is sealed and every window is stored.
+
+At rest each chunk's PCM is sealed (app/sealing.py), bound to its hash's key name and its
+field, so a chunk copied to another place or another job fails to open. A chunk that fails
+to open is never played: a reader stops before it, as before a chunk not stored yet, and the
+job fails with the reason (from running or done alike: its audio cannot be delivered whole).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 import redis
 
 from app.keys import Keys
+from app.sealing import Sealer
 from app.states import JOB_FINAL, JOB_LIVE, JobState, Transition, lua
 
 # Events streams are wake-up signals, not a log: a few hundred entries is plenty.
@@ -82,6 +88,8 @@ return done
 """, JobState)
 
 UNPUBLISHED_ERROR = "the web process stopped before the job's segments were all queued"
+REFUSED_ERROR = ("chunk {name} of the job's audio failed to open at rest ({reason}: "
+                 "tampered, or sealed with a key no longer configured); it is never played")
 
 
 @dataclass
@@ -131,8 +139,9 @@ class JobStore:
     whose socket timeout outlasts the longest blocking wait (see app/redis_conn.py)."""
 
     def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int,
-                 waiting: redis.Redis | None = None) -> None:
+                 waiting: redis.Redis | None = None, sealer: Sealer | None = None) -> None:
         self.r = r
+        self.sealer = sealer or Sealer([])
         self.waiting = waiting or r
         self.keys = keys
         self.ttl_s = ttl_s
@@ -214,9 +223,10 @@ class JobStore:
         canceled or failed (nothing stored), -2 if the job is unknown or expired."""
         timing = json.dumps({"start": start, "words": words or []}, separators=(",", ":"),
                             ensure_ascii=False)
+        sealed = self.sealer.seal(pcm, self._chunk_context(job_id, f"{segment}:{window}"))
         return int(self._store_window(
             keys=self.keys.job_keys(job_id),
-            args=[segment, window, pcm, repr(time.time()), self.ttl_s, len(pcm) // 2,
+            args=[segment, window, sealed, repr(time.time()), self.ttl_s, len(pcm) // 2,
                   EVENTS_MAXLEN, f"{plan[0]}:{plan[1]}", timing, segment_samples],
         ))
 
@@ -237,6 +247,21 @@ class JobStore:
         """Store segment `index`'s audio as its one window."""
         return self.store_window(job_id, index, 0, pcm, (1, 0), words,
                                  segment_samples=len(pcm) // 2)
+
+    def _chunk_context(self, job_id: str, name: str) -> str:
+        """What a chunk is sealed to: its hash's key name and its field ("segment:window")."""
+        return f"{self.keys.chunks(job_id)}\x00{name}"
+
+    def _open_chunk(self, job_id: str, name: str, sealed: bytes | None) -> bytes | None:
+        """A stored chunk's PCM; None when it is missing or fails to open, which also fails
+        the job with the reason (a chunk that fails to open is never played)."""
+        if sealed is None:
+            return None
+        pcm, reason = self.sealer.open_or_reason(sealed, self._chunk_context(job_id, name))
+        if pcm is None:
+            self._move(job_id, (*JOB_LIVE, JobState.DONE), JobState.FAILED, "finished_at",
+                       REFUSED_ERROR.format(name=name, reason=reason))
+        return pcm
 
     def count_cache(self, job_id: str, hit: bool) -> None:
         self.r.hincrby(self.keys.job(job_id), "cache_hits" if hit else "cache_misses", 1)
@@ -294,7 +319,8 @@ class JobStore:
                     job: dict | None = None) -> tuple[list[Chunk], int | None]:
         """The consecutive run of stored chunks starting at chunk `first` (at most `limit`),
         with their words on the job's timeline, and the job's chunk count (None while not
-        yet known). `job` is the job's record if the caller has just read it."""
+        yet known). `job` is the job's record if the caller has just read it; a chunk that
+        fails to open ends the run and fails the job, and `job` is read again to say so."""
         order, complete = self._order(job_id, total)
         count = len(order) if complete else None
         wanted = order[first:first + limit] if first >= 0 else []
@@ -310,10 +336,13 @@ class JobStore:
         starts = segment_starts(job.get("segment_samples", {}), wanted[-1][0])
         run = []
         for i, ((s, w, end), v, t) in enumerate(zip(wanted, values, timings, strict=True)):
-            if v is None:
+            pcm = self._open_chunk(job_id, f"{s}:{w}", v)
+            if pcm is None:
+                if v is not None:  # it failed to open, and failed the job: say so
+                    job.update(self.get(job_id) or {})
                 break
             start_s, words = place_words(json.loads(t) if t else None, starts.get(s), rate)
-            run.append(Chunk(first + i, v, s, w, end, start_s, words))
+            run.append(Chunk(first + i, pcm, s, w, end, start_s, words))
         return run, count
 
     def timed_words(self, job_id: str, job: dict, partial: bool = False) -> list[dict] | None:
@@ -336,12 +365,19 @@ class JobStore:
         return words
 
     def all_chunks(self, job_id: str, total: int) -> list[bytes | None]:
-        """Every chunk of the job in order (None where one is missing or expired)."""
+        """Every chunk of the job in order (None where one is missing or expired, or fails
+        to open: the job is then failed, with the reason)."""
         order, complete = self._order(job_id, total)
         if not complete:
             return [None]
-        return self.r.hmget(self.keys.chunks(job_id), [f"{s}:{w}" for s, w, _ in order]) \
-            if order else []
+        fields = [f"{s}:{w}" for s, w, _ in order]
+        sealed = self.r.hmget(self.keys.chunks(job_id), fields) if order else []
+        chunks: list[bytes | None] = []
+        for name, blob in zip(fields, sealed, strict=True):
+            chunks.append(self._open_chunk(job_id, name, blob))
+            if blob is not None and chunks[-1] is None:
+                break  # the job failed: nothing after it is wanted
+        return chunks + [None] * (len(fields) - len(chunks))
 
     def last_event_id(self, job_id: str) -> bytes:
         last = self.r.xrevrange(self.keys.events(job_id), count=1)

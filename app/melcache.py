@@ -11,6 +11,11 @@ interactive release leaves the entry to its TTL, for the next identical request.
 at least once, so the count can drift: a redelivered hold keeps an entry until its TTL (the
 count expires with it), a redelivered release may drop it early, and the vocoder regenerates
 a missing mel, as for any expired one.
+
+At rest the features and their durations are sealed (app/sealing.py), each bound to its own
+key name. An entry that fails to open is a miss: `get` drops it (only if it still holds the
+bytes that failed, so a fresh entry a twin stage just wrote survives) and the vocoder stage
+re-runs the chain, whose acoustic stage then finds nothing and recomputes.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import redis
 
 from app.keys import Keys
 from app.metrics import MEL_CACHE
+from app.sealing import Sealer
 
 
 def mel_cache_key(model_id: str, phonemes: str, voice: str, speed: float) -> str:
@@ -46,14 +52,27 @@ end
 return n
 """
 
+# KEYS: the mel, its durations. ARGV: the bytes each held when they failed to open ('' for
+# none). Drops both only if neither changed since: a twin stage may have written afresh.
+_DROP_IF_UNCHANGED = """
+for i = 1, #KEYS do
+  if (redis.call('GET', KEYS[i]) or '') ~= ARGV[i] then return 0 end
+end
+redis.call('DEL', unpack(KEYS))
+return 1
+"""
+
 
 class MelCache:
-    def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int) -> None:
+    def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int,
+                 sealer: Sealer | None = None) -> None:
         self.r = r
         self.keys = keys
         self.ttl_s = ttl_s
+        self.sealer = sealer or Sealer([])
         self._hold = r.register_script(_HOLD)
         self._release = r.register_script(_RELEASE)
+        self._drop_if_unchanged = r.register_script(_DROP_IF_UNCHANGED)
 
     def hold(self, digest: str) -> int:
         """One more segment will read this mel; returns how many will."""
@@ -78,21 +97,42 @@ class MelCache:
 
     def put(self, digest: str, blob: bytes, durations: list[int] | None = None) -> None:
         """Cache the features, and with them the model's frames per phoneme id if given."""
+        mel_key = self.keys.mel(digest)
+        sealed = self.sealer.seal(blob, mel_key)
         if durations is None:
-            self.r.set(self.keys.mel(digest), blob, ex=self.ttl_s)
+            self.r.set(mel_key, sealed, ex=self.ttl_s)
             return
+        durations_key = self.keys.mel_durations(digest)
+        raw = np.asarray(durations, dtype="<u2").tobytes()
         with self.r.pipeline() as p:  # MULTI: never features without their durations
-            p.set(self.keys.mel(digest), blob, ex=self.ttl_s)
-            p.set(self.keys.mel_durations(digest),
-                  np.asarray(durations, dtype="<u2").tobytes(), ex=self.ttl_s)
+            p.set(mel_key, sealed, ex=self.ttl_s)
+            p.set(durations_key, self.sealer.seal(raw, durations_key), ex=self.ttl_s)
             p.execute()
 
     def get(self, digest: str) -> bytes | None:
-        return self.r.get(self.keys.mel(digest))
+        """The features, None on a miss. An entry whose features or durations fail to open
+        is dropped and is a miss: the caller recomputes it, with its durations."""
+        mel_key, durations_key = self.keys.mel(digest), self.keys.mel_durations(digest)
+        with self.r.pipeline(transaction=False) as p:
+            p.get(mel_key)
+            p.get(durations_key)
+            sealed, sealed_durations = p.execute()
+        if sealed is None:
+            return None
+        blob = self.sealer.open(sealed, mel_key)
+        if blob is None or (sealed_durations is not None and
+                            self.sealer.open(sealed_durations, durations_key) is None):
+            self._drop_if_unchanged(keys=[mel_key, durations_key],
+                                    args=[sealed, sealed_durations or b""])
+            return None
+        return blob
 
     def get_durations(self, digest: str) -> list[int] | None:
-        """The frames per phoneme id cached with the features, None if there are none."""
-        raw = self.r.get(self.keys.mel_durations(digest))
+        """The frames per phoneme id cached with the features, None if there are none (or
+        they fail to open: `get`, which the vocoder stage calls first, drops such an entry)."""
+        key = self.keys.mel_durations(digest)
+        sealed = self.r.get(key)
+        raw = None if sealed is None else self.sealer.open(sealed, key)
         return None if raw is None else np.frombuffer(raw, dtype="<u2").astype(int).tolist()
 
     def count(self, hit: bool) -> None:

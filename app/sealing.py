@@ -197,6 +197,11 @@ class Refused(KeyError):
     def __str__(self) -> str:
         return f"{self.context} failed to open at rest ({self.reason}); it is never played"
 
+    def __reduce__(self):
+        # Pickled whole: Celery reports a task's failure with a pickled copy of the
+        # exception, else with its nearest picklable base (a bare KeyError, no reason).
+        return Refused, (self.context, self.reason)
+
 
 def _record_context(context: bytes, n: int, last: bool) -> bytes:
     return context + b"\x00" + n.to_bytes(8, "big") + (b"\x01" if last else b"\x00")
