@@ -1,8 +1,9 @@
 """What every voxfarm task shares: the farm of this process and the retry policy.
 
-Business errors (SpeechError: unknown voice, nothing speakable) are final at once; anything
-else (Redis blip, a model crash, a lost worker's retry) retries with bounded exponential
-backoff. Subclasses say what a failure that outlived its retries marks failed.
+Business errors (SpeechError: unknown voice, nothing speakable) and NoRoom (the GPU memory
+rule found no pool for a segment) are final at once; anything else (Redis blip, a model
+crash, a lost worker's retry) retries with bounded exponential backoff. Subclasses say what a
+failure that outlived its retries marks failed.
 """
 
 from __future__ import annotations
@@ -14,10 +15,17 @@ from models.errors import SpeechError
 from tasks import runtime
 
 
+class NoRoom(Exception):
+    """No pool can run a segment stage: every worker of it is short of GPU memory and no CPU
+    pool is live, or it was handed on `max_reroutes` times already. Final, like a business
+    error: its job (or book) fails with this reason rather than waiting on memory that may
+    never come back (the web refuses new jobs with 507 meanwhile)."""
+
+
 class FarmTask(Task):
     abstract = True
     autoretry_for = (Exception,)
-    dont_autoretry_for = (SpeechError, Ignore)
+    dont_autoretry_for = (SpeechError, NoRoom, Ignore)
     retry_backoff = 1
     retry_backoff_max = 30
     retry_jitter = True

@@ -4,6 +4,10 @@ Models load lazily, once per process, after the fork (CUDA is not fork-safe, and
 of a prefork pool never runs a task). `workers/` sets the device and, for the acoustic and
 vocoder pools, preloads on `worker_process_init` (the book pool runs no model: it only needs
 the farm); a task that runs first simply loads on first use.
+
+It also holds the GPU memory rule's probe (`short_of_memory`): the segment tasks ask it before
+each forward pass, and `workers/` asks it every few seconds from each pool process, after the
+fork too, since probing CUDA in a prefork parent would initialise CUDA before it forks.
 """
 
 from __future__ import annotations
@@ -143,3 +147,70 @@ def warm_up(queue: str) -> None:
                 decoder.vocode([torch.zeros(decoder.mel_config.n_mels, 8)])
         except Exception as exc:  # a broken voice file must not stop the others
             log.error("voice %s cannot be loaded: %s", voice.name, exc)
+
+
+# -- the GPU memory rule (docs/operations.md, "GPU memory") ----------------------------------
+
+
+def parse_memory_probe(value: str) -> float | None:
+    """The free share a `memory_probe` setting fixes ("fixed:0.05" -> 0.05), or None (empty:
+    measure the device). Anything else is refused, naming the variable."""
+    if not value:
+        return None
+    kind, _, share = value.partition(":")
+    try:
+        fixed = float(share)
+    except ValueError:
+        fixed = -1.0
+    if kind != "fixed" or not 0.0 <= fixed <= 1.0:
+        raise ValueError(f"VOXFARM_MEMORY_PROBE={value!r}: expected fixed:F, F from 0 to 1")
+    return fixed
+
+
+def memory_ruled(settings: Settings | None = None) -> bool:
+    """Whether this process's device is under the GPU memory rule: a CUDA device, or any whose
+    probe the settings fix (tests, drills). Such a worker never consumes an overflow queue: it
+    would take back what it handed on."""
+    settings = settings or Settings.from_env()
+    return device().startswith("cuda") or parse_memory_probe(settings.memory_probe) is not None
+
+
+def free_fraction() -> float:
+    """The share of this process's device memory a forward pass can use, 0..1: what the driver
+    reports free plus what torch's caching allocator holds reserved but unused (this process's
+    to reuse; the driver counts it as taken), over the device's total. 1.0 on a CPU device;
+    the settings' `memory_probe` answers instead of the device when set."""
+    fixed = parse_memory_probe(farm().settings.memory_probe)
+    if fixed is not None:
+        return fixed
+    dev_name = device()
+    if not dev_name.startswith("cuda"):
+        return 1.0
+    import torch
+
+    dev = torch.device(dev_name)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    free, total = torch.cuda.mem_get_info(index)
+    spare = torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
+    return min(1.0, (free + spare) / total)
+
+
+def short_of_memory(stage: str, worker: str) -> bool:
+    """Probe the device before a forward pass of `stage`: True when it must not run here now
+    (less than `gpu_min_free` free). What the probe saw goes to the free-memory gauge and to
+    the worker's short mark, which admission and /readyz read. Always False for a worker
+    outside the rule (a CPU pool), without a probe."""
+    settings = farm().settings
+    if not memory_ruled(settings):
+        return False
+    free = free_fraction()
+    short = free < settings.gpu_min_free
+    from app import metrics
+
+    metrics.GPU_MEMORY_FREE.labels(worker, device()).set(free)
+    try:
+        farm().mark_short(stage, worker, short)
+    except Exception:  # the mark is advice for admission: the rule holds without it
+        logging.getLogger("voxfarm.workers").warning("could not mark %s short=%s", worker,
+                                                     short, exc_info=True)
+    return short

@@ -3,6 +3,9 @@
 Both are thin: they take the small segment spec, call `models/` and the stores, and return a
 key or an index. Both are idempotent, so at-least-once delivery never loses or duplicates a
 segment: the mel cache is keyed by content, and a chunk is stored by its index.
+
+Both obey the GPU memory rule before their forward pass (`_run_here_or_hand_over`): a worker
+short of device memory hands the stage to a pool with room instead of running it.
 """
 
 from __future__ import annotations
@@ -13,14 +16,21 @@ import numpy as np
 from celery import shared_task
 from celery.exceptions import Ignore
 
-from app.celery_app import ACOUSTIC_TASK, VOCODER_TASK
+from app import metrics
+from app.celery_app import (
+    ACOUSTIC_QUEUE,
+    ACOUSTIC_TASK,
+    OVERFLOW_QUEUES,
+    VOCODER_QUEUE,
+    VOCODER_TASK,
+)
 from app.melcache import mel_cache_key
-from app.queueing import publish_again
+from app.queueing import hand_over, publish_again
 from app.states import JobState
 from models.errors import SpeechError
 from models.voices import PIPER, get_voice
 from tasks import books, runtime
-from tasks.base import FarmTask
+from tasks.base import FarmTask, NoRoom
 
 log = logging.getLogger("voxfarm.tasks")
 
@@ -52,9 +62,38 @@ class SegmentTask(FarmTask):
             log.error("job %s failed at %s", spec["job_id"], message)
 
 
+def _run_here_or_hand_over(task: SegmentTask, stage: str, spec: dict, args: tuple,
+                           kwargs: dict, reroutes: int) -> None:
+    """The GPU memory rule, before a forward pass of `stage`: a worker short of device memory
+    neither runs it nor falls back to its own CPU. It publishes the stage again as it came
+    (the rest of the chain with it) for a pool with room (`Farm.room_for`: a CPU pool's
+    overflow queue, else another GPU worker) and stops here. With no pool that has room, or
+    `max_reroutes` hand-overs behind it already, the segment fails with the reason (NoRoom).
+    Returns when the stage may run here."""
+    worker = task.request.hostname or ""
+    if not runtime.short_of_memory(stage, worker):
+        return
+    farm = task.farm
+    limit = farm.settings.max_reroutes
+    queue = farm.room_for(stage, "book_id" in spec, worker) if reroutes < limit else None
+    if queue is None:
+        metrics.SEGMENTS_REROUTED.labels(stage, "gpu_memory", "none").inc()
+        if reroutes < limit:
+            raise NoRoom(f"no {stage} worker has the GPU memory for it and no CPU pool is live")
+        raise NoRoom(f"handed on {reroutes} times and no {stage} worker had the GPU memory")
+    hand_over(task.app, task.name, args, {**kwargs, "reroutes": reroutes + 1}, queue=queue,
+              chain=list(task.request.chain or ()))
+    to = "cpu" if queue in OVERFLOW_QUEUES.values() else "gpu"
+    metrics.SEGMENTS_REROUTED.labels(stage, "gpu_memory", to).inc()
+    log.warning("segment %s of %s: %s is short of GPU memory; its %s stage went to %s",
+                spec["index"], spec.get("job_id") or spec.get("book_id"), worker, stage, queue)
+    raise Ignore()  # handed on: the rest of the chain travels with the new message
+
+
 @shared_task(name=ACOUSTIC_TASK, base=SegmentTask, bind=True)
-def synthesize(self: SegmentTask, spec: dict, **_: object) -> str:
-    """Phonemes -> mel in the cache. Returns the cache key for the vocoder."""
+def synthesize(self: SegmentTask, spec: dict, reroutes: int = 0, **_: object) -> str:
+    """Phonemes -> mel in the cache. Returns the cache key for the vocoder. `reroutes`: how
+    often workers short of GPU memory handed this stage on already."""
     farm = self.farm
     if "book_id" in spec:  # a book's segment: skip it if the book stopped or has it already
         if not books.segment_wanted(farm, spec):
@@ -71,6 +110,7 @@ def synthesize(self: SegmentTask, spec: dict, **_: object) -> str:
     timed = voice.engine == PIPER or hasattr(model, "synthesize_timed")
     hit = farm.mel_cache.touch(digest, durations=timed)
     if not hit:
+        _run_here_or_hand_over(self, ACOUSTIC_QUEUE, spec, (spec,), {}, reroutes)
         from models.mel import mel_to_bytes
 
         durations = None
@@ -95,8 +135,10 @@ def synthesize(self: SegmentTask, spec: dict, **_: object) -> str:
 
 @shared_task(name=VOCODER_TASK, base=SegmentTask, bind=True)
 def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
-           **_: object) -> int:
-    """Mel from the cache -> 16-bit PCM chunk `spec['index']` of the job."""
+           reroutes: int = 0, **_: object) -> int:
+    """Mel from the cache -> 16-bit PCM chunk `spec['index']` of the job. `reroutes`: how
+    often workers short of GPU memory handed this stage on already (the features stay held
+    for whichever worker runs it)."""
     farm = self.farm
     if "book_id" in spec:
         wanted = books.segment_wanted(farm, spec)
@@ -113,6 +155,8 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
             raise SpeechError("the mel expired from the cache before the vocoder ran")
         publish_again(farm.celery, spec, regenerations)
         raise Ignore()
+    _run_here_or_hand_over(self, VOCODER_QUEUE, spec, (mel_key, spec),
+                           {"regenerations": regenerations}, reroutes)
     from models.mel import mel_from_bytes
 
     voice = get_voice(spec["voice"])

@@ -6,6 +6,12 @@ or both; book runs the books' orchestration (prepare, feed, assemble: tasks/book
 gevent pool and loads no model. Models load after the fork, once per process, on the device
 the pool was started for; each worker heartbeats into Redis so /readyz knows which pools have
 someone alive.
+
+A pool on a CUDA device is under the GPU memory rule (docs/operations.md, "GPU memory"): each
+of its processes probes its device before every forward pass (tasks/segments.py) and every few
+seconds from a thread of its own, after the fork, and marks the worker short while less than
+`gpu_min_free` is free; a short worker hands segments on. A CPU pool has no such limit and
+takes its stage's overflow queue, where the short ones hand them.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from app.celery_app import (
     ACOUSTIC_QUEUE,
     BATCH_QUEUES,
     BOOK_QUEUE,
+    OVERFLOW_QUEUES,
     WORKER_QUEUES,
     make_celery,
 )
@@ -119,12 +126,35 @@ class Heartbeat:
             log.warning("could not remove the heartbeat", exc_info=True)
 
 
-def worker_queues(queue: str, work: str = "all") -> tuple[str, ...]:
+def worker_queues(queue: str, work: str = "all", overflow: bool = False) -> tuple[str, ...]:
     """What a pool consumes: its interactive queue, its batch (book) queue, or both with the
-    interactive one first (`work` is "interactive", "batch" or "all")."""
+    interactive one first (`work` is "interactive", "batch" or "all"). `overflow`: a pool
+    outside the GPU memory rule (a CPU pool) takes its stage's overflow queue too, first (the
+    segments there already waited their turn once)."""
     if work == "all" or queue not in BATCH_QUEUES:
-        return WORKER_QUEUES[queue]
-    return (queue,) if work == "interactive" else (BATCH_QUEUES[queue],)
+        queues = WORKER_QUEUES[queue]
+    else:
+        queues = (queue,) if work == "interactive" else (BATCH_QUEUES[queue],)
+    if overflow and queue in OVERFLOW_QUEUES:
+        queues = (OVERFLOW_QUEUES[queue], *queues)
+    return queues
+
+
+def watch_memory(stage: str, worker: str) -> threading.Thread:
+    """Probe this process's device every heartbeat, so the worker's short mark (admission,
+    /readyz) and the free-memory gauge follow its memory while no segment comes (a farm
+    that answers 507 sends it none)."""
+    def run() -> None:
+        while True:
+            try:
+                runtime.short_of_memory(stage, worker)
+            except Exception:  # a CUDA or Redis error: the next look may do better
+                log.warning("memory probe failed", exc_info=True)
+            time.sleep(HEARTBEAT_EVERY_S)
+
+    thread = threading.Thread(target=run, name="voxfarm-memory", daemon=True)
+    thread.start()
+    return thread
 
 
 def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str = "prefork",
@@ -138,6 +168,11 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
         # pools leave (the pool's processes inherit it from this parent).
         os.nice(nice)
     runtime.configure(device, threads)
+    try:
+        memory_ruled = queue in OVERFLOW_QUEUES and runtime.memory_ruled()
+    except ValueError as exc:  # a bad VOXFARM_MEMORY_PROBE: say so at start
+        raise SystemExit(str(exc)) from None
+    queues = worker_queues(queue, work, overflow=queue in OVERFLOW_QUEUES and not memory_ruled)
     celery = build_worker_app()
     # JSON logs, trace ids, task timing and metrics (tasks/observability.py). The metrics
     # endpoint serves every pool process's samples (multiprocess mode, set up by the CLI).
@@ -158,7 +193,7 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     # /readyz reports beside the interactive ones (that decide readiness).
     farm = runtime.farm(celery)
     redelivery = Redelivery(celery, farm.redis, farm.settings.key_prefix, WORKER_STALE_S)
-    heartbeat = Heartbeat(celery, worker_queues(queue, work), hostname, redelivery)
+    heartbeat = Heartbeat(celery, queues, hostname, redelivery)
 
     def predecessor(**_: object) -> None:
         # Before consuming: a worker restarted under its old name hands back what its
@@ -180,6 +215,8 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
         # of a process allocates its thread pool and caches, ~100x a warm call).
         if queue != BOOK_QUEUE:  # the book pool runs no model
             runtime.warm_up(queue)
+        if memory_ruled:
+            watch_memory(queue, hostname)
 
     signals.worker_process_init.connect(preload, weak=False)
     if pool == "solo":
@@ -189,7 +226,7 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     signals.worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
     signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
     celery.worker_main([
-        "worker", "--queues", ",".join(worker_queues(queue, work)), "--hostname", hostname,
+        "worker", "--queues", ",".join(queues), "--hostname", hostname,
         "--pool", pool,
         "--concurrency", str(concurrency), "--loglevel", loglevel, "--without-gossip",
         "--without-mingle", "--task-events",
