@@ -95,6 +95,12 @@ _JOB_NOT_FOUND = _error("no job with this id (`job_not_found`), or it expired")
 _BOOK_NOT_FOUND = _error("no book with this id (`book_not_found`)")
 _BOOK_NOT_DONE = _error("the book is not done yet (`book_not_done`)")
 _BOOK_GONE = _error("the book's files are gone (`audio_missing`)")
+# What the server (ops/gunicorn.conf.py) refuses before the app sees the request, on any path.
+_SERVER_REFUSALS = {
+    "400": _error("the request line is malformed (`bad_request`)"),
+    "414": _error("the request line is too long (`uri_too_long`)"),
+    "431": _error("the headers are too large (`headers_too_large`)"),
+}
 _JSON_BODY = {"400": _BAD_JSON, "413": _TOO_LARGE, "415": _NOT_JSON, "422": _INVALID,
               "503": _UNAVAILABLE}
 _OPENAI_HEADERS = {"X-Job-Id": _header(), "X-Voxfarm-Voice": _header(),
@@ -382,6 +388,8 @@ def build_spec(settings: Settings, served: set[str] | None = None) -> dict:
                 continue
             for operation in item.values():
                 operation["parameters"] = _path_parameters(path)
+                for status, answer in _SERVER_REFUSALS.items():
+                    operation["responses"].setdefault(status, answer)
             paths[path] = _written_out(item, models)
         # The socket's frames, referenced from its operation's description.
         models.update(s.SOCKET_EVENTS, {s.SocketMessage})
