@@ -43,8 +43,6 @@ from typing import BinaryIO
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from app.metrics import AT_REST_REFUSED
-
 log = logging.getLogger(__name__)
 
 VERSION = 1
@@ -156,6 +154,10 @@ class Sealer:
     def _refuse(self, key_id: str, reason: str) -> tuple[None, str]:
         """Count a refused blob; warn once per (key id, reason), not once per blob: a
         rotation gone wrong refuses every blob, and one line says so."""
+        # Imported here, not at the top: the settings parse a keyring with this module while
+        # gunicorn's config loads, before prometheus_client's multiprocess mode is set up.
+        from app.metrics import AT_REST_REFUSED
+
         AT_REST_REFUSED.labels(reason).inc()
         with self._lock:
             self.failures[key_id, reason] += 1

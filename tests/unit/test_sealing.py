@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import base64
+import io
 import logging
 
 import numpy as np
 import pytest
 
-from app.sealing import MAGIC, Sealer, generate_key, parse_keyring
+from app.sealing import (
+    MAGIC,
+    RECORD_BYTES,
+    Refused,
+    Sealer,
+    generate_key,
+    open_records,
+    parse_keyring,
+    seal_file,
+    sealed_file_size,
+)
 
 CONTEXT = b"vf:chunk:job-1:0"
 
@@ -144,3 +155,96 @@ def test_keyring_parsing_tolerates_spaces():
     keys = parse_keyring(f" k1 : {KEY} , k2:{KEY}\n")
     assert [key_id for key_id, _ in keys] == ["k1", "k2"]
     assert keys[0][1] == bytes(32)
+
+
+# -- the settings: a bad keyring fails at boot -------------------------------------------------
+
+
+def test_a_bad_keyring_fails_when_the_settings_are_built():
+    from app.settings import Settings
+
+    assert Settings(at_rest_keys=generate_key("k1")).at_rest_keys
+    with pytest.raises(ValueError, match="VOXFARM_AT_REST_KEYS: at-rest key 1 .*base64"):
+        Settings(at_rest_keys="k1:not*base64")
+
+
+def test_parsing_a_keyring_does_not_import_prometheus_client():
+    # gunicorn's config builds the settings before prometheus_client's multiprocess mode is
+    # set up; importing it then stops the web at boot.
+    import subprocess
+    import sys
+
+    code = ("import sys; from app.settings import Settings; from app.sealing import "
+            "generate_key; Settings(at_rest_keys=generate_key()); "
+            "assert 'prometheus_client' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- sealed files and the sealed store --------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, RECORD_BYTES - 1, RECORD_BYTES, RECORD_BYTES + 1,
+                                  2 * RECORD_BYTES + 5])
+def test_sealed_files_round_trip_and_know_their_size(size):
+    sealer = Sealer.from_keyring(generate_key("k1"))
+    plaintext = np.random.default_rng(size).bytes(size)
+    blob = seal_file(sealer, plaintext, "books/b/out/book.m4b")
+    assert b"".join(open_records(sealer, io.BytesIO(blob), "books/b/out/book.m4b")) == plaintext
+    assert sealed_file_size(blob[:16], len(blob)) == size
+
+
+def test_a_sealed_file_cut_reordered_or_moved_is_refused():
+    sealer = Sealer.from_keyring(generate_key("k1"))
+    blob = seal_file(sealer, bytes(range(256)) * (RECORD_BYTES // 128), "a/b")  # 2 records
+
+    def read(data: bytes, context: str = "a/b") -> bytes:
+        return b"".join(open_records(sealer, io.BytesIO(data), context))
+
+    first = 4 + 4 + int.from_bytes(blob[4:8], "big")  # FILE_MAGIC, header, record 0
+    for bad, context in [(blob[:first], "a/b"),  # cut at a record boundary
+                         (blob[:-1], "a/b"), (blob + b"\x00", "a/b"),
+                         (blob[:4] + blob[first:] + blob[4:first], "a/b"),  # reordered
+                         (blob, "a/c")]:  # moved to another key
+        with pytest.raises(Refused):
+            read(bad, context)
+    with pytest.raises(Refused, match="not_sealed"):
+        read(b"plain pcm")
+
+
+def test_sealed_store_hides_the_bytes_and_refuses_what_fails(tmp_path):
+    from app.artifacts import DirectoryStore, SealedStore
+
+    sealer = Sealer.from_keyring(generate_key("k1"))
+    store = SealedStore(DirectoryStore(tmp_path), sealer)
+    pcm = pcm_payload(2.0)
+    store.put("books/b/segments/0000/00000.pcm", pcm)
+    assert store.get("books/b/segments/0000/00000.pcm") == pcm
+    assert store.size("books/b/segments/0000/00000.pcm") == len(pcm)
+    assert store.local_path("books/b/segments/0000/00000.pcm") is None
+    on_disk = (tmp_path / "books/b/segments/0000/00000.pcm").read_bytes()
+    assert pcm[4096:8192] not in on_disk
+    # A writer a muxer seeks back into, sealed once the block ends.
+    with store.writer("books/b/out/book.m4b") as f:
+        f.write(pcm)
+        f.seek(0)
+        f.write(b"HEAD")
+    assert store.get("books/b/out/book.m4b") == b"HEAD" + pcm[4:]
+    with store.open("books/b/out/book.m4b") as f:
+        assert b"".join(iter(lambda: f.read(1000), b"")) == b"HEAD" + pcm[4:]
+    assert not list(tmp_path.rglob("*.tmp"))
+    # Tampered: refused as a missing object (KeyError), by get and open alike.
+    tampered = bytearray(on_disk)
+    tampered[-20] ^= 1
+    (tmp_path / "books/b/segments/0000/00000.pcm").write_bytes(bytes(tampered))
+    with pytest.raises(KeyError, match="unauthentic"):
+        store.get("books/b/segments/0000/00000.pcm")
+    with pytest.raises(KeyError):
+        store.open("books/b/segments/0000/00000.pcm")
+    # Without keys: plaintext as before, but a sealed object is refused, never read as audio.
+    plain = SealedStore(DirectoryStore(tmp_path), Sealer.from_keyring(""))
+    plain.put("x.pcm", pcm)
+    assert plain.get("x.pcm") == pcm and plain.local_path("x.pcm")
+    assert (tmp_path / "x.pcm").read_bytes() == pcm
+    with pytest.raises(KeyError, match="no_keys"):
+        plain.get("books/b/out/book.m4b")
+    assert plain.local_path("books/b/out/book.m4b") is None
