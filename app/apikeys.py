@@ -59,6 +59,14 @@ class Refusal:
     retry_after_s: int
 
 
+class LimitExceeded(Exception):
+    """A key is over one of its limits (the web answers 429 with Retry-After)."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
 def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 

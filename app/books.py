@@ -109,10 +109,12 @@ return {1, '$DONE'}
 
 
 def book_id_for(content_digest: str, *, voice: str, speed: float, acoustic_model: str,
-                vocoder: str) -> str:
+                vocoder: str, owner: str = "") -> str:
     """Same content and audio settings, same id: a re-submit finds the book it already made.
-    The formats are not in it: they only package the same audio (see `add_formats`)."""
-    key = json.dumps([content_digest, voice, round(speed, 3), acoustic_model, vocoder])
+    The formats are not in it: they only package the same audio (see `add_formats`). Each
+    API key has books of its own (`owner`), so one key's submit never finds another's."""
+    parts = [content_digest, voice, round(speed, 3), acoustic_model, vocoder]
+    key = json.dumps(parts + [owner] if owner else parts)
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
@@ -194,13 +196,14 @@ class BookStore:
 
     def create(self, book_id: str, *, title: str, author: str, voice: str, speed: float,
                formats: tuple[str, ...], chapters: int, words: int, sample_rate: int,
-               source_format: str) -> bool:
-        """Write a new record; False when a live one exists already (a re-submit)."""
+               source_format: str, owner: str = "") -> bool:
+        """Write a new record; False when a live one exists already (a re-submit). `owner`:
+        the API key that made it (web/auth.py), "" while the farm has no keys."""
         fields = {"id": book_id, "state": BookState.QUEUED, "title": title, "author": author,
                   "voice": voice, "speed": speed, "formats": ",".join(formats),
                   "chapters": chapters, "words": words, "sample_rate": sample_rate,
                   "source_format": source_format, "total": 0, "done": 0, "audio_samples": 0,
-                  "cursor": 0, "feed_gen": 0, "created_at": time.time()}
+                  "cursor": 0, "feed_gen": 0, "created_at": time.time(), "owner": owner}
         args = [x for k, v in fields.items() for x in (k, str(v))]
         return bool(self._create(keys=self._keys(book_id), args=args))
 
@@ -293,6 +296,11 @@ class BookStore:
     def state(self, book_id: str) -> str | None:
         s = self.r.hget(self.keys.book(book_id), "state")
         return s.decode() if s else None
+
+    def owner(self, book_id: str) -> str | None:
+        """The id of the key that made the book ("" for none); None for an unknown book."""
+        exists, owner = self.r.hmget(self.keys.book(book_id), "id", "owner")
+        return None if exists is None else (owner or b"").decode()
 
     def get(self, book_id: str) -> dict | None:
         raw = self.r.hgetall(self.keys.book(book_id))

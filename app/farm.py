@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from celery import Celery
 
 from app import queueing
+from app.apikeys import ApiKey, ApiKeys, LimitExceeded
 from app.artifacts import SealedStore, open_store
 from app.books import BookStore
 from app.broker import broker_queues
@@ -33,6 +34,7 @@ from app.queueing import Unavailable  # noqa: F401 (web/synthesis.py imports it 
 from app.redis_conn import blocking_client, redis_client
 from app.sealing import Sealer
 from app.settings import Settings
+from app.states import BOOK_ACTIVE, JOB_FINAL
 
 # A worker counts as live while its heartbeat is younger than this.
 WORKER_STALE_S = 15.0
@@ -93,18 +95,46 @@ class Farm:
         # Book files live in the artifact store; only their records are in Redis.
         self.store = SealedStore(open_store(settings.store_dir), self.sealer)
         self.books = BookStore(self.redis, self.keys, self.store)
+        self.apikeys = ApiKeys(self.redis, settings.key_prefix, settings.key_rate_per_min,
+                               settings.key_max_active)
         self.celery = celery or make_celery(settings)
 
     # -- submission (the publishing itself is app/queueing.py's) ------------------------------
 
     def submit(self, segments: Iterable, *, voice: str, speed: float, fmt: str, chars: int,
-               sample_rate: int, request_id: str = "") -> dict:
+               sample_rate: int, request_id: str = "", key: ApiKey | None = None) -> dict:
         """Create the job and enqueue its segments as `segments` yields them
         (`queueing.submit`), once the farm admits it. Raises Overloaded when the farm is
-        full (nothing written), Unavailable when the broker could not take a segment."""
-        return queueing.submit(self.celery, self.jobs, segments, admit=self._admit,
-                               voice=voice, speed=speed, fmt=fmt, chars=chars,
-                               sample_rate=sample_rate, request_id=request_id)
+        full (nothing written), Unavailable when the broker could not take a segment, and
+        LimitExceeded when `key` (the API key asking) already runs its quota of work."""
+        self.check_quota(key)
+        job = queueing.submit(self.celery, self.jobs, segments, admit=self._admit,
+                              voice=voice, speed=speed, fmt=fmt, chars=chars,
+                              sample_rate=sample_rate, request_id=request_id,
+                              owner=key.id if key else "")
+        if key:
+            self.apikeys.started(key, job["id"])
+        return job
+
+    def check_quota(self, key: ApiKey | None) -> None:
+        """Raise LimitExceeded when `key` has its quota of jobs and books still running."""
+        if key is None:
+            return
+        refusal = self.apikeys.check_active(key, self._still_running,
+                                            self.settings.retry_after_s)
+        if refusal:
+            raise LimitExceeded(refusal)
+
+    def _still_running(self, ids: Iterable[str]) -> list[bool]:
+        running = []
+        for work_id in ids:
+            state = self.jobs.state(work_id)
+            if state is not None:
+                running.append(state not in JOB_FINAL)
+            else:
+                book = self.books.get(work_id)
+                running.append(book is not None and book["state"] in BOOK_ACTIVE)
+        return running
 
     def _admit(self) -> None:
         """Raise Overloaded when the farm cannot take a job now: the acoustic queue is past

@@ -152,13 +152,15 @@ class JobStore:
     # -- writing -----------------------------------------------------------------------------
 
     def create(self, *, total: int = OPEN_TOTAL, voice: str, speed: float, fmt: str, chars: int,
-               sample_rate: int, request_id: str = "") -> dict:
+               sample_rate: int, request_id: str = "", owner: str = "") -> dict:
         job_id = uuid.uuid4().hex
         record = {
             "id": job_id, "state": JobState.QUEUED, "total": total, "done": 0,
             "voice": voice, "speed": speed, "format": fmt, "chars": chars,
             "sample_rate": sample_rate, "created_at": time.time(),
             "cache_hits": 0, "cache_misses": 0, "request_id": request_id,
+            # The API key that made it (web/auth.py): "" while the farm has no keys.
+            "owner": owner,
         }
         key = self.keys.job(job_id)
         with self.r.pipeline() as p:  # MULTI: the record never exists outside the set
@@ -167,6 +169,11 @@ class JobStore:
             p.zadd(self.keys.unpublished, {job_id: record["created_at"]})
             p.execute()
         return self.get(job_id)
+
+    def owner(self, job_id: str) -> str | None:
+        """The id of the key that made the job ("" for none); None for an unknown job."""
+        exists, owner = self.r.hmget(self.keys.job(job_id), "id", "owner")
+        return None if exists is None else (owner or b"").decode()
 
     def mark_published(self, job_id: str) -> None:
         """Every segment of the job is on the broker (or the job failed): nothing to sweep."""

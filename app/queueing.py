@@ -62,7 +62,7 @@ class SegmentSpec:
 
 def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callable[[], None],
            voice: str, speed: float, fmt: str, chars: int, sample_rate: int,
-           request_id: str = "") -> dict:
+           request_id: str = "", owner: str = "") -> dict:
     """Create the job and enqueue its segments as `segments` yields them.
 
     Publish as you go: segment 0 is on the acoustic queue while the frontend still works
@@ -88,7 +88,8 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
         for seg in itertools.chain([first], segments):
             if job_id is None:
                 job_id = jobs.create(voice=voice, speed=speed, fmt=fmt, chars=chars,
-                                     sample_rate=sample_rate, request_id=request_id)["id"]
+                                     sample_rate=sample_rate, request_id=request_id,
+                                     owner=owner)["id"]
             # SSML may give a segment its own voice and rate (models.ssml).
             spec = SegmentSpec(job_id, seg.index, seg.phonemes,
                                getattr(seg, "voice", None) or voice,

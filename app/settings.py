@@ -142,6 +142,9 @@ class Settings:
     key_rate_per_min: int = 600
     key_max_active: int = 16
     api_key: str = ""
+    # With keys on, /metrics, /docs and /openapi.json need a key too (a Prometheus scrape
+    # then sends one: `authorization: {credentials: ...}` in its scrape config).
+    auth_ops: bool = False
     # `voxfarm worker`: serve the pool's Prometheus metrics on this port (0: off), and torch
     # threads per process (0: the CLI's default, one).
     metrics_port: int = 0
