@@ -22,6 +22,7 @@ from web.errors import ApiError
 from web.helpers import (
     break_error,
     farm,
+    given_args,
     iso_time,
     json_body,
     lexicon_or_422,
@@ -144,11 +145,6 @@ def cancel_job(job_id: str):
     return jsonify(job_view(farm().jobs.get(job_id) or job))
 
 
-def _given(args) -> dict[str, str]:
-    """A query's parameters that have a value (`?wait=` is the default)."""
-    return {name: value for name, value in args.items() if value != ""}
-
-
 def _chunk_wav(pcm: bytes, sample_rate: int) -> bytes:
     return wav_bytes(np.frombuffer(pcm, dtype="<i2"), sample_rate)
 
@@ -157,7 +153,7 @@ def _chunk_wav(pcm: bytes, sample_rate: int) -> bytes:
 def get_chunks(job_id: str):
     """Long-poll for the chunks after cursor `after` (-1: from the start)."""
     job = _job_or_404(job_id)
-    query = parse(ChunksQuery, _given(request.args))
+    query = parse(ChunksQuery, given_args(request.args))
     after = query.after
     count = farm().jobs.chunk_count(job_id, job["total"])
     if count is not None and after > count - 1:

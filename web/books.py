@@ -48,6 +48,7 @@ from web.errors import ApiError
 from web.helpers import (
     break_error,
     farm,
+    given_args,
     iso_time,
     json_body,
     parse,
@@ -294,7 +295,7 @@ def _done_or_409(rec: dict) -> None:
 @books_api.get("/v1/books/<book_id>/audio")
 def audio(book_id: str):
     rec = _book_or_404(book_id)
-    fmt = (parse(BookAudioQuery, _given(request.args)).format
+    fmt = (parse(BookAudioQuery, given_args(request.args)).format
            or ("m4b" if "m4b" in rec["formats"] else "mp3"))
     if fmt not in rec["formats"]:
         raise ApiError(404, "format_not_rendered", f"the book was not rendered as {fmt}; "
@@ -318,14 +319,9 @@ def chapter_audio(book_id: str, n: int):
                  chapter_download_name(n, rec["chapter_list"][n]["title"]))
 
 
-def _given(args) -> dict[str, str]:
-    """A query's parameters that have a value (`?format=` is the default)."""
-    return {name: value for name, value in args.items() if value != ""}
-
-
 def _captions(book_id: str, n: int | None):
     rec = _book_or_404(book_id)
-    fmt = parse(BookCaptionsQuery, _given(request.args)).format
+    fmt = parse(BookCaptionsQuery, given_args(request.args)).format
     if n is not None and not 0 <= n < len(rec["chapter_list"]):
         raise ApiError(404, "chapter_not_found", f"the book has chapters 0 to "
                        f"{len(rec['chapter_list']) - 1}")

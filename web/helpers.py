@@ -82,6 +82,11 @@ def check_unicode(value: object, field: str | None = None):
     return value
 
 
+def given_args(args) -> dict[str, str]:
+    """A query's parameters that have a value: `?wait=` means the default."""
+    return {name: value for name, value in args.items() if value != ""}
+
+
 def parse(model: type[M], data: object, settings: Settings | None = None) -> M:
     """`data` (a JSON body, a query, a message) as `model`, or the API error for its first
     fault. Bounds that are settings are these settings' (the app's by default)."""

@@ -687,10 +687,21 @@ class Book(ResponseModel):
     state: BookState
     title: str = None
     author: str = None
+    voice: str = None
+    speed: float = None
+    formats: list[str] = None
+    words: int = None
     segments: Progress
     chapters: list[BookChapter]
+    audio_seconds: float = None
+    throughput: float | None = Field(None, description="audio seconds rendered per second "
+                                                       "of rendering (x real time)")
     eta_s: float | None = None
+    duration_s: float | None = None
     error: BookError | None = None
+    created_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
     links: dict[str, str]
 
 
