@@ -835,5 +835,18 @@ def keys_revoke(key_id: str, var_dir: str) -> None:
     click.echo(f"revoked {key_id}")
 
 
+@main.command("at-rest-key")
+@click.option("--id", "key_id", default=None, help="The key's id (default: kYYYYMMDD).")
+def at_rest_key(key_id: str | None) -> None:
+    """A new AES-256 key for audio and features at rest (docs/reliability.md): put it first in
+    VOXFARM_AT_REST_KEYS, and keep the old key after it until what it sealed has expired."""
+    from app.sealing import generate_key
+
+    try:
+        click.echo(generate_key(key_id))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 if __name__ == "__main__":
     main()
