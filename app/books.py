@@ -32,7 +32,6 @@ import redis
 
 from app.artifacts import ArtifactStore
 from app.keys import Keys
-from app.queueing import resume, send_assemble, send_prepare  # noqa: F401 (web/books.py's)
 from app.states import BOOK_ACTIVE, BookState, Transition, lua
 
 BOOK_FORMATS = ("m4b", "mp3", "chapters")

@@ -30,7 +30,6 @@ from app.jobs import JobStore
 from app.keys import Keys
 from app.melcache import MelCache
 from app.metrics import JobObserver
-from app.queueing import Unavailable  # noqa: F401 (web/synthesis.py imports it from here)
 from app.redis_conn import blocking_client, redis_client
 from app.sealing import Sealer
 from app.settings import Settings
@@ -152,11 +151,6 @@ class Farm:
             retry = min(60, max(self.settings.retry_after_s,
                                 int(wait - self.settings.max_queue_wait_s) + 1))
             raise Overloaded(depth, retry)
-
-    def publish_segments(self, specs: Iterable[dict]) -> int:
-        """`queueing.publish_segments` on this farm's app, for tests/bench/bench_brokers.py
-        (issue 10: it can call that directly)."""
-        return queueing.publish_segments(self.celery, specs)
 
     def sweep_unpublished(self) -> list[str]:
         """Fail the jobs whose web process died before all their segments were queued."""

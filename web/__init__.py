@@ -29,6 +29,10 @@ def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Fl
     from web.observability import observability
 
     app.register_blueprint(observability)
+    # Next, so no other blueprint's hook runs for a request without a valid key.
+    from web.auth import auth
+
+    app.register_blueprint(auth)
 
     from web.api import api
     from web.books import books_api

@@ -30,13 +30,11 @@ from app.books import (
     chapter_file,
     output_key,
     prefix,
-    resume,
-    send_assemble,
-    send_prepare,
 )
 from app.celery_app import ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE
 from app.farm import Farm
 from app.offload import offload
+from app.queueing import resume, send_assemble, send_prepare
 from app.states import BookState
 from models import captions
 from models.book_parse import EXTENSIONS, Book, BookError, Chapter, finish, parse_book
@@ -44,6 +42,7 @@ from models.errors import BreakTooLong
 from models.frontend import check_breaks
 from models.ssml import looks_like_ssml
 from models.voices import Voice
+from web.auth import current_key, owner_id
 from web.errors import ApiError
 from web.helpers import (
     break_error,
@@ -224,9 +223,11 @@ def create_book():
     settings = f.settings
     speed, formats = fields.speed, fields.formats
     book_id = book_id_for(book.digest(), voice=voice.name, speed=speed,
-                          acoustic_model=settings.acoustic_model, vocoder=settings.vocoder)
+                          acoustic_model=settings.acoustic_model, vocoder=settings.vocoder,
+                          owner=owner_id())
     existing = f.books.get(book_id)
     if existing is None or existing["state"] == BookState.CANCELED:
+        f.check_quota(current_key())  # 429 past the key's work running at once
         # Everything is valid: only now is anything written. Files first (content-addressed,
         # so a concurrent identical submit writes the same bytes), then the record.
         base = prefix(book_id)
@@ -239,8 +240,10 @@ def create_book():
                                  voice=voice.name, speed=speed, formats=formats,
                                  chapters=len(book.chapters), words=book.words,
                                  sample_rate=voice.sample_rate,
-                                 source_format=book.source_format)
+                                 source_format=book.source_format, owner=owner_id())
         if created:
+            if current_key():
+                f.apikeys.started(current_key(), book_id)
             send_prepare(f.celery, book_id)
     else:
         created = False

@@ -13,6 +13,7 @@ from flask import Flask, jsonify
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
+from app.apikeys import LimitExceeded
 from app.offload import OffloadTimeout
 
 log = logging.getLogger("voxfarm.web")
@@ -32,6 +33,13 @@ class ApiError(Exception):
             err["field"] = self.field
         err.update(self.extra)
         return {"error": err}
+
+
+def limit_error(exc: LimitExceeded) -> ApiError:
+    """429: an API key over its requests a minute or its jobs running at once."""
+    r = exc.refusal
+    return ApiError(429, r.code, r.message, headers={"Retry-After": r.retry_after_s},
+                    retry_after=r.retry_after_s)
 
 
 def error_response(err: ApiError):
@@ -64,6 +72,10 @@ def register_error_handlers(app: Flask, retry_after_s: int) -> None:
         return error_response(ApiError(503, "redis_unavailable",
                                        "the job store is unreachable; try again shortly",
                                        headers={"Retry-After": retry_after_s}))
+
+    @app.errorhandler(LimitExceeded)
+    def _limit(exc: LimitExceeded):
+        return error_response(limit_error(exc))
 
     @app.errorhandler(OffloadTimeout)
     def _busy(exc: OffloadTimeout):

@@ -71,12 +71,8 @@ def _observe_job(job_id: str | None) -> None:
     """Count a job the web moved to a final state (a cancel), once."""
     if not job_id:
         return
-    observer = current_app.extensions.get("voxfarm.job_observer")
-    if observer is None:
-        observer = current_app.extensions["voxfarm.job_observer"] = metrics.JobObserver(
-            farm().redis, farm().keys)
     try:
-        observer.observe(job_id)
+        farm().job_observer.observe(job_id)
     except Exception:  # metrics never fail a request
         current_app.logger.warning("job metrics failed for %s", job_id, exc_info=True)
 

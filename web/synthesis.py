@@ -13,14 +13,17 @@ from collections.abc import Iterator
 import redis
 
 from app import metrics
-from app.farm import Farm, Overloaded, Unavailable
+from app.apikeys import LimitExceeded
+from app.farm import Farm, GpuMemoryExhausted, Overloaded
 from app.jobs import Chunk
 from app.offload import offload
+from app.queueing import Unavailable
 from app.states import JOB_FINAL, JobState
 from models.errors import BreakTooLong, NoSpeakableText
 from models.frontend import Segment, TextRun, iter_run_segments, iter_segments
 from models.voices import Voice
-from web.errors import ApiError
+from web.auth import current_key
+from web.errors import ApiError, limit_error
 from web.helpers import break_error, no_speakable_text, ssml_or_422, voice_or_422
 
 log = logging.getLogger("voxfarm.web")
@@ -52,11 +55,18 @@ def submit_segments(farm: Farm, segments, voice: Voice, speed: float, fmt: str, 
     can go wrong to the API's errors."""
     try:
         job = farm.submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=chars,
-                          sample_rate=voice.sample_rate, request_id=request_id)
+                          sample_rate=voice.sample_rate, request_id=request_id,
+                          key=current_key())
     except NoSpeakableText:
         raise no_speakable_text() from None
     except BreakTooLong as exc:
         raise break_error(exc, "text") from None
+    except GpuMemoryExhausted as exc:
+        raise ApiError(507, "gpu_memory_exhausted", str(exc),
+                       headers={"Retry-After": exc.retry_after_s},
+                       retry_after=exc.retry_after_s) from None
+    except LimitExceeded as exc:
+        raise limit_error(exc) from None
     except Overloaded as exc:
         raise ApiError(503, "overloaded", f"the farm is busy ({exc.depth} segments waiting)",
                        headers={"Retry-After": exc.retry_after_s},

@@ -10,7 +10,7 @@ For each:
 - latency: one sentence at a time, POST to the last chunk in the client's hands (long-poll);
 - throughput: every sentence submitted at once by 8 clients;
 - publish: what one segment's publish costs the web (200 segments through
-  `Farm.publish_segments`, no workers);
+  `app.queueing.publish_segments`, no workers);
 - redelivery: the vocoder worker is SIGKILLed mid-job and a new one started at once; the
   time until the new one receives the message the dead one held (Redis: after the
   visibility timeout, set to --visibility-timeout here, 420 s by default; RabbitMQ: when the
@@ -41,6 +41,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from app import queueing  # noqa: E402
 from tests import brokers  # noqa: E402
 from tests.bench.bench_farm import farm_job, pct, sentences  # noqa: E402
 from tests.bench.common import redis_url_or_embedded  # noqa: E402
@@ -142,9 +143,9 @@ def publish_cost(tf, n: int = 200) -> tuple[float, int]:
     """ms per segment for the web's publish, and the message size where it can be read."""
     specs = [{"job_id": f"bench{i}", "index": i, "phonemes": "həlˈoʊ wˈɜːld " * 8,
               "voice": "en-us", "speed": 1.0, "pause_ms": 0} for i in range(n)]
-    tf.farm.publish_segments(specs[:5])  # connect, declare
+    queueing.publish_segments(tf.farm.celery, specs[:5])  # connect, declare
     t0 = time.perf_counter()
-    tf.farm.publish_segments(specs)
+    queueing.publish_segments(tf.farm.celery, specs)
     ms = (time.perf_counter() - t0) * 1e3 / n
     size = 0
     if tf.farm.broker_redis is not None:
@@ -198,8 +199,9 @@ def run_broker(kind: str, url: str, tmp: Path, texts: list[str], voice: str,
         if kind == "amqp":
             vhost = tf.settings.broker.rsplit("/", 1)[1]
             frames0, octets0 = amqp_traffic(vhost)
-            tf.farm.publish_segments([{"job_id": "size", "index": 0, "phonemes": "həlˈoʊ " * 8,
-                                       "voice": "en-us", "speed": 1.0, "pause_ms": 0}] * 50)
+            spec = {"job_id": "size", "index": 0, "phonemes": "həlˈoʊ " * 8, "voice": "en-us",
+                    "speed": 1.0, "pause_ms": 0}
+            queueing.publish_segments(tf.farm.celery, [spec] * 50)
             frames1, octets1 = amqp_traffic(vhost)
             size = (octets1 - octets0) // 50
         row["message_bytes"] = size

@@ -1,0 +1,92 @@
+"""API keys at the door: who may call, what each key may see, how much each may take.
+
+With no live key (`voxfarm keys create` makes one) the farm is open, as `make run` serves
+it on 127.0.0.1 and says in its log. Once a key exists, every route but the probes and the
+page needs one: `Authorization: Bearer <key>` (the OpenAI client's way) or `X-API-Key`,
+the WebSocket's at its handshake. `/metrics`, `/docs` and `/openapi.json` need one too when
+`VOXFARM_AUTH_OPS` is on. A key sees only its own jobs and books: another's answer exactly
+as an unknown id does (404), so ids cannot be probed. Refusals: 401 (no key, or not a live
+one), 429 with Retry-After (the key's requests a minute, or its jobs running at once).
+"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Request, g, request
+
+from app.apikeys import ApiKey, ApiKeys
+from web.errors import ApiError
+from web.helpers import farm
+
+auth = Blueprint("auth", __name__)
+
+# Probes (a load balancer holds no key) and the page (it asks for a key itself).
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
+OPS_PATHS = frozenset({"/metrics", "/docs", "/openapi.json"})
+# Whether any key is live, per process: a Redis read per request would double their cost;
+# a new key takes effect within this long.
+ENABLED_TTL_S = 2.0
+_enabled_cache: dict[int, tuple[float, bool]] = {}
+
+
+def keys_enabled(registry: ApiKeys) -> bool:
+    now = time.monotonic()
+    cached = _enabled_cache.get(id(registry))
+    if cached is None or now - cached[0] > ENABLED_TTL_S:
+        cached = (now, registry.enabled())
+        _enabled_cache[id(registry)] = cached
+    return cached[1]
+
+
+def presented_token(req: Request) -> str:
+    header = req.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return req.headers.get("X-API-Key", "").strip()
+
+
+def current_key() -> ApiKey | None:
+    """The key of this request, or None when the farm is open."""
+    return g.get("voxfarm_key")
+
+
+def owner_id() -> str:
+    """What a record created by this request stores as its owner ("" when open)."""
+    key = current_key()
+    return key.id if key else ""
+
+
+@auth.before_app_request
+def _authenticate() -> None:
+    path = request.path
+    f = farm()
+    if path in OPEN_PATHS or (path in OPS_PATHS and not f.settings.auth_ops):
+        return
+    registry = f.apikeys
+    if not keys_enabled(registry):
+        return
+    token = presented_token(request)
+    key = registry.authenticate(token) if token else None
+    if key is None:
+        raise ApiError(401, "unauthorized",
+                       "an API key is required: send 'Authorization: Bearer <key>' or "
+                       "'X-API-Key: <key>'" if not token else "the API key is not valid",
+                       headers={"WWW-Authenticate": 'Bearer realm="voxfarm"'})
+    refusal = registry.take_request(key)
+    if refusal:
+        raise ApiError(429, refusal.code, refusal.message,
+                       headers={"Retry-After": refusal.retry_after_s})
+    g.voxfarm_key = key
+    _check_owner(f)
+
+
+def _check_owner(f) -> None:
+    """A job or book of another key answers as an unknown one does."""
+    args = request.view_args or {}
+    key = current_key()
+    if "job_id" in args and f.jobs.owner(args["job_id"]) not in (None, key.id):
+        raise ApiError(404, "job_not_found", f"no job with id '{args['job_id']}'")
+    if "book_id" in args and f.books.owner(args["book_id"]) not in (None, key.id):
+        raise ApiError(404, "book_not_found", f"no book with id '{args['book_id']}'")
