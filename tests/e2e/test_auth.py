@@ -1,0 +1,157 @@
+"""API keys, as a client of the served farm sees them (issue 11).
+
+Open while no key exists; once one does, every API route needs a live key (401), a key
+sees only its own jobs and books (404 for another's, the same answer as an unknown id),
+and its rate and running-work limits answer 429 with Retry-After. Probes stay open."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+import simple_websocket
+
+from tests.helpers import gunicorn_server, running_farm, wait_until
+from tests.wsclient import Client
+
+pytestmark = pytest.mark.e2e
+
+TEXT = "Only the key that asked may listen."
+
+
+@pytest.fixture(scope="module")
+def served(redis_url, tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("auth")
+    with running_farm(redis_url, 4, log_dir) as tf, \
+            gunicorn_server(tf.env, log_dir / "web.log") as base:
+        yield tf, base
+
+
+def bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def submit(base: str, headers: dict, text: str = TEXT) -> requests.Response:
+    return requests.post(f"{base}/v1/jobs", json={"text": text}, headers=headers, timeout=30)
+
+
+def wait_done(base: str, job_id: str, headers: dict) -> None:
+    wait_until(lambda: requests.get(f"{base}/v1/jobs/{job_id}", headers=headers, timeout=10)
+               .json()["state"] == "done", 120, f"job {job_id} not done")
+
+
+@pytest.fixture(scope="module")
+def keyed(served):
+    """The farm with keys: two tenants, and the moment the web has noticed."""
+    tf, base = served
+    assert submit(base, {}).status_code == 202  # no key yet: open
+    a, token_a = tf.farm.apikeys.create("tenant a")
+    _, token_b = tf.farm.apikeys.create("tenant b")
+    wait_until(lambda: submit(base, {}).status_code == 401, 10,
+               "the web still took a job without a key")
+    return tf, base, token_a, token_b
+
+
+def test_without_a_live_key_every_api_route_is_401_and_probes_stay_open(keyed):
+    tf, base, token_a, _ = keyed
+    resp = submit(base, {})
+    assert resp.status_code == 401
+    assert resp.json()["error"]["code"] == "unauthorized"
+    assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+    for path in ("/v1/voices", "/v1/stats", "/v1/jobs/abc", "/v1/books/abc"):
+        assert requests.get(f"{base}{path}", timeout=10).status_code == 401, path
+    wrong = token_a[:-2] + ("xy" if not token_a.endswith("xy") else "zz")
+    bad = submit(base, bearer(wrong))
+    assert bad.status_code == 401 and bad.json()["error"]["message"] == "the API key is not valid"
+    for path in ("/healthz", "/readyz"):
+        assert requests.get(f"{base}{path}", timeout=10).status_code == 200, path
+    # /metrics and /docs are behind a key only with VOXFARM_AUTH_OPS.
+    assert requests.get(f"{base}/metrics", timeout=10).status_code == 200
+
+
+def test_a_key_sees_its_own_jobs_and_another_keys_are_404(keyed):
+    _, base, token_a, token_b = keyed
+    resp = submit(base, bearer(token_a))
+    assert resp.status_code == 202, resp.text
+    job_id = resp.json()["id"]
+    mine = {"X-API-Key": token_a}  # the other header form
+    wait_done(base, job_id, mine)
+    assert requests.get(f"{base}/v1/jobs/{job_id}/audio", headers=mine,
+                        timeout=30).status_code == 200
+    unknown = requests.get(f"{base}/v1/jobs/0123456789abcdef", headers=bearer(token_b),
+                           timeout=10).json()
+    for path in ("", "/chunks", "/audio", "/captions", "/stream"):
+        theirs = requests.get(f"{base}/v1/jobs/{job_id}{path}", headers=bearer(token_b),
+                              timeout=10)
+        assert theirs.status_code == 404, (path, theirs.text)
+        assert theirs.json()["error"]["code"] == unknown["error"]["code"] == "job_not_found"
+    assert requests.delete(f"{base}/v1/jobs/{job_id}", headers=bearer(token_b),
+                           timeout=10).status_code == 404
+
+
+def test_a_keys_book_is_its_own_even_for_the_same_text(keyed):
+    _, base, token_a, token_b = keyed
+    book = {"title": "Mine", "author": "A", "chapters": [{"title": "One", "text": TEXT}]}
+    a = requests.post(f"{base}/v1/books", json=book, headers=bearer(token_a), timeout=30)
+    assert a.status_code == 202, a.text
+    assert requests.get(f"{base}/v1/books/{a.json()['id']}", headers=bearer(token_b),
+                        timeout=10).status_code == 404
+    b = requests.post(f"{base}/v1/books", json=book, headers=bearer(token_b), timeout=30)
+    assert b.status_code == 202 and b.json()["id"] != a.json()["id"]
+
+
+def test_the_openai_client_sends_its_key_as_a_bearer_token(keyed):
+    openai = pytest.importorskip("openai")
+    _, base, token_a, _ = keyed
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=token_a)
+    audio = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT,
+                                       response_format="wav")
+    assert len(audio.content) > 20_000
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{base}/v1", api_key="sk-not-a-key").audio.speech.create(
+            model="tts-1", voice="alloy", input=TEXT)
+
+
+def test_the_websocket_takes_the_key_at_its_handshake(keyed):
+    _, base, token_a, _ = keyed
+    url = base.replace("http", "ws") + "/v1/ws"
+    with pytest.raises(simple_websocket.ConnectionError) as refused:
+        Client.connect(url)
+    assert refused.value.status_code == 401
+    ws = Client.connect(url, headers=bearer(token_a))
+    try:
+        assert '"ready"' in ws.receive(timeout=10)
+    finally:
+        ws.close()
+
+
+def test_rate_and_running_work_limits_answer_429_with_retry_after(keyed):
+    tf, base, _, _ = keyed
+    _, slow = tf.farm.apikeys.create("tenant c", rate_per_min=3)
+    answers = [requests.get(f"{base}/v1/voices", headers=bearer(slow), timeout=10)
+               for _ in range(4)]
+    assert [r.status_code for r in answers] == [200, 200, 200, 429]
+    assert answers[-1].json()["error"]["code"] == "rate_limited"
+    assert 0 < int(answers[-1].headers["Retry-After"]) <= 60
+
+    _, one = tf.farm.apikeys.create("tenant d", max_active=1)
+    first = submit(base, bearer(one), " ".join([TEXT] * 6))
+    assert first.status_code == 202, first.text
+    second = submit(base, bearer(one))
+    assert second.status_code == 429, second.text
+    assert second.json()["error"]["code"] == "too_many_jobs"
+    assert int(second.headers["Retry-After"]) > 0
+    wait_done(base, first.json()["id"], bearer(one))
+    assert submit(base, bearer(one)).status_code == 202  # the finished one no longer counts
+
+
+def test_a_revoked_key_is_refused_at_once(keyed):
+    tf, base, _, _ = keyed
+    key, token = tf.farm.apikeys.create("tenant e")
+    assert requests.get(f"{base}/v1/voices", headers=bearer(token), timeout=10).ok
+    tf.farm.apikeys.revoke(key.id)
+    started = time.monotonic()
+    assert requests.get(f"{base}/v1/voices", headers=bearer(token),
+                        timeout=10).status_code == 401
+    assert time.monotonic() - started < 5
