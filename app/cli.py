@@ -235,6 +235,23 @@ def _configured_redis_url() -> str:
     return "" if url == Settings().redis_url else url
 
 
+def _access_line(redis_url: str, host: str) -> str:
+    """What `up` says of who may call the API: keys on, or open to whom."""
+    import redis
+
+    from app.apikeys import ApiKeys
+
+    try:
+        client = redis.Redis.from_url(redis_url, socket_timeout=5)
+        keys_on = ApiKeys(client, _settings().key_prefix).enabled()
+    except redis.RedisError as exc:
+        return f"API keys: could not read them from Redis ({exc})"
+    if keys_on:
+        return "API keys are on: every API request needs one (`voxfarm keys list`)"
+    who = "this machine only" if _is_loopback(host) else f"anyone who reaches {host}"
+    return f"no API keys: the API is open to {who}; `voxfarm keys create NAME` turns keys on"
+
+
 def _is_loopback(host: str) -> bool:
     import ipaddress
 
@@ -377,6 +394,7 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
             var, farmstate.new_state(web_url, redis_url, metrics, flower_url))
         click.echo(f"voxfarm on {web_url}  (Ctrl-C stops everything; where it listens: "
                    f"{state_file})")
+        click.echo(_access_line(redis_url, host))
         if flower_url:
             click.echo(f"Flower on {flower_url}")
         sup.run(stopping)
