@@ -106,8 +106,8 @@ class Farm:
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("supervised")
-    port, metrics_port = free_port(), free_run(5)
     pools = cli.worker_pools(cli.read_procfile())
+    port, metrics_port = free_port(), free_run(len(pools))
     with farm_up(cwd, ["--port", str(port), "--metrics-port", str(metrics_port)],
                  clean_env()) as up:
         wait_ready(f"http://127.0.0.1:{port}", up, cwd / "up.log", timeout_s=120)
@@ -129,6 +129,8 @@ def test_up_runs_the_procfiles_lines(farm):
     redis_address = farm.state["redis_url"].split("//")[1].split("/")[0]
     assert any(a[0].endswith(f"redis-server {redis_address}") for a in running), running
     assert len(running) == len(expected) + 1  # and nothing else
+    # No keys yet: the log says the API is open, and to whom.
+    assert "no API keys: the API is open to this machine only" in farm.log.read_text()
 
 
 def test_a_killed_redis_comes_back_on_its_port_with_its_data(farm):
