@@ -14,21 +14,7 @@ import pytest
 
 from app.embedded_redis import EmbeddedRedis
 from tests import brokers
-
-# ROOT, SR, assert_speech, wav_to_pcm and with_db are not used here: test files import the
-# helpers from tests.helpers, and these stay importable from here only for the files that
-# still do (tests/e2e/test_newcomer.py, tests/e2e/test_openapi_fuzz.py,
-# tests/integration/test_poison.py, tests/unit/test_apikeys.py) until their imports move.
-from tests.helpers import (  # noqa: F401
-    ROOT,
-    SR,
-    FarmUnderTest,
-    assert_speech,
-    gunicorn_server,
-    running_farm,
-    wav_to_pcm,
-    with_db,
-)
+from tests.helpers import FarmUnderTest, gunicorn_server, running_farm
 
 
 def pytest_report_header(config) -> str:

@@ -19,8 +19,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import wsclient
-from tests.conftest import ROOT, gunicorn_server, running_farm
 from tests.e2e.test_streaming import events_until, ws_url
+from tests.helpers import ROOT, gunicorn_server, running_farm
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.conftest import gunicorn_server, running_farm
+from tests.helpers import gunicorn_server, running_farm
 
 pytestmark = pytest.mark.e2e
 
