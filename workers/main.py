@@ -183,7 +183,11 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
         from app.metrics import start_metrics_server
 
         start_metrics_server(metrics_port, metrics_addr)
-    hostname = name or f"{queue}-{device.replace(':', '')}@{socket.gethostname()}"
+    # One name per pool and host, the same after a restart (a restarted worker hands back
+    # what its previous life held under that name: app/redelivery.py). The work mode is in
+    # it, so a host's interactive and batch pools of one stage never share a name.
+    mode = "" if work == "all" else f"-{work}"
+    hostname = name or f"{queue}{mode}-{device.replace(':', '')}@{socket.gethostname()}"
     # Celery prints a screenful on every start as root. What it guards against is pickle
     # (code execution from a message), and the farm accepts JSON only (app/celery_app.py);
     # `voxfarm up` says once that it runs as root.
