@@ -23,6 +23,7 @@ from models.acoustic import AcousticModel
 from models.hifigan import HifiganDecoder, Window, plan_windows
 from models.mel import MelConfig
 from models.piper_voice import (
+    Inference,
     PiperConfig,
     VoiceFileError,
     config_path_for,
@@ -91,9 +92,10 @@ class PiperVoice:
         noise_scale: float | None = None,
         noise_w: float | None = None,
         max_batch: int | None = None,
+        length_scale: float | None = None,
     ) -> VitsOutput:
         """Acoustic half for several segments at once; scales default to the config's and
-        ``speed`` divides its ``length_scale``. ``max_batch`` as in ``VitsAcoustic.infer``."""
+        ``speed`` divides the ``length_scale``. ``max_batch`` as in ``VitsAcoustic.infer``."""
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
         lengths = [len(ids) for ids in id_lists]
@@ -107,7 +109,8 @@ class PiperVoice:
             seeds=seeds,
             sid=None if speaker_id is None else [speaker_id] * len(id_lists),
             noise_scale=self.config.noise_scale if noise_scale is None else noise_scale,
-            length_scale=self.config.length_scale / speed,
+            length_scale=(self.config.length_scale if length_scale is None
+                          else length_scale) / speed,
             noise_w=self.config.noise_w if noise_w is None else noise_w,
             max_batch=max_batch,
         )
@@ -178,12 +181,16 @@ class _PiperHalf:
     model_prefix: ClassVar[str]
 
     def __init__(self, device: str | torch.device = "cpu", model_path: str | None = None,
-                 config_path: str | None = None) -> None:
+                 config_path: str | None = None, inference: Inference | None = None) -> None:
         self.device = torch.device(device)
         self.voice = load_piper_voice(model_path or default_voice_path(), config_path,
                                       self.device)
         self.mel_config = _latent_config(self.voice)
-        self.model_id = f"{self.model_prefix}-v{self.version}-{self.voice.model_id}"
+        # A voice version's overrides (app/canary.py): they change the latent, so they are
+        # part of the model id, hence of every cache key (and of the noise seed drawn from it).
+        self.inference = inference or Inference()
+        tag = f"~{self.inference.tag}" if self.inference.tag else ""
+        self.model_id = f"{self.model_prefix}-v{self.version}-{self.voice.model_id}{tag}"
 
     @classmethod
     def from_checkpoint(cls, path: str, device: str = "cpu", **kwargs: Any):
@@ -214,7 +221,8 @@ class PiperAcoustic(_PiperHalf, AcousticModel):
         """:meth:`synthesize`, and the frames of each phoneme id (``models.piper_voice.
         ids_and_positions`` says which symbol each id is): what word timestamps come from.
         The latent is the same as :meth:`synthesize`'s, bit for bit."""
-        out = self.voice.latents([self.voice.ids(phonemes)], [seed], speed, speaker)
+        out = self.voice.latents([self.voice.ids(phonemes)], [seed], speed, speaker,
+                                 **self.inference.as_dict())
         frames = int(out.frame_lengths[0])
         return out.z[0, :, :frames], [int(d) for d in out.durations[0].tolist()]
 
@@ -222,7 +230,8 @@ class PiperAcoustic(_PiperHalf, AcousticModel):
                          speed: float = 1.0, speaker: str | int | None = None
                          ) -> list[torch.Tensor]:
         """Latents for several segments in one padded batch; each as it would be alone."""
-        out = self.voice.latents([self.voice.ids(p) for p in phonemes], seeds, speed, speaker)
+        out = self.voice.latents([self.voice.ids(p) for p in phonemes], seeds, speed, speaker,
+                                 **self.inference.as_dict())
         return [out.z[i, :, : int(n)] for i, n in enumerate(out.frame_lengths.tolist())]
 
 

@@ -158,6 +158,31 @@ class PiperConfig:
         return index
 
 
+@dataclass(frozen=True)
+class Inference:
+    """Inference settings that override a voice config's (``None`` keeps the config's): what
+    a voice version may change without another file (app/canary.py). Changing them changes
+    what the acoustic half renders, so :attr:`tag` is part of its model id (and cache keys)."""
+
+    noise_scale: float | None = None
+    length_scale: float | None = None
+    noise_w: float | None = None
+
+    @property
+    def tag(self) -> str:
+        """"" for no override, else e.g. ``ns5-lsX-nwX`` (X: the config's)."""
+        values = (self.noise_scale, self.length_scale, self.noise_w)
+        if values == (None, None, None):
+            return ""
+        return "-".join(f"{name}{'X' if v is None else f'{v:g}'}"
+                        for name, v in zip(("ns", "ls", "nw"), values, strict=True))
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in (("noise_scale", self.noise_scale),
+                                  ("length_scale", self.length_scale),
+                                  ("noise_w", self.noise_w)) if v is not None}
+
+
 def piper_phonemes(text: str, espeak_voice: str) -> str:
     """IPA for ``text`` the way Piper's phonemizer writes it, punctuation included.
 

@@ -39,7 +39,7 @@ import espeakng_loader
 from models.errors import UnknownSpeaker, UnknownVoice
 from models.espeak import SAMPLE_RATE as ESPEAK_SAMPLE_RATE
 from models.espeak import get_engine
-from models.piper_voice import PiperConfig, VoiceFileError, config_path_for
+from models.piper_voice import Inference, PiperConfig, VoiceFileError, config_path_for
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,9 @@ class Voice:
     a Piper voice, which gets no number reading); ``base`` the espeak voice that phonemizes it
     (without the variant); ``engine`` ``"piper"`` or ``"espeak"``; ``model_path`` a Piper
     voice's ``.onnx``; ``speakers`` a multi-speaker voice's speaker names (or indices);
-    ``speaker`` the one asked for in ``NAME:SPEAKER``.
+    ``speaker`` the one asked for in ``NAME:SPEAKER``; ``version`` the voice version that
+    renders it (app/canary.py; "" for the voice's own file as offered) and ``inference`` that
+    version's overrides of the config's inference settings.
     """
 
     name: str
@@ -76,6 +78,8 @@ class Voice:
     model_path: str | None = None
     speakers: tuple[str, ...] = ()
     speaker: str | None = None
+    version: str = ""
+    inference: Inference = Inference()
 
     @property
     def voice_name(self) -> str:

@@ -78,10 +78,11 @@ def vocoder():
     return st["vocoder"]
 
 
-def _piper(kind: str, model_path: str):
-    """The Piper half `kind` ("acoustic" or "vocoder") of the voice file, loaded once."""
+def _piper(kind: str, model_path: str, inference=None):
+    """The Piper half `kind` ("acoustic" or "vocoder") of the voice file, loaded once (once
+    per set of `inference` overrides: a voice version's, app/canary.py)."""
     st = _mine()
-    key = f"piper-{kind}:{model_path}"
+    key = f"piper-{kind}:{model_path}:{inference.tag if inference else ''}"
     if key not in st:
         with _lock:
             if key not in st:
@@ -90,8 +91,9 @@ def _piper(kind: str, model_path: str):
                 from models.piper_voice import VoiceFileError
 
                 cls = PiperAcoustic if kind == "acoustic" else PiperVocoder
+                extra = {"inference": inference} if inference else {}
                 try:
-                    st[key] = cls(device=device(), model_path=model_path)
+                    st[key] = cls(device=device(), model_path=model_path, **extra)
                 except VoiceFileError as exc:  # final: a retry reads the same broken file
                     raise VoiceUnavailable(f"the voice cannot be loaded: {exc}") from exc
     return st[key]
@@ -101,7 +103,9 @@ def acoustic_for(voice):
     """The acoustic model that renders `voice` (a models.voices.Voice)."""
     from models.voices import PIPER
 
-    return _piper("acoustic", voice.model_path) if voice.engine == PIPER else acoustic_model()
+    if voice.engine != PIPER:
+        return acoustic_model()
+    return _piper("acoustic", voice.model_path, voice.inference)
 
 
 def vocoder_for(voice):
