@@ -132,8 +132,16 @@ class ChunkFollower:
         if self.ended:
             return []
         wait_s = max(0.0, min(wait_s, self._last_progress + self.idle_s - time.monotonic()))
-        job, chunks = self.farm.jobs.wait_for_chunks(self.job_id, self.cursor, wait_s,
-                                                     CHUNKS_PER_WAIT)
+        try:
+            job, chunks = self.farm.jobs.wait_for_chunks(self.job_id, self.cursor, wait_s,
+                                                         CHUNKS_PER_WAIT)
+        except redis.RedisError:
+            # Redis restarting (seconds, under `voxfarm up`): a stream already under way
+            # waits it out within its idle deadline instead of cutting a listener's audio.
+            if time.monotonic() - self._last_progress >= self.idle_s:
+                raise
+            time.sleep(max(0.1, min(1.0, wait_s)))
+            return []
         if job is None:
             self._end("expired")
             return []

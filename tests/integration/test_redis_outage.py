@@ -7,13 +7,15 @@ stored exactly once."""
 
 from __future__ import annotations
 
+import threading
 import time
 
+import numpy as np
 import pytest
 import requests
 
 from app.embedded_redis import EmbeddedRedis
-from tests.helpers import gunicorn_server, running_farm, wait_book, wait_until
+from tests.helpers import assert_speech, gunicorn_server, running_farm, wait_book, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +43,13 @@ def test_redis_away_for_30_s_the_web_says_503_and_the_farm_resumes_by_itself(tmp
             wait_until(lambda: requests.get(f"{base}/v1/books/{book_id}", timeout=10)
                        .json()["segments"]["done"] >= 2, 120, "the book never started")
 
+            # A listener mid-stream when Redis goes: the stream waits the outage out.
+            streamed: dict = {}
+            stream = threading.Thread(target=_listen, daemon=True,
+                                      args=(base, " ".join(SENTENCES * 3), streamed))
+            stream.start()
+            wait_until(lambda: streamed.get("bytes", 0) > 0, 60, "the stream never started")
+
             server.stop()  # everything in memory was written to its AOF first
             gone_at = time.monotonic()
             answers = []
@@ -65,6 +74,11 @@ def test_redis_away_for_30_s_the_web_says_503_and_the_farm_resumes_by_itself(tmp
             wait_until(lambda: requests.get(f"{base}/v1/jobs/{job_id}", timeout=10)
                        .json()["state"] == "done", 60 - (time.monotonic() - back_at),
                        "the workers did not consume again within 60 s of Redis returning")
+            stream.join(120)
+            assert streamed.get("status") == 200 and "error" not in streamed, streamed
+            assert streamed["ended_at"] > back_at, "the stream ended before the outage did"
+            pcm = np.frombuffer(streamed["audio"], dtype="<i2")
+            assert_speech(pcm, 3 * sum(len(t.split()) for t in SENTENCES))
             done = wait_book(base, book_id, timeout_s=240)
             assert done["segments"]["done"] == done["segments"]["total"]
             # Each segment stored exactly once: the done bitmap counts what the book holds.
@@ -74,6 +88,21 @@ def test_redis_away_for_30_s_the_web_says_503_and_the_farm_resumes_by_itself(tmp
             assert len(files) == len(set(files)) == done["segments"]["total"]
     finally:
         server.stop()
+
+
+def _listen(base: str, text: str, out: dict) -> None:
+    """Stream `text` as raw PCM from the OpenAI endpoint into `out`, as a player would."""
+    try:
+        with requests.post(f"{base}/v1/audio/speech", stream=True, timeout=150, json={
+                "model": "tts-1", "input": text, "voice": "alloy",
+                "response_format": "pcm"}) as resp:
+            out["status"], audio = resp.status_code, bytearray()
+            for block in resp.iter_content(4096):
+                audio += block
+                out["bytes"] = len(audio)
+            out["audio"], out["ended_at"] = bytes(audio), time.monotonic()
+    except requests.RequestException as exc:
+        out["error"] = repr(exc)
 
 
 def _accepted(base: str) -> dict | None:
