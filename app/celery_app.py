@@ -44,12 +44,16 @@ BOOK_QUEUE = "book"
 ACOUSTIC_BATCH_QUEUE = "acoustic_batch"
 VOCODER_BATCH_QUEUE = "vocoder_batch"
 BATCH_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_BATCH_QUEUE, VOCODER_QUEUE: VOCODER_BATCH_QUEUE}
+# The voice canary's judge (tasks/quality.py): a low-priority pool of its own (`--nice`) that
+# scores a sample of finished segments; nothing a listener waits on.
+QUALITY_QUEUE = "quality"
 # What each pool consumes, most urgent first (a CPU pool also takes its stage's overflow
 # queue, below).
 WORKER_QUEUES = {
     ACOUSTIC_QUEUE: (ACOUSTIC_QUEUE, ACOUSTIC_BATCH_QUEUE),
     VOCODER_QUEUE: (VOCODER_QUEUE, VOCODER_BATCH_QUEUE),
     BOOK_QUEUE: (BOOK_QUEUE,),
+    QUALITY_QUEUE: (QUALITY_QUEUE,),
 }
 # The GPU memory rule (tasks/segments.py): a GPU worker short of device memory hands the
 # segment's stage to its overflow queue, which only pools without that limit (CPU pools)
@@ -59,16 +63,18 @@ ACOUSTIC_OVERFLOW_QUEUE = "acoustic_cpu"
 VOCODER_OVERFLOW_QUEUE = "vocoder_cpu"
 OVERFLOW_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_OVERFLOW_QUEUE, VOCODER_QUEUE: VOCODER_OVERFLOW_QUEUE}
 ALL_QUEUES = (*QUEUES, ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE, BOOK_QUEUE,
-              ACOUSTIC_OVERFLOW_QUEUE, VOCODER_OVERFLOW_QUEUE)
+              ACOUSTIC_OVERFLOW_QUEUE, VOCODER_OVERFLOW_QUEUE, QUALITY_QUEUE)
 
 BOOK_PREPARE_TASK = "voxfarm.book.prepare"
 BOOK_FEED_TASK = "voxfarm.book.feed"
 BOOK_ASSEMBLE_TASK = "voxfarm.book.assemble"
+QUALITY_TASK = "voxfarm.quality.score"
 
 TASK_ROUTES = {
     "voxfarm.acoustic.*": {"queue": ACOUSTIC_QUEUE},
     "voxfarm.vocoder.*": {"queue": VOCODER_QUEUE},
     "voxfarm.book.*": {"queue": BOOK_QUEUE},
+    "voxfarm.quality.*": {"queue": QUALITY_QUEUE},
 }
 
 

@@ -18,11 +18,13 @@ from app.apikeys import ApiKey, ApiKeys, LimitExceeded
 from app.artifacts import SealedStore, open_store
 from app.books import BookStore
 from app.broker import broker_queues
+from app.canary import Canary
 from app.celery_app import (
     ACOUSTIC_QUEUE,
     ALL_QUEUES,
     BATCH_QUEUES,
     OVERFLOW_QUEUES,
+    QUALITY_QUEUE,
     QUEUES,
     make_celery,
 )
@@ -96,6 +98,8 @@ class Farm:
         self.books = BookStore(self.redis, self.keys, self.store)
         self.apikeys = ApiKeys(self.redis, settings.key_prefix, settings.key_rate_per_min,
                                settings.key_max_active)
+        # Voice versions and the quality canary: which version renders a job (app/canary.py).
+        self.canary = Canary(self.redis, self.keys, settings)
         self.celery = celery or make_celery(settings)
 
     # -- submission (the publishing itself is app/queueing.py's) ------------------------------
@@ -110,7 +114,8 @@ class Farm:
         job = queueing.submit(self.celery, self.jobs, segments, admit=self._admit,
                               voice=voice, speed=speed, fmt=fmt, chars=chars,
                               sample_rate=sample_rate, request_id=request_id,
-                              owner=key.id if key else "")
+                              owner=key.id if key else "",
+                              version_for=self.canary.version_for)
         if key:
             self.apikeys.started(key, job["id"])
         return job
@@ -263,16 +268,22 @@ class Farm:
         # apart, and never a warning. A stage whose every worker is short of GPU memory is a
         # warning, not a 503: the web must stay in the balancer to answer 507 to new jobs.
         overflow = set(OVERFLOW_QUEUES.values())
-        live = {q: self.live_workers(q) for q in ALL_QUEUES if q not in overflow}
+        # The quality pool is reported apart too (`quality`): it only matters while a voice
+        # has a canary, which warns when nothing judges it.
+        live = {q: self.live_workers(q) for q in ALL_QUEUES
+                if q not in overflow and q != QUALITY_QUEUE}
+        quality = len(self.live_workers(QUALITY_QUEUE))
         missing = [q for q in QUEUES if not live[q]]
         short = {q: len(self.short_workers(q) & set(live[q])) for q in QUEUES}
         return {"ready": not missing, "redis": "ok",
                 "workers": {q: len(w) for q, w in live.items()},
                 "cpu_overflow": {q: len(self.live_workers(q)) for q in OVERFLOW_QUEUES.values()},
                 "short_of_memory": short,
+                "quality": quality,
                 "missing": [f"no live worker on queue '{q}'" for q in missing],
                 "warnings": [f"no live worker on queue '{q}': its work waits until one "
                              "starts" for q, w in live.items() if not w and q not in QUEUES]
                 + [f"every live worker on queue '{q}' is short of GPU memory and no CPU pool "
                    "takes its overflow: new jobs are refused (507)"
-                   for q in self.memory_exhausted()]}
+                   for q in self.memory_exhausted()]
+                + self.canary.unjudged_warnings(quality)}

@@ -386,6 +386,23 @@ class JobStore:
                 break  # the job failed: nothing after it is wanted
         return chunks + [None] * (len(fields) - len(chunks))
 
+    def segment_pcm(self, job_id: str, segment: int) -> bytes | None:
+        """Segment `segment`'s whole audio (its windows joined, its pause included), or None
+        while a window is missing (or expired, or fails to open). For the voice canary's
+        quality pool (tasks/quality.py), which scores what a listener got."""
+        raw = self.r.hget(self.keys.windows(job_id), segment)
+        if raw is None:
+            return None
+        names = [f"{segment}:{w}" for w in range(int(raw.split(b":")[0]))]
+        pieces = []
+        for name, sealed in zip(names, self.r.hmget(self.keys.chunks(job_id), names),
+                                strict=True):
+            pcm = self._open_chunk(job_id, name, sealed)
+            if pcm is None:
+                return None
+            pieces.append(pcm)
+        return b"".join(pieces)
+
     def last_event_id(self, job_id: str) -> bytes:
         last = self.r.xrevrange(self.keys.events(job_id), count=1)
         return last[0][0] if last else b"0-0"

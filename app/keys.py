@@ -19,6 +19,13 @@ Layout (prefix `vf` by default):
     {p}:jobs:unpublished  zset   job id -> creation time, until all its segments are queued
     {p}:book:{id}         hash   the book record (state, per-chapter progress, feed cursor)
     {p}:book:{id}:done    bitmap bit n set once segment n (book-wide ordinal) is stored
+    {p}:voices            set    voices that have versions (app/canary.py)
+    {p}:voice:{name}      hash   live, candidate (version ids), share, seq
+    {p}:voice:{name}:versions  hash  version id -> JSON record (file, inference, state)
+    {p}:voice:{name}:decisions stream the canary's decision log (figures and reasons)
+    {p}:voice:{name}:{v}:stats   hash  a version's segments, failures and score sums
+    {p}:voice:{name}:{v}:scored  set   "job:segment" scored (a redelivered score counts once)
+    {p}:voice:{name}:{v}:latency:{stage} list  recent run seconds of the stage, newest first
 """
 
 from __future__ import annotations
@@ -81,3 +88,25 @@ class Keys:
     @property
     def stats(self) -> str:
         return f"{self.prefix}:stats"
+
+    @property
+    def versioned_voices(self) -> str:
+        return f"{self.prefix}:voices"
+
+    def voice(self, name: str) -> str:
+        return f"{self.prefix}:voice:{name}"
+
+    def voice_versions(self, name: str) -> str:
+        return f"{self.prefix}:voice:{name}:versions"
+
+    def voice_decisions(self, name: str) -> str:
+        return f"{self.prefix}:voice:{name}:decisions"
+
+    def version_stats(self, name: str, version: str) -> str:
+        return f"{self.prefix}:voice:{name}:{version}:stats"
+
+    def version_scored(self, name: str, version: str) -> str:
+        return f"{self.prefix}:voice:{name}:{version}:scored"
+
+    def version_latency(self, name: str, version: str, stage: str) -> str:
+        return f"{self.prefix}:voice:{name}:{version}:latency:{stage}"

@@ -115,6 +115,25 @@ SEGMENTS_REROUTED = Counter(
     "Segment stages a worker short of GPU memory did not run, by where they went.",
     ["stage", "reason", "to"])
 
+# The voice canary (app/canary.py): each version's segments by outcome (from the segment
+# workers), the quality pool's running figures per version (mostrecent: the figure is the
+# farm-wide one read back from Redis, whichever process wrote it last), and every decision
+# the rule or an operator took.
+CANARY_SEGMENTS = Counter(
+    "voxfarm_canary_segments_total",
+    "Segments of a versioned voice by version and outcome (ok, failed).",
+    ["voice", "version", "outcome"])
+CANARY_SCORE = Gauge(
+    "voxfarm_canary_score",
+    "A voice version's judged figure: wer, clipping, silence, loudness_dbfs, failure_ratio, "
+    "p99_seconds_<stage>, scored.",
+    ["voice", "version", "figure"], multiprocess_mode="mostrecent")
+CANARY_DECISIONS = Counter(
+    "voxfarm_canary_decisions_total",
+    "Canary decisions by voice and action (promote, rollback, start) and who took them "
+    "(rule, operator).",
+    ["voice", "decision", "by"])
+
 
 class FarmCollector:
     """Queue depth and live workers per queue, read from Redis at scrape time."""

@@ -55,6 +55,8 @@ class SegmentSpec:
     # [word, phoneme start, phoneme end, text start, text end] per spoken word (the
     # frontend's models.words.WordSpan); the vocoder stage turns them into timestamps.
     words: list = field(default_factory=list)
+    # The voice version that renders it (app/canary.py); "" for a voice without versions.
+    version: str = ""
 
 
 # -- jobs ------------------------------------------------------------------------------------
@@ -62,7 +64,8 @@ class SegmentSpec:
 
 def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callable[[], None],
            voice: str, speed: float, fmt: str, chars: int, sample_rate: int,
-           request_id: str = "", owner: str = "") -> dict:
+           request_id: str = "", owner: str = "",
+           version_for: Callable[[str, str], str] | None = None) -> dict:
     """Create the job and enqueue its segments as `segments` yields them.
 
     Publish as you go: segment 0 is on the acoustic queue while the frontend still works
@@ -76,7 +79,9 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
     a segment in time (the job is marked failed with the reason). Anything `segments` raises
     before its first segment propagates with nothing written; after it, the job is failed
     first. A web process killed mid-way leaves the job in the unpublished set, where
-    `JobStore.sweep_unpublished` finds it.
+    `JobStore.sweep_unpublished` finds it. `version_for(voice, job_id)` names the voice
+    version each segment is rendered with (the canary's split); asked once per job and voice,
+    so one job never mixes versions of a voice.
     """
     segments = iter(segments)
     first = next(segments, None)
@@ -84,6 +89,7 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
         raise ValueError("no segments to submit")
     admit()
     job_id, count = None, 0
+    versions: dict[str, str] = {}  # voice -> the version this job renders it with
     try:
         for seg in itertools.chain([first], segments):
             if job_id is None:
@@ -91,10 +97,13 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
                                      sample_rate=sample_rate, request_id=request_id,
                                      owner=owner)["id"]
             # SSML may give a segment its own voice and rate (models.ssml).
-            spec = SegmentSpec(job_id, seg.index, seg.phonemes,
-                               getattr(seg, "voice", None) or voice,
+            seg_voice = getattr(seg, "voice", None) or voice
+            if version_for is not None and seg_voice not in versions:
+                versions[seg_voice] = version_for(seg_voice, job_id)
+            spec = SegmentSpec(job_id, seg.index, seg.phonemes, seg_voice,
                                round(speed * getattr(seg, "rate", 1.0), 4), seg.pause_ms,
-                               [w.to_list() for w in getattr(seg, "words", ())])
+                               [w.to_list() for w in getattr(seg, "words", ())],
+                               versions.get(seg_voice, ""))
             try:
                 publish_segments(celery, [asdict(spec)])
             except Exception as exc:  # broker down, pool exhausted, publish timed out

@@ -155,6 +155,27 @@ class Settings:
     # Parsed when the settings are built, so a bad keyring stops the process at boot.
     at_rest_keys: str = ""
 
+    # The voice canary (app/canary.py, docs/models.md "Voice versions and the canary"): the
+    # share of interactive jobs a voice's candidate version renders (sticky per job: a hash of
+    # the job id), and the share of finished segments of both versions the quality pool
+    # scores. 5% is the deployment checklist's canary; scoring a fifth keeps the quality pool
+    # (pocketsphinx, about 0.1 s of CPU a segment) far behind the voice pools in cost.
+    canary_share: float = 0.05
+    canary_sample_share: float = 0.2
+    # The decision rule (app/canary.py `decide`): promote once both versions have this many
+    # scored segments, if the candidate's word error rate is at most this much above live's
+    # (absolute), its clipping and silence shares at most these much above, and each stage's
+    # p99 run time at most this many times live's (differences under the slack ignored: a
+    # cache hit's 2 ms against 3 ms is no regression). Roll back past any of them, and at
+    # once when its segments' failure ratio passes the last.
+    canary_min_scored: int = 20
+    canary_max_wer_increase: float = 0.02
+    canary_max_clipping_increase: float = 0.01
+    canary_max_silence_increase: float = 0.15
+    canary_max_latency_ratio: float = 1.2
+    canary_latency_slack_s: float = 0.05
+    canary_max_failure_ratio: float = 0.01
+
     def __post_init__(self) -> None:
         if self.at_rest_keys.strip():
             from app.sealing import parse_keyring

@@ -151,6 +151,9 @@ class _Plans:
         self.farm, self.rec = farm, rec
         self.offsets = [c["offset"] for c in rec["chapter_list"]]
         self.cache: dict[int, list[dict]] = {}
+        # A book renders each voice's live version (app/canary.py: the canary's split is for
+        # interactive jobs), read once per feed.
+        self.live: dict[str, str] = {}
 
     def spec(self, seq: int) -> dict:
         chapter = bisect_right(self.offsets, seq) - 1
@@ -158,11 +161,14 @@ class _Plans:
             self.cache = {chapter: json.loads(self.farm.store.get(
                 plan_key(self.rec["id"], chapter)))}
         seg = self.cache[chapter][seq - self.offsets[chapter]]
+        voice = seg.get("voice") or self.rec["voice"]
+        if voice not in self.live:
+            self.live[voice] = self.farm.canary.live_version(voice)
         return {"book_id": self.rec["id"], "seq": seq, "chapter": chapter,
                 "index": seg["index"], "phonemes": seg["phonemes"], "text": seg["text"],
-                "voice": seg.get("voice") or self.rec["voice"],
-                "speed": round(self.rec["speed"] * seg.get("rate", 1.0), 4),
-                "pause_ms": seg["pause_ms"], "words": seg.get("words", [])}
+                "voice": voice, "speed": round(self.rec["speed"] * seg.get("rate", 1.0), 4),
+                "pause_ms": seg["pause_ms"], "words": seg.get("words", []),
+                **({"version": self.live[voice]} if self.live[voice] else {})}
 
 
 @shared_task(name=BOOK_FEED_TASK, base=BookTask, bind=True)

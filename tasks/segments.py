@@ -28,8 +28,8 @@ from app.melcache import mel_cache_key
 from app.queueing import hand_over, publish_again
 from app.states import JobState
 from models.errors import SpeechError
-from models.voices import PIPER, get_voice
-from tasks import books, runtime
+from models.voices import PIPER
+from tasks import books, canary, runtime
 from tasks.base import FarmTask, NoRoom
 
 log = logging.getLogger("voxfarm.tasks")
@@ -100,7 +100,9 @@ def synthesize(self: SegmentTask, spec: dict, reroutes: int = 0, **_: object) ->
             raise Ignore()
     elif farm.jobs.mark_running(spec["job_id"])[1] in _STOPPED:
         raise Ignore()  # canceled, failed or expired: the rest of the chain never runs
-    voice = get_voice(spec["voice"])  # UnknownVoice is a SpeechError: the job fails at once
+    # UnknownVoice is a SpeechError: the job fails at once. The spec's voice version (the
+    # canary's) picks the file and inference settings.
+    voice = canary.voice_for(farm, spec)
     model = runtime.acoustic_for(voice)
     # The key names the model, so a hit is always this model's features; the speaker is part
     # of the voice name ("NAME:SPEAKER").
@@ -109,6 +111,7 @@ def synthesize(self: SegmentTask, spec: dict, reroutes: int = 0, **_: object) ->
     # timestamps, hit or miss: a neural voice's frames per phoneme id, eSpeak's word starts.
     timed = voice.engine == PIPER or hasattr(model, "synthesize_timed")
     hit = farm.mel_cache.touch(digest, durations=timed)
+    self.request.mel_cache_hit = hit  # the canary times a version's model on misses only
     if not hit:
         _run_here_or_hand_over(self, ACOUSTIC_QUEUE, spec, (spec,), {}, reroutes)
         from models.mel import mel_to_bytes
@@ -159,7 +162,7 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
                            {"regenerations": regenerations}, reroutes)
     from models.mel import mel_from_bytes
 
-    voice = get_voice(spec["voice"])
+    voice = canary.voice_for(farm, spec)
     vocoder = runtime.vocoder_for(voice)
     features = mel_from_bytes(blob).to(vocoder.device)
     pause = np.zeros(int(vocoder.sample_rate * spec["pause_ms"] / 1000), dtype=np.float32)

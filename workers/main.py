@@ -31,6 +31,7 @@ from app.celery_app import (
     BATCH_QUEUES,
     BOOK_QUEUE,
     OVERFLOW_QUEUES,
+    QUALITY_QUEUE,
     WORKER_QUEUES,
     make_celery,
 )
@@ -59,7 +60,11 @@ def build_worker_app(settings: Settings | None = None) -> Celery:
     celery.conf.task_publish_retry_policy = {"max_retries": 12, "interval_start": 0.5,
                                              "interval_step": 0.5, "interval_max": 2}
     import tasks.books  # noqa: F401  (book orchestration; the segment tasks call it too)
+    import tasks.quality  # noqa: F401  (the voice canary's scoring, on the quality pool)
     import tasks.segments  # noqa: F401  (registers the shared tasks on this app)
+    from tasks import canary
+
+    canary.install()  # each voice version's segments, failures and samples to score
 
     return celery
 
@@ -217,7 +222,7 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
         # After the fork (prefork) or in the only process (solo): load the model this pool
         # runs and run it once, so the first segment pays for neither (the first torch call
         # of a process allocates its thread pool and caches, ~100x a warm call).
-        if queue != BOOK_QUEUE:  # the book pool runs no model
+        if queue not in (BOOK_QUEUE, QUALITY_QUEUE):  # these pools run no voice model
             runtime.warm_up(queue)
         if memory_ruled:
             watch_memory(queue, hostname)

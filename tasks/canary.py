@@ -1,0 +1,104 @@
+"""The voice canary in the segment workers (app/canary.py holds the store and the rule).
+
+* `voice_for(farm, spec)`: the voice a segment spec renders with, its version's file and
+  inference overrides applied (both stages call it, so they agree).
+* `install()` connects two task signals in every worker process: around each segment stage
+  of a versioned voice it counts the version's segments and failures and keeps its run times
+  (an acoustic stage's only when it ran the model: a cache hit times Redis, not the version);
+  after a vocoder stage, while the voice has a candidate, it sends a sampled share of the
+  finished segments (both versions) to the quality pool (tasks/quality.py); a candidate's
+  failure runs the rule at once (its failure ratio rolls it back without waiting for scores).
+
+Runs in the forked pool processes of the acoustic and vocoder workers, in the task's own
+thread, after its body; nothing here fails a segment (errors are logged).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import replace
+
+from celery import signals
+
+from app import metrics
+from app.canary import voice_key
+from app.celery_app import QUALITY_TASK
+from models.voices import PIPER, Voice, get_voice
+from tasks import runtime
+
+log = logging.getLogger("voxfarm.canary")
+
+_STAGES = {"voxfarm.acoustic.synthesize": "acoustic", "voxfarm.vocoder.render": "vocoder"}
+_started: dict[str, float] = {}  # task id -> perf_counter at its start
+
+
+def voice_for(farm, spec: dict) -> Voice:
+    """The voice `spec` names, rendered by the version it carries: the version's file (if it
+    has one) and inference overrides. A spec without a version (a voice without versions,
+    a message from before them) is the voice as offered; an unknown version too, logged."""
+    voice = get_voice(spec["voice"])
+    version_id = spec.get("version")
+    if not version_id or voice.engine != PIPER:
+        return voice
+    version = farm.canary.version(voice.voice_name, version_id)
+    if version is None:
+        log.warning("voice %s has no version %s; rendering the voice as offered",
+                    voice.voice_name, version_id)
+        return voice
+    return replace(voice, model_path=version.file or voice.model_path, version=version.id,
+                   inference=version.inference)
+
+
+def _spec(args) -> dict | None:
+    spec = next((a for a in args or () if isinstance(a, dict) and "voice" in a), None)
+    return spec if spec and spec.get("version") else None
+
+
+def _prerun(task_id: str, task, args=None, **_: object) -> None:
+    if task.name in _STAGES and _spec(args):
+        _started[task_id] = time.perf_counter()
+
+
+def _postrun(task_id: str, task, args=None, state=None, **_: object) -> None:
+    started = _started.pop(task_id, None)
+    stage = _STAGES.get(task.name)
+    spec = _spec(args)
+    if stage is None or spec is None or state not in ("SUCCESS", "FAILURE"):
+        return
+    # An acoustic cache hit ran no model: timing it would compare a warm version's cache
+    # with a new one's model (a new version starts cold), not the two models.
+    if started is not None and not getattr(task.request, "mel_cache_hit", False):
+        run_s = time.perf_counter() - started
+    else:
+        run_s = None
+    try:
+        observe(task.app, stage, spec, state == "SUCCESS", run_s)
+    except Exception:  # the canary never fails a segment
+        log.warning("canary bookkeeping failed", exc_info=True)
+
+
+def observe(celery, stage: str, spec: dict, ok: bool, run_s: float | None) -> None:
+    """A segment stage of a versioned voice finished (`ok`) or failed for good."""
+    farm = runtime.farm(celery)
+    voice, version = voice_key(spec["voice"]), spec["version"]
+    farm.canary.record_segment(voice, version, stage, ok, run_s)
+    if not ok or stage == "vocoder":
+        metrics.CANARY_SEGMENTS.labels(voice, version, "ok" if ok else "failed").inc()
+    live, candidate, _ = farm.canary.state(voice)
+    if not candidate:
+        return
+    if not ok and version == candidate:
+        farm.canary.judge(voice)  # the failure ratio rolls it back at once
+    elif ok and stage == "vocoder" and "job_id" in spec and version in (live, candidate) \
+            and spec.get("words") and random.random() < farm.settings.canary_sample_share:
+        text = " ".join(str(word[0]) for word in spec["words"])
+        celery.send_task(QUALITY_TASK, args=(voice, version, spec["job_id"], spec["index"],
+                                             text))
+
+
+def install() -> None:
+    """Connect the hooks (idempotent)."""
+    signals.task_prerun.connect(_prerun, weak=False, dispatch_uid="voxfarm.canary.prerun")
+    signals.task_postrun.connect(_postrun, weak=False, dispatch_uid="voxfarm.canary.postrun")

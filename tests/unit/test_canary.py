@@ -1,0 +1,206 @@
+"""The voice canary's pure parts (the split, the rule, the scores) and its store on a real
+Redis: versions, the sticky split, promote and rollback applied once, the decision log."""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import numpy as np
+import pytest
+import redis
+
+from app.canary import (
+    CANDIDATE,
+    LIVE,
+    PROMOTE,
+    RETIRED,
+    ROLLBACK,
+    WAIT,
+    Canary,
+    CanaryError,
+    Figures,
+    Rule,
+    check_candidate,
+    decide,
+    p99,
+    share_point,
+)
+from app.keys import Keys
+from app.queueing import SegmentSpec
+from app.settings import Settings
+from models.piper_voice import Inference
+from models.quality import signal_checks, word_errors
+from tests.helpers import with_db
+
+VOICE = "en_us-joe-medium"
+RULE = Rule(min_scored=10)
+
+
+def figures(scored=10, errors=5, words=100, clipping=0.0, silence=0.2, segments=100, failed=0,
+            acoustic=0.2, vocoder=0.3) -> Figures:
+    return Figures(scored=scored, wer_errors=errors, wer_words=words,
+                   clipping_sum=clipping * scored, silence_sum=silence * scored,
+                   loudness_sum=-20.0 * scored, segments=segments, failed=failed,
+                   p99_s={"acoustic": acoustic, "vocoder": vocoder})
+
+
+# -- the split and the rule ----------------------------------------------------------------
+
+
+def test_the_split_is_a_stable_hash_of_the_job_and_about_the_share():
+    ids = [uuid.uuid4().hex for _ in range(4000)]
+    assert [share_point(i) for i in ids] == [share_point(i) for i in ids]
+    assert all(0.0 <= share_point(i) < 1.0 for i in ids)
+    assert abs(sum(share_point(i) < 0.05 for i in ids) / len(ids) - 0.05) < 0.015
+
+
+def test_an_equal_candidate_is_promoted_once_both_have_enough_scores():
+    live = figures()
+    assert decide(RULE, live, figures(scored=9)).action == WAIT
+    assert decide(RULE, figures(scored=3), figures()).action == WAIT
+    decision = decide(RULE, live, figures(errors=7))  # +0.02: on the margin, not past it
+    assert decision.action == PROMOTE
+    assert any(r.startswith("WER 0.070 vs live 0.050") for r in decision.reasons)
+
+
+@pytest.mark.parametrize("candidate, reason", [
+    (figures(errors=8), "WER 0.080 vs live 0.050"),
+    (figures(clipping=0.05), "clipping"),
+    (figures(silence=0.5), "silence"),
+    (figures(vocoder=0.5), "vocoder p99 0.500 s vs live 0.300 s"),
+])
+def test_a_worse_candidate_is_rolled_back_saying_why(candidate, reason):
+    decision = decide(RULE, figures(), candidate)
+    assert decision.action == ROLLBACK
+    assert any(r.startswith(reason) for r in decision.reasons), decision.reasons
+
+
+def test_latency_within_the_slack_is_no_regression():
+    # 1.5x slower, but 10 ms in all: a cache hit's jitter, not a slower model.
+    assert decide(RULE, figures(acoustic=0.02), figures(acoustic=0.03)).action == PROMOTE
+
+
+def test_failures_roll_back_at_once_without_waiting_for_scores():
+    decision = decide(RULE, figures(), figures(scored=0, segments=50, failed=1))
+    assert decision.action == ROLLBACK
+    assert decision.reasons[0].startswith("failure ratio 0.020 (1 of 51 segments) > 0.01")
+    assert decide(RULE, figures(), figures(scored=0, segments=200, failed=1)).action == WAIT
+
+
+def test_p99_is_the_nearest_rank():
+    assert p99([]) is None
+    assert p99([0.5]) == 0.5
+    assert p99([float(i) for i in range(1, 201)]) == 198.0
+
+
+def test_inference_overrides_name_themselves_for_the_model_id():
+    assert Inference().tag == ""
+    assert Inference(noise_scale=5).tag == "ns5-lsX-nwX"
+    assert Inference(length_scale=0.2, noise_w=0.1).as_dict() == {"length_scale": 0.2,
+                                                                  "noise_w": 0.1}
+
+
+def test_a_segment_spec_carries_its_version():
+    assert SegmentSpec("j", 0, "a", VOICE, 1.0, 0).version == ""
+
+
+# -- scores -----------------------------------------------------------------------------------
+
+
+def test_signal_checks_tell_clipping_silence_and_loudness():
+    rate = 16000
+    t = np.arange(rate) / rate
+    tone = (0.1 * np.sin(2 * np.pi * 220 * t) * 32767).astype(np.int16)
+    quiet = np.zeros(rate, dtype=np.int16)
+    checks = signal_checks(np.concatenate([tone, quiet]), rate)
+    assert checks.clipping == 0.0
+    assert checks.silence == pytest.approx(0.5, abs=0.02)
+    assert checks.loudness_dbfs == pytest.approx(20 * math.log10(0.1 / math.sqrt(2)), abs=0.2)
+    clipped = signal_checks(np.clip(tone.astype(np.int32) * 20, -32768, 32767), rate)
+    assert clipped.clipping > 0.5
+    assert signal_checks(quiet, rate).loudness_dbfs == -math.inf
+
+
+def test_word_errors_ignore_case_and_punctuation():
+    assert word_errors("Thank you, very much!", "thank you very much") == (0, 4)
+    assert word_errors("the park", "a park today") == (2, 2)
+
+
+# -- the store ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def canary(redis_url) -> Canary:
+    r = redis.Redis.from_url(with_db(redis_url, 4))
+    return Canary(r, Keys(f"canary-{uuid.uuid4().hex[:8]}"), Settings().with_(
+        canary_share=0.5, canary_min_scored=2))
+
+
+def test_a_voice_without_versions_renders_as_offered(canary):
+    assert canary.version_for(VOICE, "job") == ""
+    assert canary.voices() == []
+    assert canary.promote(VOICE) is None and canary.rollback(VOICE) is None
+
+
+def test_a_candidate_takes_its_share_of_jobs_each_job_sticky(canary):
+    cand = canary.start(VOICE.upper(), inference=Inference(noise_scale=5.0), note="drill")
+    assert (cand.id, cand.state, cand.inference.noise_scale) == ("v2", CANDIDATE, 5.0)
+    assert [(v.id, v.state) for v in canary.versions(VOICE)] == [("v1", LIVE),
+                                                                   ("v2", CANDIDATE)]
+    assert canary.voices() == [VOICE]
+    jobs = [uuid.uuid4().hex for _ in range(400)]
+    picks = [canary.version_for(f"{VOICE}:0", j) for j in jobs]  # a speaker: the same voice
+    assert picks == [canary.version_for(VOICE, j) for j in jobs]
+    assert set(picks) == {"v1", "v2"}
+    assert 0.4 < picks.count("v2") / len(picks) < 0.6
+    with pytest.raises(CanaryError, match="has a candidate already \\(v2\\)"):
+        canary.start(VOICE)
+
+
+def test_the_rule_promotes_once_and_logs_the_figures(canary):
+    canary.start(VOICE)
+    for version, errors in (("v1", 1), ("v2", 1)):
+        for i in range(2):
+            assert canary.record_score(VOICE, version, f"job:{i}", errors, 10, 0.0, 0.1, -20.0)
+        assert not canary.record_score(VOICE, version, "job:0", 9, 10, 0.0, 0.1, -20.0)
+        canary.record_segment(VOICE, version, "vocoder", True, 0.2)
+    decision, live, candidate = canary.judge(VOICE)
+    assert decision.action == PROMOTE and live.wer == candidate.wer == 0.1
+    assert canary.state(VOICE)[:2] == ("v2", "")
+    assert [(v.id, v.state) for v in canary.versions(VOICE)] == [("v1", RETIRED), ("v2", LIVE)]
+    assert canary.judge(VOICE) is None  # nothing left to judge
+    log = canary.decisions(VOICE)
+    assert [(d["action"], d["by"], d["candidate"]) for d in log] == [
+        ("start", "operator", "v2"), ("promote", "rule", "v2")]
+    assert log[1]["figures"]["candidate"]["wer"] == 0.1
+    assert log[1]["figures"]["candidate"]["scored"] == 2
+    # The next canary starts from the new live.
+    assert canary.start(VOICE, inference=Inference(length_scale=0.2)).id == "v3"
+    assert canary.state(VOICE)[:2] == ("v2", "v3")
+
+
+def test_a_failing_candidate_is_rolled_back_and_new_jobs_take_live(canary):
+    canary.start(VOICE)
+    canary.record_segment(VOICE, "v2", "acoustic", False)
+    decision, _, candidate = canary.judge(VOICE)
+    assert decision.action == ROLLBACK and candidate.failed == 1
+    assert canary.state(VOICE)[:2] == ("v1", "")
+    assert {canary.version_for(VOICE, uuid.uuid4().hex) for _ in range(50)} == {"v1"}
+    assert canary.rollback(VOICE) is None  # once
+
+
+def test_an_operator_rolls_back_with_a_reason(canary):
+    canary.start(VOICE)
+    assert canary.rollback(VOICE, reasons=("listeners complained",)) == "v2"
+    assert canary.decisions(VOICE)[-1]["reasons"] == ["listeners complained"]
+
+
+def test_a_candidate_must_be_a_piper_voice_at_the_same_rate(tmp_path):
+    assert check_candidate(f"{VOICE}:0") == VOICE
+    with pytest.raises(CanaryError, match="eSpeak voice"):
+        check_candidate("en-us")
+    with pytest.raises(CanaryError, match="no such voice file"):
+        check_candidate(VOICE, str(tmp_path / "missing.onnx"))
+    with pytest.raises(CanaryError, match="must be positive"):
+        check_candidate(VOICE, inference=Inference(length_scale=0))
