@@ -2,7 +2,8 @@
 
     voxfarm up [--port N]                   the whole farm on one machine (what `make run`
                                             starts): the Procfile's lines, restarted if they exit
-    voxfarm worker acoustic|vocoder|book    one worker pool
+    voxfarm worker acoustic|vocoder|book|quality    one worker pool
+    voxfarm models list|canary|promote|rollback|log   voice versions and their canary
     voxfarm flower                          Flower against the farm's broker
     voxfarm say "text" -o out.wav           synthesize through a farm's HTTP API
     voxfarm book render FILE -o DIR         render a book through a farm's HTTP API
@@ -302,8 +303,8 @@ _MAX_SOCKET_PATH = 100
                    "listens, for the client commands). Two farms on one host need two. "
                    "[env VOXFARM_VAR]")
 @click.option("--metrics-port", "metrics_port", default=9101, show_default=True, type=int,
-              help="The acoustic pool's metrics port; vocoder, book, acoustic-batch and "
-                   "vocoder-batch take the next four (0: off).")
+              help="The acoustic pool's metrics port; vocoder, book, acoustic-batch, "
+                   "vocoder-batch and quality take the next five (0: off).")
 @click.option("--flower", "with_flower", is_flag=True,
               help="Start Flower too (basic auth from VOXFARM_FLOWER_USER and "
                    "VOXFARM_FLOWER_PASSWORD; without them only on a loopback --host).")
@@ -407,7 +408,7 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
 # -- voxfarm worker / flower ---------------------------------------------------------------
 
 @main.command()
-@click.argument("queue", type=click.Choice(["acoustic", "vocoder", "book"]))
+@click.argument("queue", type=click.Choice(["acoustic", "vocoder", "book", "quality"]))
 @click.option("--device", default=lambda: _settings().device, show_default="cpu",
               help="cpu or cuda:N [env VOXFARM_DEVICE]")
 @click.option("--concurrency", default=None, type=int,
@@ -788,10 +789,19 @@ def keys() -> None:
 def _registry(var_dir: str):
     """The key registry in the farm's Redis: the configured URL, else the one the running
     `voxfarm up` in --var started."""
+    from app.apikeys import ApiKeys
+
+    with farm_redis(var_dir) as client:
+        yield ApiKeys(client, _settings().key_prefix)
+
+
+@contextmanager
+def farm_redis(var_dir: str):
+    """A client of the farm's Redis: the configured URL, else the one the running
+    `voxfarm up` in --var started. A Redis error in the block is one line, naming the URL."""
     import redis
 
     from app import farmstate
-    from app.apikeys import ApiKeys
 
     url = _configured_redis_url()
     if not url:
@@ -803,7 +813,7 @@ def _registry(var_dir: str):
         url = running.redis_url
     client = redis.Redis.from_url(url, socket_timeout=10)
     try:
-        yield ApiKeys(client, _settings().key_prefix)
+        yield client
     except redis.RedisError as exc:
         raise click.ClickException(f"Redis at {url}: {exc}") from None
 
@@ -864,6 +874,11 @@ def at_rest_key(key_id: str | None) -> None:
         click.echo(generate_key(key_id))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+from app.canary_cli import models  # noqa: E402  (`voxfarm models`: voice versions, canary)
+
+main.add_command(models)
 
 
 if __name__ == "__main__":

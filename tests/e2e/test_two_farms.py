@@ -21,6 +21,7 @@ import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from app import cli
 from app.embedded_redis import free_port
 from tests.helpers import ROOT, wav_to_pcm, with_db
 
@@ -113,7 +114,8 @@ def test_two_farms_side_by_side_and_say_finds_its_farm(redis_url, tmp_path):
     a.mkdir()
     b.mkdir()
     port_a, port_b = free_port(), free_port()
-    metrics_a, metrics_b = free_run(5), free_run(5, avoid=5)
+    pools = len(cli.worker_pools(cli.read_procfile()))  # one metrics port each
+    metrics_a, metrics_b = free_run(pools), free_run(pools, avoid=pools)
     flower_a = free_port()
     url_b = with_db(redis_url, 14)
     redis.Redis.from_url(url_b).flushdb()

@@ -14,7 +14,7 @@ import pytest
 
 from app import cli
 
-POOLS = ["acoustic", "vocoder", "book", "acoustic-batch", "vocoder-batch"]
+POOLS = ["acoustic", "vocoder", "book", "acoustic-batch", "vocoder-batch", "quality"]
 
 
 def option(words: list[str], name: str) -> str | None:
@@ -27,7 +27,7 @@ def test_the_procfile_runs_every_pool_and_the_web_and_flower():
     assert cli.worker_pools(procfile) == POOLS
     pools = {name: cli.expand(procfile[name], {}) for name in POOLS}
     # (queue, --work, --nice): interactive pools, book segments on batch pools at a lower OS
-    # priority, book orchestration on its own pool.
+    # priority, book orchestration on its own pool, the canary's judge at a lower priority.
     assert {name: (words[2], option(words, "--work"), option(words, "--nice"))
             for name, words in pools.items()} == {
         "acoustic": ("acoustic", "interactive", None),
@@ -35,14 +35,15 @@ def test_the_procfile_runs_every_pool_and_the_web_and_flower():
         "book": ("book", None, None),
         "acoustic-batch": ("acoustic", "batch", "10"),
         "vocoder-batch": ("vocoder", "batch", "10"),
+        "quality": ("quality", None, "10"),
     }
 
 
 def test_up_gives_each_pool_the_procfiles_metrics_port_and_its_host():
     procfile = cli.read_procfile()
-    # Without variables (honcho): the documented ports, 9101-9105 in the pools' order.
+    # Without variables (honcho): the documented ports, 9101-9106 in the pools' order.
     assert [option(cli.expand(procfile[p], {}), "--metrics-port") for p in POOLS] == \
-        ["9101", "9102", "9103", "9104", "9105"]
+        ["9101", "9102", "9103", "9104", "9105", "9106"]
     # `voxfarm up --host 10.0.0.7 --port 8100 --metrics-port 9201 --flower-port 5600`.
     metrics = {pool: 9201 + i for i, pool in enumerate(POOLS)}
     env = cli.procfile_env("10.0.0.7", 8100, metrics, 5600, POOLS)
