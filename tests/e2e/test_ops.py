@@ -134,6 +134,8 @@ def test_alert_rules_use_exported_metrics_and_cover_the_checklist():
     gpu = alerts["VoxfarmGpuSaturated"]
     assert "0.85" in gpu["expr"] and gpu["for"] == "90s"
     assert "voxfarm_workers_live" in alerts["VoxfarmQueueWithoutWorker"]["expr"]
+    # The voice canary's rollbacks (issue 16).
+    assert 'decision="rollback"' in alerts["VoxfarmCanaryRolledBack"]["expr"]
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
@@ -178,7 +180,8 @@ def test_grafana_dashboard_queries_exported_metrics():
                  "voxfarm_jobs_finished_total", "voxfarm_http_requests_total",
                  "voxfarm_http_request_duration_seconds", "voxfarm_queue_depth",
                  "voxfarm_workers_live", "voxfarm_gpu_utilization_ratio",
-                 "voxfarm_gpu_memory_allocated_bytes"):
+                 "voxfarm_gpu_memory_allocated_bytes", "voxfarm_canary_score",
+                 "voxfarm_canary_decisions_total", "voxfarm_canary_segments_total"):
         assert name in used, name
 
 
