@@ -60,6 +60,10 @@ class CanaryError(ValueError):
     already running, a file that is not a voice); the message says why."""
 
 
+class CanaryRunning(CanaryError):
+    """The voice has a candidate already: promote or roll it back first."""
+
+
 @dataclass(frozen=True)
 class Version:
     """One version of a voice: `file` a Piper `.onnx` ("" for the voice's own), `inference`
@@ -420,7 +424,7 @@ class Canary:
                   json.dumps([f"candidate {cand.describe()} at {share:.0%} of jobs"]),
                   DECISIONS_KEPT]).decode()
         if result.startswith("!"):
-            raise CanaryError(f"voice {name} has a candidate already ({result[1:]}): promote "
+            raise CanaryRunning(f"voice {name} has a candidate already ({result[1:]}): promote "
                               "or roll it back first")
         from app import metrics
 

@@ -37,6 +37,7 @@ def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Fl
     from web.api import api
     from web.books import books_api
     from web.captioned import captioned
+    from web.models_admin import models_admin
     from web.openai_compat import openai_compat
     from web.openapi import openapi
     from web.page import page
@@ -45,6 +46,7 @@ def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Fl
 
     app.register_blueprint(api)
     app.register_blueprint(books_api)
+    app.register_blueprint(models_admin)
     app.register_blueprint(streams)
     app.register_blueprint(openai_compat)
     app.register_blueprint(captioned)

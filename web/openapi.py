@@ -93,6 +93,9 @@ _INVALID = _error("a field is missing, of the wrong type, out of range, or names
                   "voice or format; `field` says which")
 _JOB_NOT_FOUND = _error("no job with this id (`job_not_found`), or it expired")
 _BOOK_NOT_FOUND = _error("no book with this id (`book_not_found`)")
+_VOICE_NOT_FOUND = _error("no such voice (`voice_not_found`), or an eSpeak voice, which has "
+                          "no versions (`voice_not_versioned`)")
+_NO_CANDIDATE = _error("the voice has no candidate (`no_candidate`)")
 _BOOK_NOT_DONE = _error("the book is not done yet (`book_not_done`)")
 _BOOK_GONE = _error("the book's files are gone (`audio_missing`)")
 # What the server (ops/gunicorn.conf.py) refuses before the app sees the request, on any path.
@@ -112,6 +115,7 @@ _PATH_PARAMS = {
     "book_id": {"schema": {"type": "string"}},
     "n": {"description": "the chapter's index", "schema": {"type": "integer", "minimum": 0}},
     "model_id": {"schema": {"type": "string"}},
+    "voice": {"description": "a Piper voice's name", "schema": {"type": "string"}},
 }
 
 
@@ -151,6 +155,7 @@ def _captioned(operation_id: str, summary: str) -> dict:
 def _paths() -> dict:
     job = _json(s.Job, "the job")
     book = _json(s.Book, "the book, with per-chapter progress")
+    versions = _json(s.VoiceVersions, "the voice's versions, figures and decisions")
     speech_200 = _files(SPEECH_TYPES.values(), "audio in `response_format`, chunked; with "
                         "`stream_format: sse`, server-sent events", _OPENAI_HEADERS)
     speech_200["content"]["text/event-stream"] = {"schema": {
@@ -341,6 +346,28 @@ def _paths() -> dict:
             "books", "retryBook", "Render only what is missing of a failed or stuck book", {
                 "202": book, "404": _BOOK_NOT_FOUND,
                 "409": _error("done or canceled: nothing to retry"), "503": _UNAVAILABLE})},
+        # -- voice versions and the canary (docs/models.md)
+        "/v1/admin/voices/{voice}/versions": {"get": _op(
+            "admin", "listVoiceVersions", "A voice's versions, the canary's figures and its "
+            "last decisions", {"200": versions, "404": _VOICE_NOT_FOUND,
+                               "503": _UNAVAILABLE})},
+        "/v1/admin/voices/{voice}/canary": {"post": _op(
+            "admin", "startCanary", "Start a candidate version: it takes a share of new jobs "
+            "until the rule (or an operator) promotes or rolls it back", {
+                "201": _json(s.VoiceVersions, "started"), **_JSON_BODY,
+                "404": _VOICE_NOT_FOUND,
+                "409": _error("the voice has a candidate already (`canary_running`)"),
+                "422": _error("a field is wrong, or the file is not a voice at the voice's "
+                              "sample rate (`invalid_candidate`)")},
+            body=s.CanaryRequest)},
+        "/v1/admin/voices/{voice}/promote": {"post": _op(
+            "admin", "promoteCanary", "Make the candidate live now", {
+                "200": versions, "404": _VOICE_NOT_FOUND, "409": _NO_CANDIDATE,
+                "503": _UNAVAILABLE})},
+        "/v1/admin/voices/{voice}/rollback": {"post": _op(
+            "admin", "rollbackCanary", "Retire the candidate now", {
+                "200": versions, "404": _VOICE_NOT_FOUND, "409": _NO_CANDIDATE,
+                "503": _UNAVAILABLE})},
     }
 
 
@@ -410,7 +437,7 @@ def build_spec(settings: Settings, served: set[str] | None = None) -> dict:
                            "`{\"error\": {\"code\", \"message\", \"field\"?}}`.",
         },
         "tags": [{"name": n} for n in ("jobs", "streaming", "openai", "books", "farm",
-                                       "health", "docs")],
+                                       "admin", "health", "docs")],
         "paths": paths,
         "components": {"schemas": defs.get("$defs", {})},
     }

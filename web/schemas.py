@@ -623,6 +623,50 @@ class Stats(ResponseModel):
     queues: dict[str, QueueStats] = Field(description="every queue, batch and book included")
 
 
+class CanaryRequest(RequestModel):
+    """A candidate version of a Piper voice (docs/models.md, "Voice versions and the
+    canary"): another voice file, other inference settings, or both."""
+
+    file: str = Field("", description="a Piper .onnx on the workers' disk (its .onnx.json "
+                      "beside it); empty: the voice's own file")
+    noise_scale: Annotated[float, Field(gt=0)] | None = None
+    length_scale: Annotated[float, Field(gt=0)] | None = None
+    noise_w: Annotated[float, Field(gt=0)] | None = None
+    share: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description="share of new interactive jobs (default VOXFARM_CANARY_SHARE)")
+    note: str = ""
+    null_is_unset: ClassVar = frozenset({"noise_scale", "length_scale", "noise_w", "share"})
+
+
+class VoiceVersion(ResponseModel):
+    id: str
+    state: Literal["live", "candidate", "retired"]
+    file: str = Field(description="empty: the voice's own file")
+    inference: dict[str, float] = Field(description="overrides of the voice config's")
+    created_at: str
+    note: str = ""
+
+
+class CanaryDecision(ResponseModel):
+    ts: str
+    action: Literal["start", "promote", "rollback"]
+    by: Literal["rule", "operator"]
+    candidate: str
+    live: str
+    reasons: list[str]
+    figures: dict[str, Any] = Field(description="both versions' figures when it was taken")
+
+
+class VoiceVersions(ResponseModel):
+    voice: str
+    live: str = Field(description="empty: the voice has no versions and renders as offered")
+    candidate: str
+    share: float
+    versions: list[VoiceVersion]
+    figures: dict[str, Any] = Field(description="the live and candidate versions' figures")
+    decisions: list[CanaryDecision] = Field(description="the last decisions, oldest first")
+
+
 class Health(ResponseModel):
     status: Literal["ok"]
 

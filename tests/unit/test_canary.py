@@ -204,3 +204,43 @@ def test_a_candidate_must_be_a_piper_voice_at_the_same_rate(tmp_path):
         check_candidate(VOICE, str(tmp_path / "missing.onnx"))
     with pytest.raises(CanaryError, match="must be positive"):
         check_candidate(VOICE, inference=Inference(length_scale=0))
+
+
+# -- the admin API ----------------------------------------------------------------------------
+
+
+def test_the_admin_api_starts_lists_promotes_and_rolls_back(redis_url, tmp_path):
+    from web import create_app
+    from web.openapi import build_spec, served_paths
+
+    settings = Settings().with_(redis_url=with_db(redis_url, 4), store_dir=str(tmp_path),
+                                key_prefix=f"canary-api-{uuid.uuid4().hex[:8]}")
+    app = create_app(settings)
+    client = app.test_client()
+    base = f"/v1/admin/voices/{VOICE}"
+    assert served_paths(app) - set(build_spec(settings)["paths"]) == set()
+    empty = client.get(f"{base}/versions").get_json()
+    assert (empty["live"], empty["versions"]) == ("", [])
+    assert client.get("/v1/admin/voices/nobody/versions").status_code == 404
+    assert client.get("/v1/admin/voices/en-us/versions").get_json()["error"]["code"] == \
+        "voice_not_versioned"
+    assert client.post(f"{base}/canary", json={"noise_scale": -1}).status_code == 422
+    assert client.post(f"{base}/canary", json={"file": str(tmp_path / "x.onnx")}
+                       ).get_json()["error"]["code"] == "invalid_candidate"
+    resp = client.post(f"{base}/canary", json={"noise_scale": 0.5, "share": 0.1, "note": "try"})
+    assert resp.status_code == 201, resp.get_json()
+    started = resp.get_json()
+    assert (started["live"], started["candidate"], started["share"]) == ("v1", "v2", 0.1)
+    assert started["versions"][1]["inference"] == {"noise_scale": 0.5}
+    assert started["decisions"][-1]["action"] == "start"
+    assert client.post(f"{base}/canary", json={}).get_json()["error"]["code"] == \
+        "canary_running"
+    promoted = client.post(f"{base}/promote").get_json()
+    assert (promoted["live"], promoted["candidate"]) == ("v2", "")
+    assert client.post(f"{base}/rollback").get_json()["error"]["code"] == "no_candidate"
+    client.post(f"{base}/canary", json={"length_scale": 2})
+    rolled = client.post(f"{base}/rollback").get_json()
+    assert (rolled["live"], rolled["candidate"]) == ("v2", "")
+    assert [d["action"] for d in rolled["decisions"]] == ["start", "promote", "start",
+                                                           "rollback"]
+    assert [v["state"] for v in rolled["versions"]] == ["retired", "live", "retired"]

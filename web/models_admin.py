@@ -1,0 +1,90 @@
+"""Admin routes for voice versions and the canary: what `voxfarm models` does, over HTTP.
+
+    GET  /v1/admin/voices/<voice>/versions   versions, figures, last decisions
+    POST /v1/admin/voices/<voice>/canary     start a candidate (JSON: file, overrides, share)
+    POST /v1/admin/voices/<voice>/promote    make the candidate live
+    POST /v1/admin/voices/<voice>/rollback   retire the candidate
+
+Behind the API keys like every route (web/auth.py) once any key exists. Thin: each view
+checks the request and calls one method of the farm's `Canary` (app/canary.py), on the
+gevent hub (a few Redis round trips each).
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, request
+
+from app.canary import Canary, CanaryError, CanaryRunning, check_candidate, voice_key
+from models.errors import UnknownSpeaker, UnknownVoice
+from models.piper_voice import Inference
+from web.errors import ApiError
+from web.helpers import farm, iso_time, json_body, parse
+from web.schemas import CanaryRequest
+
+models_admin = Blueprint("models_admin", __name__)
+
+
+def _voice(name: str) -> str:
+    """The versioned name of an offered voice, or 404."""
+    try:
+        return check_candidate(name)
+    except (UnknownVoice, UnknownSpeaker):
+        raise ApiError(404, "voice_not_found", f"no voice '{name}'") from None
+    except CanaryError as exc:  # an eSpeak voice: it has no versions
+        raise ApiError(404, "voice_not_versioned", str(exc)) from None
+
+
+def versions_of(canary: Canary, voice: str, decisions: int = 20) -> dict:
+    live, candidate, share = canary.state(voice)
+    return {
+        "voice": voice, "live": live, "candidate": candidate, "share": share,
+        "versions": [{"id": v.id, "state": v.state, "file": v.file,
+                      "inference": v.inference.as_dict(),
+                      "created_at": iso_time(v.created_at), "note": v.note}
+                     for v in canary.versions(voice)],
+        "figures": {role: canary.figures(voice, vid).summary()
+                    for role, vid in (("live", live), ("candidate", candidate)) if vid},
+        "decisions": [{**d, "ts": iso_time(d["ts"])} for d in canary.decisions(voice,
+                                                                                decisions)],
+    }
+
+
+@models_admin.get("/v1/admin/voices/<voice>/versions")
+def list_versions(voice: str):
+    name = _voice(voice)
+    return versions_of(farm().canary, name)
+
+
+@models_admin.post("/v1/admin/voices/<voice>/canary")
+def start_canary(voice: str):
+    name = _voice(voice)
+    req = parse(CanaryRequest, json_body(request))
+    inference = Inference(req.noise_scale, req.length_scale, req.noise_w)
+    canary = farm().canary
+    try:
+        check_candidate(name, req.file, inference)
+        canary.start(name, req.file, inference, req.share, req.note)
+    except CanaryRunning as exc:
+        raise ApiError(409, "canary_running", str(exc)) from None
+    except CanaryError as exc:
+        raise ApiError(422, "invalid_candidate", str(exc),
+                       field="file" if req.file and "file" in str(exc) else None) from None
+    return versions_of(canary, name), 201
+
+
+@models_admin.post("/v1/admin/voices/<voice>/promote")
+def promote(voice: str):
+    name = _voice(voice)
+    canary = farm().canary
+    if canary.promote(name, reasons=("promoted by an operator through the API",)) is None:
+        raise ApiError(409, "no_candidate", f"voice {voice_key(name)} has no candidate")
+    return versions_of(canary, name)
+
+
+@models_admin.post("/v1/admin/voices/<voice>/rollback")
+def rollback(voice: str):
+    name = _voice(voice)
+    canary = farm().canary
+    if canary.rollback(name, reasons=("rolled back by an operator through the API",)) is None:
+        raise ApiError(409, "no_candidate", f"voice {voice_key(name)} has no candidate")
+    return versions_of(canary, name)
