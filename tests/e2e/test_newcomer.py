@@ -125,7 +125,10 @@ def test_readyz_and_stats_see_the_book_pool(server):
     resp = requests.get(f"{server}/v1/stats", timeout=10)
     assert resp.status_code == 200, resp.text
     queues = resp.json()["queues"]
-    assert set(queues) == {"acoustic", "acoustic_batch", "vocoder", "vocoder_batch", "book"}
+    # Every pool's queues: the canary's quality pool too (it is not started here).
+    assert set(queues) == {"acoustic", "acoustic_batch", "vocoder", "vocoder_batch", "book",
+                           "quality"}
+    assert queues["quality"] == {"depth": 0, "workers": 0, "pool": "quality"}
     assert queues["book"] == {"depth": 0, "workers": 1, "pool": "book"}
     assert queues["acoustic_batch"] == {"depth": 0, "workers": 1, "pool": "acoustic"}
 
