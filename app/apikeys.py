@@ -39,6 +39,8 @@ class ApiKey:
     revoked_at: float = 0.0
     rate_per_min: int = 0
     max_active: int = 0
+    # May manage the farm (the /v1/admin routes: voice versions, the canary).
+    admin: bool = False
 
     @property
     def revoked(self) -> bool:
@@ -48,7 +50,7 @@ class ApiKey:
         """What `voxfarm keys list` and the admin API show: never the digest."""
         return {"id": self.id, "name": self.name, "created_at": self.created_at,
                 "revoked": self.revoked, "rate_per_min": self.rate_per_min,
-                "max_active": self.max_active}
+                "max_active": self.max_active, "admin": self.admin}
 
 
 @dataclass(frozen=True)
@@ -98,15 +100,17 @@ class ApiKeys:
 
     # -- the registry ---------------------------------------------------------------------
 
-    def create(self, name: str, rate_per_min: int = 0, max_active: int = 0) -> tuple[ApiKey, str]:
+    def create(self, name: str, rate_per_min: int = 0, max_active: int = 0,
+               admin: bool = False) -> tuple[ApiKey, str]:
         """A new key: its record and the token, which is shown once and stored nowhere."""
         key_id = secrets.token_hex(_ID_BYTES)
         secret = secrets.token_urlsafe(_SECRET_BYTES)
-        key = ApiKey(key_id, name, self.clock(), 0.0, rate_per_min, max_active)
+        key = ApiKey(key_id, name, self.clock(), 0.0, rate_per_min, max_active, admin)
         with self.r.pipeline() as p:
             p.hset(self._key(key_id), mapping={
                 "digest": _digest(secret), "name": name, "created_at": key.created_at,
-                "revoked_at": 0, "rate_per_min": rate_per_min, "max_active": max_active})
+                "revoked_at": 0, "rate_per_min": rate_per_min, "max_active": max_active,
+                "admin": int(admin)})
             p.sadd(self._index, key_id)
             p.execute()
         return key, f"{PREFIX}{key_id}_{secret}"
@@ -197,4 +201,5 @@ class ApiKeys:
             return float(rec.get(field) or 0)
 
         return ApiKey(key_id, rec.get(b"name", b"").decode(), num(b"created_at"),
-                      num(b"revoked_at"), int(num(b"rate_per_min")), int(num(b"max_active")))
+                      num(b"revoked_at"), int(num(b"rate_per_min")), int(num(b"max_active")),
+                      bool(num(b"admin")))

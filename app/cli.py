@@ -828,11 +828,14 @@ _KEYS_VAR = click.option("--var", "var_dir", default=lambda: _settings().var_dir
               help="Requests a minute (0: the farm's default, VOXFARM_KEY_RATE_PER_MIN).")
 @click.option("--max-active", default=0, type=int,
               help="Jobs and books running at once (0: the default, VOXFARM_KEY_MAX_ACTIVE).")
+@click.option("--admin", is_flag=True,
+              help="May manage the farm: the /v1/admin routes (voice versions, the canary).")
 @_KEYS_VAR
-def keys_create(name: str, rate_per_min: int, max_active: int, var_dir: str) -> None:
+def keys_create(name: str, rate_per_min: int, max_active: int, admin: bool,
+                var_dir: str) -> None:
     """Make a key; its token is printed once and stored nowhere."""
     with _registry(var_dir) as registry:
-        key, token = registry.create(name, rate_per_min, max_active)
+        key, token = registry.create(name, rate_per_min, max_active, admin)
     click.echo(f"key {key.id} ({name}): {token}", err=True)
     click.echo(token)
 
@@ -846,7 +849,8 @@ def keys_list(var_dir: str) -> None:
     for k in rows:
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(k.created_at))
         state = "revoked" if k.revoked else "live"
-        click.echo(f"{k.id}  {state:<7}  {created}  rate={k.rate_per_min or 'default'}  "
+        state += " admin" if k.admin else ""
+        click.echo(f"{k.id}  {state:<13}  {created}  rate={k.rate_per_min or 'default'}  "
                    f"max_active={k.max_active or 'default'}  {k.name}")
     if not rows:
         click.echo("no keys: the API is open to whoever reaches it")

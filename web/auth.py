@@ -5,8 +5,9 @@ it on 127.0.0.1 and says in its log. Once a key exists, every route but the prob
 page needs one: `Authorization: Bearer <key>` (the OpenAI client's way) or `X-API-Key`,
 the WebSocket's at its handshake. `/metrics`, `/docs` and `/openapi.json` need one too when
 `VOXFARM_AUTH_OPS` is on. A key sees only its own jobs and books: another's answer exactly
-as an unknown id does (404), so ids cannot be probed. Refusals: 401 (no key, or not a live
-one), 429 with Retry-After (the key's requests a minute, or its jobs running at once).
+as an unknown id does (404), so ids cannot be probed. The admin routes need a key made with
+`--admin`. Refusals: 401 (no key, or not a live one), 403 (an admin route, a key without
+admin), 429 with Retry-After (the key's requests a minute, or its jobs running at once).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ auth = Blueprint("auth", __name__)
 # Probes (a load balancer holds no key) and the page (it asks for a key itself).
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
 OPS_PATHS = frozenset({"/metrics", "/docs", "/openapi.json"})
+# Managing the farm (voice versions, the canary: web/models_admin.py) needs an admin key.
+ADMIN_PREFIX = "/v1/admin/"
 # Whether any key is live, per process: a Redis read per request would double their cost;
 # a new key takes effect within this long.
 ENABLED_TTL_S = 2.0
@@ -79,6 +82,9 @@ def _authenticate() -> None:
         raise ApiError(429, refusal.code, refusal.message,
                        headers={"Retry-After": refusal.retry_after_s})
     g.voxfarm_key = key
+    if path.startswith(ADMIN_PREFIX) and not key.admin:
+        raise ApiError(403, "forbidden", "this key may not manage the farm; an admin key may "
+                       "(`voxfarm keys create NAME --admin`)")
     _check_owner(f)
 
 

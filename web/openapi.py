@@ -26,12 +26,15 @@ from models.captions import CAPTION_FORMATS
 from models.captions import CONTENT_TYPES as CAPTION_TYPES
 from models.encode import CONTENT_TYPES as AUDIO_TYPES
 from web import schemas as s
+from web.auth import ADMIN_PREFIX, OPEN_PATHS
 from web.helpers import farm
 from web.openai_compat import CONTENT_TYPES as SPEECH_TYPES
 
 openapi = Blueprint("openapi", __name__)
 
 _REF = "#/components/schemas/{model}"
+# A key is needed only once the farm has one: no key, or either header (web/auth.py).
+_SECURITY = [{}, {"bearer": []}, {"apiKey": []}]
 
 
 class _Generator(GenerateJsonSchema):
@@ -103,6 +106,13 @@ _SERVER_REFUSALS = {
     "400": _error("the request line is malformed (`bad_request`)"),
     "414": _error("the request line is too long (`uri_too_long`)"),
     "431": _error("the headers are too large (`headers_too_large`)"),
+}
+# What the API keys answer (web/auth.py), once any key exists: on every path but the probes.
+_KEY_REFUSALS = {
+    "401": _error("no API key, or not a live one (`unauthorized`)",
+                  {"WWW-Authenticate": _header("Bearer")}),
+    "429": _error("the key's requests a minute or its work running at once "
+                  "(`rate_limited`, `too_many_jobs`)", _RETRY_AFTER),
 }
 _JSON_BODY = {"400": _BAD_JSON, "413": _TOO_LARGE, "415": _NOT_JSON, "422": _INVALID,
               "503": _UNAVAILABLE}
@@ -417,6 +427,13 @@ def build_spec(settings: Settings, served: set[str] | None = None) -> dict:
                 operation["parameters"] = _path_parameters(path)
                 for status, answer in _SERVER_REFUSALS.items():
                     operation["responses"].setdefault(status, answer)
+                if path not in OPEN_PATHS:
+                    for status, answer in _KEY_REFUSALS.items():
+                        operation["responses"].setdefault(status, answer)
+                    operation["security"] = _SECURITY
+                if path.startswith(ADMIN_PREFIX):
+                    operation["responses"].setdefault(
+                        "403", _error("the key is not an admin key (`forbidden`)"))
             paths[path] = _written_out(item, models)
         # The socket's frames, referenced from its operation's description.
         models.update(s.SOCKET_EVENTS, {s.SocketMessage})
@@ -439,7 +456,10 @@ def build_spec(settings: Settings, served: set[str] | None = None) -> dict:
         "tags": [{"name": n} for n in ("jobs", "streaming", "openai", "books", "farm",
                                        "admin", "health", "docs")],
         "paths": paths,
-        "components": {"schemas": defs.get("$defs", {})},
+        "components": {"schemas": defs.get("$defs", {}), "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer",
+                       "description": "an API key (`voxfarm keys create`), once any exists"},
+            "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}}},
     }
 
 

@@ -146,6 +146,17 @@ def test_rate_and_running_work_limits_answer_429_with_retry_after(keyed):
     assert submit(base, bearer(one)).status_code == 202  # the finished one no longer counts
 
 
+def test_only_an_admin_key_manages_voice_versions(keyed):
+    tf, base, token_a, _ = keyed
+    path = f"{base}/v1/admin/voices/en_us-joe-medium/versions"
+    refused = requests.get(path, headers=bearer(token_a), timeout=10)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+    _, admin = tf.farm.apikeys.create("operator", admin=True)
+    answer = requests.get(path, headers=bearer(admin), timeout=10)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["voice"].startswith("en_us-joe-medium")
+
+
 def test_a_revoked_key_is_refused_at_once(keyed):
     tf, base, _, _ = keyed
     key, token = tf.farm.apikeys.create("tenant e")
