@@ -51,6 +51,8 @@ class Tally:
         self.answers: collections.Counter = collections.Counter()
         self.accepted: list[str] = []
         self.broken: list[str] = []  # jobs whose chunks were missing or repeated
+        self.final: dict[str, str] = {}  # job id -> the state its last chunk page said
+        self.memory: list[tuple[float, dict[str, float]]] = []  # (minute, MiB by role)
 
     def answer(self, kind: str, status: object) -> None:
         with self.lock:
@@ -99,8 +101,9 @@ def read_chunks(base: str, job_id: str, tally: Tally, stop: threading.Event) -> 
         seen += [c["index"] for c in page["chunks"]]
         after = page["next_after"]
         if page["end"]:
-            if seen != list(range(len(seen))):
-                with tally.lock:
+            with tally.lock:
+                tally.final[job_id] = page["state"]
+                if seen != list(range(len(seen))):
                     tally.broken.append(job_id)
             return
 
@@ -222,25 +225,22 @@ def main() -> None:
         start_mem = memory(up, redis_url)
         t0, total = time.monotonic(), args.minutes * 60
         faults = [(total / 3, "redis"), (2 * total / 3, "vocoder")]
+        next_sample = 0.0
         while (elapsed := time.monotonic() - t0) < total:
             if faults and elapsed >= faults[0][0]:
                 events.append(f"{elapsed:6.0f} s  {kill(up, faults.pop(0)[1])}")
+            if elapsed >= next_sample:
+                tally.memory.append((elapsed / 60, memory(up, redis_url)))
+                next_sample += 120
             time.sleep(1)
         end_mem = memory(up, redis_url)
         stop.set()
         for t in threads:
             t.join(660)
-        lost, failed = [], collections.Counter()
-        for job_id in tally.accepted:
-            try:
-                job = requests.get(f"{base}/v1/jobs/{job_id}", timeout=10).json()
-            except requests.RequestException:
-                lost.append(job_id)
-                continue
-            if job.get("state") == "failed":
-                failed[job.get("error", {}).get("message", "?")] += 1
-            elif job.get("state") != "done":
-                lost.append(job_id)
+        # What each listener saw at its job's end (the records themselves expire after the
+        # job TTL, so they are not asked again).
+        lost = [j for j in tally.accepted if j not in tally.final]
+        failed = collections.Counter(st for st in tally.final.values() if st != "done")
         book_state = "none"
         if book_id:
             deadline = time.monotonic() + 600
@@ -270,14 +270,19 @@ def main() -> None:
     print(f"\njobs accepted {len(tally.accepted)}, done "
           f"{len(tally.accepted) - len(lost) - sum(failed.values())}, failed "
           f"{sum(failed.values())}, lost {len(lost)} (goal 0)")
-    for reason, n in failed.most_common():
-        print(f"  failed x{n}: {reason}")
+    for state, n in failed.most_common():
+        print(f"  ended {state} x{n}")
     print(f"jobs with a missing or repeated chunk: {len(tally.broken)} (goal 0)")
     print(f"book: {book_state}")
     print(f"\n{'memory (MiB)':<22}{'start':>9}{'end':>9}")
     for role in sorted(set(start_mem) | set(end_mem)):
         print(f"  {role:<20}{start_mem.get(role, float('nan')):>9.1f}"
               f"{end_mem.get(role, float('nan')):>9.1f}")
+    roles = sorted({r for _, m in tally.memory for r in m})
+    print("\nmemory over time (MiB; every 2 min from the end of the warm-up)")
+    print("  minute " + "".join(f"{r[:14]:>15}" for r in roles))
+    for minute, m in tally.memory:
+        print(f"  {minute:6.0f} " + "".join(f"{m.get(r, float('nan')):>15.1f}" for r in roles))
     print(f"\nlogs: {var}")
 
 
