@@ -161,6 +161,10 @@ class Farm:
         """Fail the jobs whose web process died before all their segments were queued."""
         return self.jobs.sweep_unpublished(self.settings.publish_grace_s)
 
+    def sweep_stalled(self) -> list[str]:
+        """Fail the jobs that made no progress for `job_stall_s` (their segments were lost)."""
+        return self.jobs.sweep_stalled(self.settings.job_stall_s)
+
     # -- health ------------------------------------------------------------------------------
 
     def record_run(self, stage: str, seconds: float) -> None:

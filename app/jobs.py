@@ -88,6 +88,8 @@ return done
 """, JobState)
 
 UNPUBLISHED_ERROR = "the web process stopped before the job's segments were all queued"
+STALLED_ERROR = ("no progress for {s:.0f} s: its segments were lost (a broker failure?) and "
+                 "nothing more will come")
 REFUSED_ERROR = ("chunk {name} of the job's audio failed to open at rest ({reason}: "
                  "tampered, or sealed with a key no longer configured); it is never played")
 
@@ -167,6 +169,7 @@ class JobStore:
             p.hset(key, mapping={k: str(v) for k, v in record.items()})
             p.expire(key, self.ttl_s)
             p.zadd(self.keys.unpublished, {job_id: record["created_at"]})
+            p.zadd(self.keys.progress, {job_id: record["created_at"]})
             p.execute()
         return self.get(job_id)
 
@@ -191,6 +194,23 @@ class JobStore:
             if self.fail(job_id, UNPUBLISHED_ERROR)[0]:
                 failed.append(job_id)
             self.r.zrem(self.keys.unpublished, job_id)
+        return failed
+
+    def sweep_stalled(self, stall_s: float) -> list[str]:
+        """Fail live jobs whose last progress is over `stall_s` old, and forget finished or
+        expired ones. Returns the ids it failed."""
+        failed = []
+        for raw in self.r.zrangebyscore(self.keys.progress, "-inf", time.time() - stall_s):
+            job_id = raw.decode()
+            # One that progressed since the range was read is left alone (its score moved
+            # on); the fail is atomic and moves only a queued or running job, so a finished
+            # or expired one is only forgotten.
+            score = self.r.zscore(self.keys.progress, job_id)
+            if score is not None and score > time.time() - stall_s:
+                continue
+            if self.fail(job_id, STALLED_ERROR.format(s=stall_s))[0]:
+                failed.append(job_id)
+            self.r.zrem(self.keys.progress, job_id)
         return failed
 
     # Each transition returns (moved, state afterwards); state is None for an unknown job.
@@ -231,11 +251,15 @@ class JobStore:
         timing = json.dumps({"start": start, "words": words or []}, separators=(",", ":"),
                             ensure_ascii=False)
         sealed = self.sealer.seal(pcm, self._chunk_context(job_id, f"{segment}:{window}"))
-        return int(self._store_window(
+        now = time.time()
+        done = int(self._store_window(
             keys=self.keys.job_keys(job_id),
-            args=[segment, window, sealed, repr(time.time()), self.ttl_s, len(pcm) // 2,
+            args=[segment, window, sealed, repr(now), self.ttl_s, len(pcm) // 2,
                   EVENTS_MAXLEN, f"{plan[0]}:{plan[1]}", timing, segment_samples],
         ))
+        if done >= 0:  # progress: the stall sweeper leaves the job alone a while longer
+            self.r.zadd(self.keys.progress, {job_id: now}, xx=True)
+        return done
 
     def window_plan(self, job_id: str, segment: int, plan: tuple[int, int]) -> tuple[int, int]:
         """The segment's (window count, frames per window): `plan` unless a writer (an

@@ -17,6 +17,8 @@ Layout (prefix `vf` by default):
     {p}:stats             hash   farm-wide counters (mel cache hits and misses, ...)
     {p}:workers:{queue}   zset   worker name -> last heartbeat (live workers per pool)
     {p}:jobs:unpublished  zset   job id -> creation time, until all its segments are queued
+    {p}:jobs:progress     zset   job id -> its last progress (created, a window stored),
+                                 until the stall sweeper finds it finished or stuck
     {p}:book:{id}         hash   the book record (state, per-chapter progress, feed cursor)
     {p}:book:{id}:done    bitmap bit n set once segment n (book-wide ordinal) is stored
     {p}:voices            set    voices that have versions (app/canary.py)
@@ -75,6 +77,10 @@ class Keys:
     @property
     def unpublished(self) -> str:
         return f"{self.prefix}:jobs:unpublished"
+
+    @property
+    def progress(self) -> str:
+        return f"{self.prefix}:jobs:progress"
 
     def mel_refs(self, digest: str) -> str:
         return f"{self.prefix}:mel:{digest}:refs"

@@ -18,6 +18,16 @@ from typing import get_type_hints
 PREFIX = "VOXFARM_"
 
 
+def _parse_bool(raw: str) -> bool:
+    """`bool("false")` is True: a switch is read by its word."""
+    word = raw.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(raw)
+
+
 def _env(*names: str) -> dict:
     """Field metadata: the variables a field is read from, in order of precedence."""
     return {"env": names}
@@ -85,6 +95,12 @@ class Settings:
     # sweeper (its web process died mid-submit).
     publish_timeout_s: int = 5
     publish_grace_s: int = 30
+    # A job that made no progress (no window stored) for this long is failed with the reason
+    # by the acoustic pool's heartbeat, never left queued or running for ever: its segments
+    # were lost (a message inside the last second a killed Redis had not yet written, say).
+    # Admission keeps a job's expected wait under max_queue_wait_s, so a healthy one never
+    # comes near it.
+    job_stall_s: int = 600
 
     # A stream or WebSocket client that has not taken the audio sent to it within this many
     # seconds is dropped (it stopped reading).
@@ -225,7 +241,7 @@ class Settings:
             if raw is None:
                 continue
             try:
-                values[name] = types[name](raw)
+                values[name] = _parse_bool(raw) if types[name] is bool else types[name](raw)
             except ValueError:
                 raise ValueError(f"{'/'.join(env_names)}={raw!r} is not a valid "
                                  f"{types[name].__name__}") from None

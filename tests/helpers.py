@@ -264,6 +264,10 @@ def running_farm(redis_url: str, db: int, log_dir: Path, workers: bool = True,
                VOXFARM_PUBLISH_GRACE_S=str(settings.publish_grace_s),
                VOXFARM_MAX_QUEUE_WAIT_S=str(settings.max_queue_wait_s),
                VOXFARM_VOICES_DIR=settings.voices_dir)
+    # Every other setting the test chose reaches the workers too.
+    names = Settings.env_names()
+    for name, value in overrides.items():
+        env[names[name][0]] = str(value)
     for k in ("VOXFARM_BROKER_URL", "VOXFARM_RESULT_URL", "VOXFARM_CACHE_URL"):
         env.pop(k, None)
     if broker_url:

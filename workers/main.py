@@ -111,6 +111,9 @@ class Heartbeat:
                 if ACOUSTIC_QUEUE in self.queues:
                     for job_id in farm.sweep_unpublished():
                         log.warning("job %s failed: its segments were never all queued", job_id)
+                    for job_id in farm.sweep_stalled():
+                        log.warning("job %s failed: no progress for %d s", job_id,
+                                    farm.settings.job_stall_s)
                 if time.monotonic() - in_touch_since > WORKER_STALE_S:
                     for queue in self.queues:
                         self.redelivery.sweep(farm.keys.workers(queue))

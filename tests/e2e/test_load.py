@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from app.jobs import UNPUBLISHED_ERROR
+from app.jobs import STALLED_ERROR, UNPUBLISHED_ERROR
 from app.states import JOB_FINAL, JobState
 from tests.helpers import gunicorn_server, job_ids, running_farm, wait_until
 
@@ -223,3 +223,38 @@ def test_the_acoustic_pool_sweeps_on_its_heartbeat(redis_url, tmp_path):
         while tf.farm.jobs.get(job["id"])["state"] != JobState.FAILED:
             assert time.monotonic() < deadline, "the worker never swept the stranded job"
             time.sleep(0.3)
+
+
+def test_a_job_without_progress_is_failed_with_the_reason_and_one_progressing_is_not(
+        redis_url, tmp_path):
+    """No job sits queued or running for ever: one whose segments were lost (created and
+    published, then nothing) is failed after `job_stall_s`; one that stored a window since
+    is left alone."""
+    with running_farm(redis_url, 12, tmp_path, workers=False, job_stall_s=1) as tf:
+        def published() -> dict:
+            job = tf.farm.jobs.create(total=2, voice="en-us", speed=1.0, fmt="wav", chars=10,
+                                      sample_rate=22050)
+            tf.farm.jobs.mark_published(job["id"])
+            return job
+
+        lost, alive = published(), published()
+        assert tf.farm.sweep_stalled() == []  # too young
+        time.sleep(1.2)
+        tf.farm.jobs.store_window(alive["id"], 0, 0, b"\0\0" * 100, (1, 64))
+        assert tf.farm.sweep_stalled() == [lost["id"]]
+        after = tf.farm.jobs.get(lost["id"])
+        assert after["state"] == JobState.FAILED
+        assert after["error"] == STALLED_ERROR.format(s=1)
+        assert tf.farm.jobs.get(alive["id"])["state"] in (JobState.QUEUED, JobState.RUNNING)
+        time.sleep(1.2)
+        assert tf.farm.sweep_stalled() == [alive["id"]]  # until it too stops moving
+
+
+def test_the_acoustic_pool_fails_stalled_jobs_on_its_heartbeat(redis_url, tmp_path):
+    with running_farm(redis_url, 12, tmp_path, job_stall_s=2) as tf:
+        job = tf.farm.jobs.create(total=1, voice="en-us", speed=1.0, fmt="wav", chars=10,
+                                  sample_rate=22050)
+        tf.farm.jobs.mark_published(job["id"])  # "queued", and its segment lost
+        wait_until(lambda: tf.farm.jobs.get(job["id"])["state"] == JobState.FAILED, 30,
+                   "the acoustic pool never failed the stalled job")
+        assert "no progress for 2 s" in tf.farm.jobs.get(job["id"])["error"]

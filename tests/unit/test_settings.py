@@ -102,3 +102,13 @@ def test_settings_are_immutable_and_with_makes_a_copy():
         s.job_ttl = 1  # type: ignore[misc]
     t = s.with_(job_ttl=1)
     assert (s.job_ttl, t.job_ttl) == (Settings().job_ttl, 1)
+
+
+def test_a_switch_is_read_by_its_word(monkeypatch):
+    for raw, expected in (("false", False), ("0", False), ("no", False), ("true", True),
+                          ("1", True), ("On", True)):
+        monkeypatch.setenv("VOXFARM_AUTH_OPS", raw)
+        assert Settings.from_env().auth_ops is expected, raw
+    monkeypatch.setenv("VOXFARM_AUTH_OPS", "maybe")
+    with pytest.raises(ValueError, match="VOXFARM_AUTH_OPS"):
+        Settings.from_env()
