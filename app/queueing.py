@@ -5,6 +5,7 @@
     publish_again(...)    a segment whose features expired before its vocoder stage ran
     hand_over(...)        a segment stage that a worker short of GPU memory will not run
     send_prepare / start_feed / send_assemble / resume    a book's orchestration tasks
+    send_score(...)       a finished segment to the quality pool (the voice canary)
 
 Work is published by task name through the Celery app it is given (`farm.celery`), so the
 web, which calls these too, never imports `tasks/` or torch. Each function takes the app and
@@ -26,6 +27,7 @@ from app.celery_app import (
     BOOK_ASSEMBLE_TASK,
     BOOK_FEED_TASK,
     BOOK_PREPARE_TASK,
+    QUALITY_TASK,
     VOCODER_TASK,
 )
 from app.states import BookState
@@ -171,6 +173,12 @@ def hand_over(celery: Celery, task_name: str, args: tuple, kwargs: dict, *,
 
 
 # -- books -----------------------------------------------------------------------------------
+
+
+def send_score(celery: Celery, voice: str, version: str, job_id: str, index: int,
+               text: str) -> None:
+    """A finished segment of a voice version, for the quality pool to score (the canary)."""
+    celery.send_task(QUALITY_TASK, args=(voice, version, job_id, index, text))
 
 
 def send_prepare(celery: Celery, book_id: str) -> None:

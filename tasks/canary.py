@@ -22,9 +22,8 @@ from dataclasses import replace
 
 from celery import signals
 
-from app import metrics
+from app import metrics, queueing
 from app.canary import voice_key
-from app.celery_app import QUALITY_TASK
 from models.voices import PIPER, Voice, get_voice
 from tasks import runtime
 
@@ -94,8 +93,7 @@ def observe(celery, stage: str, spec: dict, ok: bool, run_s: float | None) -> No
     elif ok and stage == "vocoder" and "job_id" in spec and version in (live, candidate) \
             and spec.get("words") and random.random() < farm.settings.canary_sample_share:
         text = " ".join(str(word[0]) for word in spec["words"])
-        celery.send_task(QUALITY_TASK, args=(voice, version, spec["job_id"], spec["index"],
-                                             text))
+        queueing.send_score(celery, voice, version, spec["job_id"], spec["index"], text)
 
 
 def install() -> None:

@@ -31,8 +31,9 @@ def score(self: FarmTask, voice: str, version: str, job_id: str, index: int, tex
     `text`) and judge the voice's canary. Returns the segment's scores."""
     farm = self.farm
     pcm = farm.jobs.segment_pcm(job_id, index)
-    rate = farm.redis.hget(farm.keys.job(job_id), "sample_rate")
-    if pcm is None or rate is None:  # expired, or the job failed meanwhile: nothing to hear
+    job = farm.jobs.get(job_id)
+    rate = job and job["sample_rate"]
+    if pcm is None or not rate:  # expired, or the job failed meanwhile: nothing to hear
         raise Ignore()
     audio = np.frombuffer(pcm, dtype="<i2")
     heard = transcribe(audio, int(rate))
