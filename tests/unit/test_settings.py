@@ -112,3 +112,10 @@ def test_a_switch_is_read_by_its_word(monkeypatch):
     monkeypatch.setenv("VOXFARM_AUTH_OPS", "maybe")
     with pytest.raises(ValueError, match="VOXFARM_AUTH_OPS"):
         Settings.from_env()
+
+
+def test_every_setting_is_in_the_operations_table():
+    """docs/operations.md lists every variable the settings read, so none is undocumented."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    missing = [names[0] for names in Settings.env_names().values() if names[0] not in doc]
+    assert not missing, f"not in docs/operations.md: {missing}"
