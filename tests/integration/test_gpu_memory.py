@@ -172,9 +172,6 @@ def test_with_only_short_workers_new_jobs_get_507_and_queued_ones_fail(redis_url
         # Through the web: 507 with the farm's Retry-After.
         resp = create_app(tf.settings, tf.farm).test_client().post(
             "/v1/jobs", json={"text": "Nothing can render this now."})
-        if resp.status_code == 503 and resp.get_json()["error"]["code"] == "overloaded":
-            pytest.xfail("the web maps Overloaded but not yet GpuMemoryExhausted to 507 "
-                         "(web/synthesis.py, owned by the web engineer)")
         assert resp.status_code == 507, resp.get_json()
         assert resp.get_json()["error"]["code"] == "gpu_memory_exhausted"
         assert resp.headers["Retry-After"] == str(tf.settings.retry_after_s)
