@@ -84,6 +84,13 @@ def submit(web: str) -> str:
     return resp.json()["id"]
 
 
+def book_now(web: str, book_id: str) -> dict:
+    try:
+        return requests.get(f"{web}/v1/books/{book_id}", timeout=5).json()
+    except (requests.RequestException, ValueError):
+        return {}
+
+
 def job_state(web: str, job_id: str) -> str | None:
     try:
         resp = requests.get(f"{web}/v1/jobs/{job_id}", timeout=5)
@@ -101,6 +108,7 @@ class Farm:
                                              list(metrics))
         self.state = json.loads((cwd / "var" / "farm.json").read_text())
         self.in_flight: tuple[str, float] | None = None  # a job, when Redis died under it
+        self.book_in_flight = ""  # a book, likewise
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +144,18 @@ def test_up_runs_the_procfiles_lines(farm):
 def test_a_killed_redis_comes_back_on_its_port_with_its_data(farm):
     url = farm.state["redis_url"]
     redis_pid = next(pid for pid, a in children(farm.up).items() if "redis-server" in a[0])
+    # A book mid-render when Redis dies: some segments stored, the rest still to come.
+    book = requests.post(f"{farm.web}/v1/books", timeout=30, json={
+        "title": "Through a crash", "author": "Test", "chapters": [
+            {"title": f"Part {c + 1}", "text": " ".join([TEXT] * 4)} for c in range(3)]})
+    assert book.status_code == 202, book.text
+    book_id = book.json()["id"]
+    wait_until("the book has begun", lambda: book_now(farm.web, book_id).get(
+        "segments", {}).get("done", 0) >= 1, 120, farm.log)
     job_id = submit(farm.web)
     os.kill(redis_pid, signal.SIGKILL)
     farm.in_flight = job_id, time.monotonic()
+    farm.book_in_flight = book_id
     # Back on the same port (the URL every process holds), within the supervisor's backoff.
     wait_until("Redis answers on its port again",
                lambda: _pings(url) and redis_pid not in children(farm.up), 15, farm.log)
@@ -158,6 +175,18 @@ def test_a_job_in_flight_when_redis_died_finishes(farm):
     wait_until(f"job {job_id}, accepted before the Redis kill, is done",
                lambda: job_state(farm.web, job_id) == "done",
                max(1.0, 30 - (time.monotonic() - killed_at)), farm.log)
+
+
+def test_a_book_mid_render_when_redis_died_completes_each_segment_once(farm):
+    book_id = farm.book_in_flight
+    wait_until(f"book {book_id}, rendering when Redis was killed, is done",
+               lambda: book_now(farm.web, book_id).get("state") == "done", 240, farm.log)
+    book = book_now(farm.web, book_id)
+    total = book["segments"]["total"]
+    assert total >= 12 and book["segments"]["done"] == total
+    # Each segment stored once: the book's done bitmap has exactly one bit per segment.
+    r = redis.Redis.from_url(farm.state["redis_url"])
+    assert r.bitcount(f"vf:book:{book_id}:done") == total
 
 
 def test_a_killed_worker_is_restarted_and_the_farm_serves(farm):
