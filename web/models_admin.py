@@ -74,17 +74,18 @@ def start_canary(voice: str):
 
 @models_admin.post("/v1/admin/voices/<voice>/promote")
 def promote(voice: str):
-    name = _voice(voice)
-    canary = farm().canary
-    if canary.promote(name, reasons=("promoted by an operator through the API",)) is None:
-        raise ApiError(409, "no_candidate", f"voice {voice_key(name)} has no candidate")
-    return versions_of(canary, name)
+    return _decide(voice, Canary.promote, "promoted")
 
 
 @models_admin.post("/v1/admin/voices/<voice>/rollback")
 def rollback(voice: str):
+    return _decide(voice, Canary.rollback, "rolled back")
+
+
+def _decide(voice: str, decision, done: str):
+    """An operator's promote or rollback of the voice's candidate; 409 when it has none."""
     name = _voice(voice)
     canary = farm().canary
-    if canary.rollback(name, reasons=("rolled back by an operator through the API",)) is None:
+    if decision(canary, name, reasons=(f"{done} by an operator through the API",)) is None:
         raise ApiError(409, "no_candidate", f"voice {voice_key(name)} has no candidate")
     return versions_of(canary, name)
