@@ -32,6 +32,21 @@ def held_unacked(tf, worker) -> list[str]:
     return [t for t in tags if r.hexists("unacked", t)]
 
 
+def freeze_holding(tf, worker) -> list[str]:
+    """SIGSTOP `worker` at a moment it holds an unacked message; the tags it holds. Frozen,
+    it cannot ack between the look and the fault, so the test is never vacuous."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if held_unacked(tf, worker):
+            os.killpg(worker.proc.pid, signal.SIGSTOP)
+            held = held_unacked(tf, worker)
+            if held:
+                return held
+            os.killpg(worker.proc.pid, signal.SIGCONT)  # it acked just then: look again
+        time.sleep(0.01)
+    raise AssertionError(f"{worker.name} never held a segment")
+
+
 def render_through(tf, client, fault, budget_s: float) -> tuple[float, dict]:
     """Submit a job, apply `fault` (returns what it hit) once two segments are done, and
     collect every chunk; how long after the fault the job ended."""
@@ -65,9 +80,7 @@ def test_a_killed_acoustic_workers_segment_goes_to_its_live_peer_within_30_s(red
         held = []
 
         def kill_while_holding() -> None:
-            wait_until(lambda: held_unacked(tf, victim), 60, "the victim never held a segment",
-                       interval_s=0.01)
-            held.extend(held_unacked(tf, victim))
+            held.extend(freeze_holding(tf, victim))
             victim.kill()
 
         took, _ = render_through(tf, client, kill_while_holding, budget_s=90)
@@ -88,8 +101,7 @@ def test_a_vocoder_restarted_under_its_name_takes_back_what_it_held(redis_url, t
         client = create_app(tf.settings, tf.farm).test_client()
 
         def kill_and_restart() -> None:
-            wait_until(lambda: held_unacked(tf, victim), 60, "the vocoder never held a segment",
-                       interval_s=0.01)
+            freeze_holding(tf, victim)
             victim.kill()
             tf.start_worker("vocoder", name=victim.name)
 
@@ -109,12 +121,11 @@ def test_a_stopped_worker_is_counted_dead_and_its_segment_moves_on(redis_url, tm
         client = create_app(tf.settings, tf.farm).test_client()
 
         def stop_while_holding() -> None:
-            wait_until(lambda: held_unacked(tf, victim), 60, "the victim never held a segment",
-                       interval_s=0.01)
-            os.killpg(victim.proc.pid, signal.SIGSTOP)
+            freeze_holding(tf, victim)  # and left stopped: hung
 
         try:
             took, _ = render_through(tf, client, stop_while_holding, budget_s=90)
         finally:
             os.killpg(victim.proc.pid, signal.SIGCONT)
         assert took < 60, f"{took:.0f} s after the stop"
+        assert "handed 1 unacked message" in (tmp_path / "vocoder.log").read_text()

@@ -34,7 +34,9 @@ def book_json(chapters: int, sentences: int) -> dict:
 def test_redis_away_for_30_s_the_web_says_503_and_the_farm_resumes_by_itself(tmp_path):
     server = EmbeddedRedis(tmp_path / "redis", persist=True).start()
     try:
-        with running_farm(server.url, 0, tmp_path, book=True,
+        # Database (and RabbitMQ virtual host) 1 of its own server: vhost "0" is the shared
+        # farm's, whose workers would take this farm's messages.
+        with running_farm(server.url, 1, tmp_path, book=True,
                           store_dir=str(tmp_path / "store")) as tf, \
                 gunicorn_server(tf.env, tmp_path / "web.log") as base:
             book = requests.post(f"{base}/v1/books", json=book_json(3, 6), timeout=30)
