@@ -15,9 +15,17 @@ import pytest
 import requests
 
 from app.embedded_redis import EmbeddedRedis
+from tests.brokers import use_amqp
 from tests.helpers import assert_speech, gunicorn_server, running_farm, wait_book, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # With RabbitMQ as the broker the workers keep consuming while the store is away, and a
+    # segment's retries (about 7 s with the default 3) run out within the 30 s: its job
+    # fails with the reason instead of waiting. Known and written in docs/security.md.
+    pytest.mark.skipif(use_amqp(), reason="Redis as broker and store: on RabbitMQ a segment's "
+                       "retries run out inside a 30 s store outage (docs/security.md)"),
+]
 
 OUTAGE_S = 30
 SENTENCES = ["The river ran quietly past the mill.", "Snow fell on the roofs of the town.",
