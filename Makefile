@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-amqp cluster-test setup lint bench clean
+.PHONY: run test test-slow test-amqp cluster-test setup lint bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -30,8 +30,14 @@ NO_BROWSER_BANNER := test -x $(CHROMIUM) || printf '\n%s\n%s\n%s\n%s\n\n' \
   '======================================================================'
 
 test: $(STAMP)
-	$(PY) -m pytest -q; rc=$$?; $(MAKE) --no-print-directory test-amqp || rc=1; \
+	$(PY) -m pytest -q -m "not slow"; rc=$$?; $(MAKE) --no-print-directory test-amqp || rc=1; \
 	  $(NO_BROWSER_BANNER); exit $$rc
+
+# The fault and canary tests that take a minute or more each (marked slow): Redis and worker
+# kills under `voxfarm up`, a 30 s Redis outage, redelivery, the canary's two decisions.
+# About 8 minutes; .ci/run runs them after `make test`.
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
 
 # The farm tests again with RabbitMQ as the broker (VOXFARM_TEST_BROKER=amqp, see
 # tests/brokers.py): a representative subset (jobs, a killed worker, books across the batch

@@ -24,7 +24,7 @@ from app.embedded_redis import EmbeddedRedis
 from app.settings import Settings
 from tests.helpers import ROOT, running_farm, wait_until, wav_to_pcm
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 asr = pytest.importorskip("tests.asr")
 pytest.importorskip("pocketsphinx")

@@ -18,6 +18,7 @@ from tests.helpers import assert_chunk_order, collect_chunks, running_farm, wait
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slow,
     pytest.mark.skipif(use_amqp(), reason="RabbitMQ requeues a dead consumer's messages itself"),
 ]
 

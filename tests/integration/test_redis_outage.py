@@ -20,6 +20,7 @@ from tests.helpers import assert_speech, gunicorn_server, running_farm, wait_boo
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slow,
     # With RabbitMQ as the broker the workers keep consuming while the store is away, and a
     # segment's retries (about 7 s with the default 3) run out within the 30 s: its job
     # fails with the reason instead of waiting. Known and written in docs/security.md.

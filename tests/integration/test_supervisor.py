@@ -22,7 +22,7 @@ from app import cli
 from app.embedded_redis import free_port
 from tests.e2e.test_two_farms import clean_env, farm_up, free_run, wait_ready
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TEXT = ("The quick brown fox jumps over the lazy dog. Speech synthesis turns written words "
         "into sound. Each sentence becomes a segment of its own. The farm renders them on "
