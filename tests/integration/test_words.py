@@ -37,6 +37,18 @@ def finished(client, text: str) -> dict:
     return wait_state(client, submit(client, text)["id"])
 
 
+def start_errors(client, job: dict, words: list[dict], spoken: str):
+    """Our word starts against pocketsphinx's forced alignment of the job's audio: the
+    errors (s), their median and p90. pocketsphinx pins the first word to the start of the
+    audio (it has no silence model before it), so the first word is not a measurement."""
+    pcm, rate = wav_to_pcm(client.get(f"/v1/jobs/{job['id']}/audio?format=wav").data)
+    aligned = asr.align(pcm, rate, spoken)
+    assert [w for w, _, _ in aligned] == asr.normalize(spoken)
+    errors = np.array([abs(ours["start"] - start)
+                       for ours, (_, start, _) in list(zip(words, aligned, strict=True))[1:]])
+    return errors, np.median(errors), np.percentile(errors, 90)
+
+
 def test_word_starts_agree_with_pocketsphinx(client):
     job = finished(client, TEXT)
     captions = client.get(f"/v1/jobs/{job['id']}/captions?format=json").get_json()
@@ -46,14 +58,7 @@ def test_word_starts_agree_with_pocketsphinx(client):
     money = TEXT.index("$12.50")
     assert {(w["text_start"], w["text_end"]) for w in words
             if w["word"] in ("dollars", "cents")} == {(money, money + len("$12.50"))}
-    pcm, rate = wav_to_pcm(client.get(f"/v1/jobs/{job['id']}/audio?format=wav").data)
-    aligned = asr.align(pcm, rate, spoken)
-    assert [w for w, _, _ in aligned] == asr.normalize(spoken)
-    # pocketsphinx pins the first word to the start of the audio (it has no silence model
-    # before it), so the first word is not a measurement.
-    errors = np.array([abs(ours["start"] - start)
-                       for ours, (_, start, _) in list(zip(words, aligned, strict=True))[1:]])
-    median, p90 = np.median(errors), np.percentile(errors, 90)
+    errors, median, p90 = start_errors(client, job, words, spoken)
     print(f"\nword starts vs pocketsphinx forced alignment, {len(errors)} words in "
           f"{len(SENTENCES)} sentences ({job['audio_seconds']:.1f} s, "
           f"{job['segments']['total']} segments): median {median * 1000:.0f} ms, "
@@ -136,12 +141,7 @@ def test_espeak_word_times_from_its_word_events(client):
     words = client.get(f"/v1/jobs/{job['id']}/captions").get_json()["words"]
     spoken = " ".join(w["word"] for w in words)
     assert "twelve dollars and fifty cents" in spoken
-    pcm, rate = wav_to_pcm(client.get(f"/v1/jobs/{job['id']}/audio?format=wav").data)
-    aligned = asr.align(pcm, rate, spoken)
-    assert [w for w, _, _ in aligned] == asr.normalize(spoken)
-    errors = np.array([abs(ours["start"] - start)
-                       for ours, (_, start, _) in list(zip(words, aligned, strict=True))[1:]])
-    median, p90 = np.median(errors), np.percentile(errors, 90)
+    errors, median, p90 = start_errors(client, job, words, spoken)
     print(f"\neSpeak word starts vs pocketsphinx forced alignment, {len(errors)} words: "
           f"median {median * 1000:.0f} ms, p90 {p90 * 1000:.0f} ms")
     assert median <= 0.150
