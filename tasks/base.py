@@ -9,7 +9,7 @@ failure that outlived its retries marks failed.
 from __future__ import annotations
 
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 
 from models.errors import SpeechError
 from tasks import runtime
@@ -37,3 +37,18 @@ class FarmTask(Task):
     @property
     def max_retries(self) -> int:  # type: ignore[override]
         return self.farm.settings.max_retries
+
+    def retry(self, *args, **kwargs):
+        """Celery's retry, except when the retry cannot be published. Celery then rejects the
+        message without requeue, and the message is the segment's only copy: across a broker
+        restart that dropped a book's segment for good (a producer whose channel the outage
+        closed raised AttributeError, not a connection error, so kombu did not retry it).
+        Requeue it instead: the task runs again from the queue (every stage is idempotent),
+        and if the broker cannot take even the requeue, the message stays unacked and
+        redelivery hands it back (`app.redelivery`)."""
+        try:
+            return super().retry(*args, **kwargs)
+        except Reject as rejected:
+            if rejected.requeue:
+                raise
+            raise Reject(rejected.reason, requeue=True) from rejected
