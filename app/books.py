@@ -204,7 +204,10 @@ class BookStore:
                   "source_format": source_format, "total": 0, "done": 0, "audio_samples": 0,
                   "cursor": 0, "feed_gen": 0, "created_at": time.time(), "owner": owner}
         args = [x for k, v in fields.items() for x in (k, str(v))]
-        return bool(self._create(keys=self._keys(book_id), args=args))
+        created = bool(self._create(keys=self._keys(book_id), args=args))
+        if created:
+            self.r.zadd(self.keys.books_progress, {book_id: fields["created_at"]})
+        return created
 
     def set_plan(self, book_id: str, chapters: list[tuple[str, int]]) -> bool:
         """Record the segment counts the prepare task found and start rendering."""
@@ -218,6 +221,8 @@ class BookStore:
             fields.setdefault(f"c{c}_done", 0)
             offset += n
         moved, _ = self.move(book_id, (BookState.PREPARING,), BookState.RENDERING, **fields)
+        if moved:
+            self.progressed(book_id)
         return moved
 
     def move(self, book_id: str, from_states: Iterable[str], to: BookState,
@@ -241,7 +246,36 @@ class BookStore:
             self.store.delete(key)
             if words is not None:
                 self.store.delete(words_key)
+        else:
+            self.progressed(book_id)
         return int(done), state.decode() if isinstance(state, bytes) else str(state)
+
+    def progressed(self, book_id: str, *, resumed: bool = False) -> None:
+        """The book moved on: the stall sweeper leaves it a while longer. `resumed`: it is
+        live again (a retry of a failed book, which the sweeper had forgotten). Progress
+        also clears the sweeper's count of resumes: it fails only a book that keeps
+        stalling with no progress between."""
+        with self.r.pipeline(transaction=False) as p:
+            p.zadd(self.keys.books_progress, {book_id: time.time()}, xx=not resumed)
+            if not resumed:
+                p.hdel(self.keys.book(book_id), "stall_resumes")
+            p.execute()
+
+    def idle_since(self, before: float) -> list[str]:
+        """The books whose last progress is older than `before` (a Unix time)."""
+        return [b.decode() for b in self.r.zrangebyscore(self.keys.books_progress, "-inf",
+                                                          before)]
+
+    def forget_progress(self, book_id: str) -> None:
+        self.r.zrem(self.keys.books_progress, book_id)
+
+    def claim_resume(self, book_id: str, hold_s: float) -> int | None:
+        """The stall sweeper's claim on resuming a book: each book pool worker sweeps, and
+        only one may resume it per `hold_s`. Returns how many resumes the sweepers have made
+        with this one, or None when another sweeper has the claim."""
+        if not self.r.set(f"{self.keys.book(book_id)}:sweep", 1, nx=True, px=int(hold_s * 1000)):
+            return None
+        return int(self.r.hincrby(self.keys.book(book_id), "stall_resumes", 1))
 
     def cancel(self, book_id: str) -> tuple[bool, str | None]:
         """Cancel a book, or delete a finished one: the same one transition also clears an
@@ -264,10 +298,12 @@ class BookStore:
                               args=[",".join(formats), repr(time.time()), duration_s])
         return int(out[0]), out[1].decode() if isinstance(out[1], bytes) else str(out[1])
 
-    def fail(self, book_id: str, chapter: int, text: str, message: str) -> bool:
+    def fail(self, book_id: str, chapter: int | None, text: str, message: str) -> bool:
+        """Fail an active book; `chapter`: where it failed, None for the book as a whole."""
         moved, _ = self.move(book_id, BOOK_ACTIVE, BookState.FAILED,
                              finished_at=time.time(), error=message,
-                             error_chapter=chapter, error_text=text[:500])
+                             error_chapter="" if chapter is None else chapter,
+                             error_text=text[:500])
         return moved
 
     def new_feed_gen(self, book_id: str) -> int:

@@ -20,12 +20,14 @@ from app.books import BookStore
 from app.broker import broker_queues
 from app.canary import Canary
 from app.celery_app import (
+    ACOUSTIC_BATCH_QUEUE,
     ACOUSTIC_QUEUE,
     ALL_QUEUES,
     BATCH_QUEUES,
     OVERFLOW_QUEUES,
     QUALITY_QUEUE,
     QUEUES,
+    VOCODER_BATCH_QUEUE,
     make_celery,
 )
 from app.jobs import JobStore
@@ -35,10 +37,15 @@ from app.metrics import JobObserver
 from app.redis_conn import blocking_client, redis_client
 from app.sealing import Sealer
 from app.settings import Settings
-from app.states import BOOK_ACTIVE, JOB_FINAL
+from app.states import BOOK_ACTIVE, JOB_FINAL, BookState
 
 # A worker counts as live while its heartbeat is younger than this.
 WORKER_STALE_S = 15.0
+
+# A queued book whose prepare task has not started after this long lost its message.
+STALLED_QUEUED_S = 30.0
+BOOK_STALLED_ERROR = ("no progress for {s:.0f} s, {n} times resumed: its segments keep being "
+                      "lost (a broker failure?)")
 
 # A stage's recent run time: an exponentially weighted mean, each new run weighing 0.2.
 _RUN_EWMA = """
@@ -164,6 +171,48 @@ class Farm:
     def sweep_stalled(self) -> list[str]:
         """Fail the jobs that made no progress for `job_stall_s` (their segments were lost)."""
         return self.jobs.sweep_stalled(self.settings.job_stall_s)
+
+    def book_stalled(self, rec: dict, *, idle: bool = False) -> bool:
+        """Nothing will move this book on by itself. Queued: its prepare message is lost
+        once it is `STALLED_QUEUED_S` old. Rendering with segments missing and nothing of it
+        left in the batch queues: their messages were lost, once every segment was
+        published; at any feed cursor when the book is known `idle` (no progress for
+        `book_stall_s`), since a live feeder waits on full queues, never on empty ones."""
+        if rec["state"] == BookState.QUEUED:
+            return idle or time.time() - (rec["created_at"] or 0) > STALLED_QUEUED_S
+        if rec["state"] != BookState.RENDERING or rec["done"] >= rec["total"]:
+            return False
+        if rec["cursor"] < rec["total"] and not idle:
+            return False
+        return not (self.queue_depth(ACOUSTIC_BATCH_QUEUE)
+                    or self.queue_depth(VOCODER_BATCH_QUEUE))
+
+    def sweep_stalled_books(self) -> list[tuple[str, str]]:
+        """Resume the books that made no progress for `book_stall_s` and are stalled (a
+        message of theirs was lost: a broker that died inside its last second of writes);
+        fail one resumed `book_stall_resumes` times already with the reason; forget finished
+        ones. Every stage is idempotent and stored segments are skipped, so a resume renders
+        only what is missing. Returns (book id, "resumed" or "failed") for each it moved."""
+        stall_s = self.settings.book_stall_s
+        moved = []
+        for book_id in self.books.idle_since(time.time() - stall_s):
+            rec = self.books.get(book_id)
+            if rec is None or rec["state"] not in BOOK_ACTIVE:
+                self.books.forget_progress(book_id)
+                continue
+            if not self.book_stalled(rec, idle=True):
+                continue  # waiting its turn in busy queues, preparing or assembling
+            resumes = self.books.claim_resume(book_id, stall_s)
+            if resumes is None:
+                continue  # another book worker's sweep has it
+            if resumes > self.settings.book_stall_resumes:
+                self.books.fail(book_id, None, "", BOOK_STALLED_ERROR.format(
+                    s=stall_s, n=self.settings.book_stall_resumes))
+                moved.append((book_id, "failed"))
+            else:
+                queueing.resume(self.celery, self.books, book_id)
+                moved.append((book_id, "resumed"))
+        return moved
 
     # -- health ------------------------------------------------------------------------------
 

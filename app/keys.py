@@ -21,6 +21,8 @@ Layout (prefix `vf` by default):
                                  until the stall sweeper finds it finished or stuck
     {p}:book:{id}         hash   the book record (state, per-chapter progress, feed cursor)
     {p}:book:{id}:done    bitmap bit n set once segment n (book-wide ordinal) is stored
+    {p}:books:progress    zset   book id -> its last progress (created, planned, a segment
+                                 stored), until the stall sweeper finds it finished or stuck
     {p}:voices            set    voices that have versions (app/canary.py)
     {p}:voice:{name}      hash   live, candidate (version ids), share, seq
     {p}:voice:{name}:versions  hash  version id -> JSON record (file, inference, state)
@@ -81,6 +83,10 @@ class Keys:
     @property
     def progress(self) -> str:
         return f"{self.prefix}:jobs:progress"
+
+    @property
+    def books_progress(self) -> str:
+        return f"{self.prefix}:books:progress"
 
     def mel_refs(self, digest: str) -> str:
         return f"{self.prefix}:mel:{digest}:refs"

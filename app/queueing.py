@@ -212,9 +212,11 @@ def resume(celery: Celery, books: BookStore, book_id: str) -> str | None:
             to, fields = BookState.RENDERING, {"cursor": 0}
         else:  # failed before its plan was made
             to, fields = BookState.QUEUED, {}
-        moved, state = books.move(book_id, (BookState.FAILED,), to, error="", **fields)
+        moved, state = books.move(book_id, (BookState.FAILED,), to, error="",
+                                  stall_resumes=0, **fields)
         if not moved:
             return None
+    books.progressed(book_id, resumed=True)
     if state in (BookState.QUEUED, BookState.PREPARING):
         send_prepare(celery, book_id)
     elif state == BookState.RENDERING:

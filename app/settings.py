@@ -101,6 +101,12 @@ class Settings:
     # Admission keeps a job's expected wait under max_queue_wait_s, so a healthy one never
     # comes near it.
     job_stall_s: int = 600
+    # A book that made no progress (no segment stored) for this long while nothing of it is
+    # left in the batch queues is resumed by the book pool's heartbeat: a segment's or the
+    # feeder's message was lost. After `book_stall_resumes` such resumes it is failed with
+    # the reason (retry with POST /v1/books/ID/retry).
+    book_stall_s: int = 120
+    book_stall_resumes: int = 3
 
     # A stream or WebSocket client that has not taken the audio sent to it within this many
     # seconds is dropped (it stopped reading).

@@ -31,8 +31,6 @@ from app.books import (
     output_key,
     prefix,
 )
-from app.celery_app import ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE
-from app.farm import Farm
 from app.offload import offload
 from app.queueing import resume, send_assemble, send_prepare
 from app.states import BookState
@@ -163,20 +161,6 @@ def _parse_upload(data: bytes, name: str) -> Book:
     return _breaks_within_cap(parse_book(data, name))
 
 
-# A queued book whose prepare task has not started after this long lost its message.
-STALLED_QUEUED_S = 30.0
-
-
-def _stalled(f: Farm, rec: dict) -> bool:
-    """Nothing will move this book on by itself: its prepare message is lost, or every
-    segment was published but some never came back and nothing is left in the queues."""
-    if rec["state"] == BookState.QUEUED:
-        return time.time() - (rec["created_at"] or 0) > STALLED_QUEUED_S
-    if rec["state"] == BookState.RENDERING and rec["cursor"] >= rec["total"] > rec["done"]:
-        return not (f.queue_depth(ACOUSTIC_BATCH_QUEUE) or f.queue_depth(VOCODER_BATCH_QUEUE))
-    return False
-
-
 @books_api.post("/v1/books")
 def create_book():
     f = farm()
@@ -251,7 +235,7 @@ def create_book():
             # Done, and asked in formats it lacks: package the stored segments again (the
             # audio is the same; nothing is rendered twice).
             send_assemble(f.celery, book_id)
-        elif _stalled(f, existing):
+        elif f.book_stalled(existing):
             # A re-submit of a stalled book nudges it on (its message was lost with a
             # crashed web process, or the broker's queues were lost): every stage is
             # idempotent and stored segments are skipped, so nothing is rendered twice.

@@ -114,6 +114,10 @@ class Heartbeat:
                     for job_id in farm.sweep_stalled():
                         log.warning("job %s failed: no progress for %d s", job_id,
                                     farm.settings.job_stall_s)
+                if BOOK_QUEUE in self.queues:
+                    for book_id, what in farm.sweep_stalled_books():
+                        log.warning("book %s %s: no progress for %d s and nothing of it "
+                                    "queued", book_id, what, farm.settings.book_stall_s)
                 if time.monotonic() - in_touch_since > WORKER_STALE_S:
                     for queue in self.queues:
                         self.redelivery.sweep(farm.keys.workers(queue))

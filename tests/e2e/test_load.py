@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from app.farm import BOOK_STALLED_ERROR
 from app.jobs import STALLED_ERROR, UNPUBLISHED_ERROR
-from app.states import JOB_FINAL, JobState
+from app.states import JOB_FINAL, BookState, JobState
 from tests.helpers import gunicorn_server, job_ids, running_farm, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -248,6 +249,43 @@ def test_a_job_without_progress_is_failed_with_the_reason_and_one_progressing_is
         assert tf.farm.jobs.get(alive["id"])["state"] in (JobState.QUEUED, JobState.RUNNING)
         time.sleep(1.2)
         assert tf.farm.sweep_stalled() == [alive["id"]]  # until it too stops moving
+
+
+def test_a_stalled_book_is_resumed_a_few_times_then_failed_with_the_reason(
+        redis_url, tmp_path):
+    """No book renders for ever without progress: one whose messages keep getting lost is
+    resumed `book_stall_resumes` times, then failed with the reason; one that stored a
+    segment since is left alone, and progress starts its count again."""
+    with running_farm(redis_url, 12, tmp_path, workers=False, book_stall_s=1,
+                      book_stall_resumes=2, store_dir=str(tmp_path / "store")) as tf:
+        books = tf.farm.books
+
+        def rendering(name: str) -> str:
+            assert books.create(name, title=name, author="", voice="en-us", speed=1.0,
+                                formats=("chapters",), chapters=1, words=9,
+                                sample_rate=22050, source_format="json")
+            books.move(name, (BookState.QUEUED,), BookState.PREPARING)
+            assert books.set_plan(name, [("One", 3)])
+            return name
+
+        lost, alive = rendering("lost-book"), rendering("alive-book")
+        assert tf.farm.sweep_stalled_books() == []  # too young
+        for n in (1, 2):
+            time.sleep(1.2)
+            books.store_segment(alive, n - 1, 0, n - 1, b"\0\0" * 10)
+            # Each resume publishes its feeder, which no worker here takes: lost again.
+            assert tf.farm.sweep_stalled_books() == [(lost, "resumed")], n
+        time.sleep(1.2)
+        books.store_segment(alive, 2, 0, 2, b"\0\0" * 10)  # its last: assembling now
+        assert tf.farm.sweep_stalled_books() == [(lost, "failed")]
+        failed = books.get(lost)
+        assert failed["state"] == BookState.FAILED
+        assert failed["error"] == {"message": BOOK_STALLED_ERROR.format(s=1, n=2),
+                                   "chapter": None, "text": None}
+        assert books.get(alive)["state"] == BookState.ASSEMBLING
+        time.sleep(1.2)
+        assert tf.farm.sweep_stalled_books() == []  # failed: forgotten; assembling: waited on
+        assert tf.farm.redis.zrange(tf.farm.keys.books_progress, 0, -1) == [alive.encode()]
 
 
 def test_the_acoustic_pool_fails_stalled_jobs_on_its_heartbeat(redis_url, tmp_path):

@@ -35,9 +35,10 @@ def json_book(title: str, chapters: int, sentences: int) -> dict:
 @pytest.fixture(scope="module")
 def book_farm(redis_url, tmp_path_factory):
     store = tmp_path_factory.mktemp("store")
-    # A short visibility timeout: a killed worker's segment comes back in seconds.
+    # A short visibility timeout: a killed worker's segment comes back in seconds; and a
+    # short stall time: a book whose messages were lost is resumed in seconds.
     with running_farm(redis_url, 6, tmp_path_factory.mktemp("books"), book=True,
-                      store_dir=str(store), visibility_timeout=5) as tf:
+                      store_dir=str(store), visibility_timeout=5, book_stall_s=5) as tf:
         yield tf
 
 
@@ -123,6 +124,28 @@ def test_vocoder_sigkill_mid_book_every_segment_exactly_once(book_farm, bclient)
             c["segments"]["total"]
     manifest = bclient.get(f"/v1/books/{book_id}/manifest").get_json()
     assert manifest["duration_s"] == pytest.approx(book["audio_seconds"], abs=0.01)
+
+
+def test_a_book_whose_queued_segments_were_lost_is_resumed_by_the_book_pool(book_farm,
+                                                                          bclient):
+    """The messages of a book's queued segments vanish (a broker that died inside its last
+    second of writes): nothing would render them, and nobody re-submits. The book pool's
+    heartbeat finds the book without progress and with nothing queued, and resumes it; the
+    book completes with each segment stored once."""
+    resp = bclient.post("/v1/books", json=json_book("Lost At Sea", 2, 4))
+    assert resp.status_code == 202, resp.get_json()
+    book_id = resp.get_json()["id"]
+    wait_book(bclient, book_id, until=lambda b: b["segments"]["done"] >= 1)
+    assert book_farm.farm.celery.control.purge() > 0  # every queued message is gone
+    mid = bclient.get(f"/v1/books/{book_id}").get_json()
+    assert mid["state"] == "rendering" and mid["segments"]["done"] < mid["segments"]["total"]
+
+    book = wait_book(bclient, book_id, timeout_s=150)
+    total = book["segments"]["total"]
+    assert book["segments"]["done"] == total
+    files = segment_files(book_farm.farm, book_id)
+    assert len(files) == total == len(set(files))
+    assert f"book {book_id} resumed: no progress for 5 s" in book_farm.log_tail("book")
 
 
 def test_interactive_job_overtakes_a_book(book_farm, bclient):
