@@ -177,10 +177,6 @@ def test_a_job_in_flight_when_redis_died_finishes(farm):
                max(1.0, 30 - (time.monotonic() - killed_at)), farm.log)
 
 
-@pytest.mark.xfail(reason="intermittent, open (issue 11): with the retry fix but before the "
-                          "book stall sweep, 1 of 2 runs saw the book stall with no error "
-                          "logged (a message lost inside the AOF's last second); the sweep "
-                          "resumes such a book after 120 s, not yet seen here", strict=False)
 def test_a_book_mid_render_when_redis_died_completes_each_segment_once(farm):
     book_id = farm.book_in_flight
     wait_until(f"book {book_id}, rendering when Redis was killed, is done",
