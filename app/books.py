@@ -273,7 +273,7 @@ class BookStore:
         """The stall sweeper's claim on resuming a book: each book pool worker sweeps, and
         only one may resume it per `hold_s`. Returns how many resumes the sweepers have made
         with this one, or None when another sweeper has the claim."""
-        if not self.r.set(f"{self.keys.book(book_id)}:sweep", 1, nx=True, px=int(hold_s * 1000)):
+        if not self.r.set(self.keys.book_sweep(book_id), 1, nx=True, px=int(hold_s * 1000)):
             return None
         return int(self.r.hincrby(self.keys.book(book_id), "stall_resumes", 1))
 

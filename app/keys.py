@@ -21,6 +21,7 @@ Layout (prefix `vf` by default):
                                  until the stall sweeper finds it finished or stuck
     {p}:book:{id}         hash   the book record (state, per-chapter progress, feed cursor)
     {p}:book:{id}:done    bitmap bit n set once segment n (book-wide ordinal) is stored
+    {p}:book:{id}:sweep   string a book worker's claim on resuming the stalled book (TTL)
     {p}:books:progress    zset   book id -> its last progress (created, planned, a segment
                                  stored), until the stall sweeper finds it finished or stuck
     {p}:voices            set    voices that have versions (app/canary.py)
@@ -72,6 +73,9 @@ class Keys:
 
     def book_done(self, book_id: str) -> str:
         return f"{self.prefix}:book:{book_id}:done"
+
+    def book_sweep(self, book_id: str) -> str:
+        return f"{self.prefix}:book:{book_id}:sweep"
 
     def mel(self, digest: str) -> str:
         return f"{self.prefix}:mel:{digest}"
