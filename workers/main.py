@@ -169,6 +169,34 @@ def watch_memory(stage: str, worker: str) -> threading.Thread:
     return thread
 
 
+def lower_priority(nice: int) -> None:
+    """Run this pool `nice` levels below the others, so batch work takes only the CPU that
+    interactive pools leave (the pool's processes inherit it from this parent).
+
+    `os.nice` alone does nothing against a process of another session where the kernel
+    schedules by autogroup (Linux's default, `kernel.sched_autogroup_enabled`): each session
+    is one group, the groups share the CPU equally, and a nice level weighs only inside its
+    group. `voxfarm up`, systemd and the test farms start every pool in a session of its own,
+    so a niced batch pool took half of a busy CPU from an interactive one. A pool that leads
+    its session therefore lowers its autogroup too; one that shares a session (started from
+    a shell) must not, as that would lower its neighbours with it, and there its `os.nice`
+    already weighs against them."""
+    os.nice(nice)
+    if os.getsid(0) != os.getpid():
+        return
+    for _ in range(3):
+        try:
+            with open("/proc/self/autogroup", "w") as f:
+                f.write(str(nice))
+            return
+        except BlockingIOError:  # the kernel takes one such change a second, host-wide
+            time.sleep(1.1)
+        except OSError:  # not Linux, or no autogroup scheduling: os.nice is all there is
+            return
+    log.warning("could not lower this pool's autogroup priority; it competes as nice 0 "
+                "with pools of other sessions")
+
+
 def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str = "prefork",
                loglevel: str = "INFO", name: str | None = None, metrics_port: int = 0,
                metrics_addr: str = "0.0.0.0", threads: int = 0, work: str = "all",
@@ -176,9 +204,7 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     if queue not in WORKER_QUEUES:
         raise SystemExit(f"unknown queue {queue!r}; one of {', '.join(WORKER_QUEUES)}")
     if nice:
-        # Book work runs at a lower OS priority, so it takes only the CPU that interactive
-        # pools leave (the pool's processes inherit it from this parent).
-        os.nice(nice)
+        lower_priority(nice)
     runtime.configure(device, threads)
     try:
         memory_ruled = queue in OVERFLOW_QUEUES and runtime.memory_ruled()

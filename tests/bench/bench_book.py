@@ -6,11 +6,12 @@ process, and interactive latency idle vs while the book renders.
 The farm is real: an embedded Redis, one acoustic and one vocoder worker for interactive
 jobs, one acoustic and one vocoder worker for book segments at OS priority 10 below them
 (`voxfarm worker STAGE --work batch --nice 10`, as `voxfarm up` runs them), and one book
-(gevent) worker, the artifact store in a temporary folder; with --shared, one acoustic and
-one vocoder worker take both kinds of work, interactive first. The web runs in this process
-(Flask test client), so "bench" in the RSS table is the web plus this driver. Interactive latency: a
-one-sentence job (distinct text each time, so no mel-cache hits) from POST to state done,
-measured 20 times on the idle farm, then once a second while the book renders.
+(gevent) worker at priority 10 too, the artifact store in a temporary folder; with --shared,
+one acoustic and one vocoder worker take both kinds of work, interactive first. The web runs
+in this process (Flask test client), so "bench" in the RSS table is the web plus this driver.
+Interactive latency: a one-sentence job (distinct text each time, so no mel-cache hits) from
+POST to state done, measured 20 times on the idle farm, then once a second while the book
+renders.
 """
 
 from __future__ import annotations
@@ -103,9 +104,11 @@ def main() -> None:
                               store_dir=str(tmp / "store")) as tf:
                 if not args.shared:  # the pools that already run take interactive work only
                     for w in list(tf.workers):
-                        if w.queue in ("acoustic", "vocoder"):
-                            w.stop()
-                            tf.workers.remove(w)
+                        w.stop()
+                        tf.workers.remove(w)
+                        if w.queue == "book":  # as the Procfile runs it: it encodes
+                            tf.start_worker("book", "--nice", "10")
+                        else:
                             tf.start_worker(w.queue, "--work", "interactive")
                             tf.start_worker(w.queue, "--work", "batch", "--nice", "10")
                     tf.wait_live("acoustic")

@@ -27,12 +27,12 @@ def test_the_procfile_runs_every_pool_and_the_web_and_flower():
     assert cli.worker_pools(procfile) == POOLS
     pools = {name: cli.expand(procfile[name], {}) for name in POOLS}
     # (queue, --work, --nice): interactive pools, book segments on batch pools at a lower OS
-    # priority, book orchestration on its own pool, the canary's judge at a lower priority.
+    # priority, book orchestration (which encodes books) and the canary's judge lower too.
     assert {name: (words[2], option(words, "--work"), option(words, "--nice"))
             for name, words in pools.items()} == {
         "acoustic": ("acoustic", "interactive", None),
         "vocoder": ("vocoder", "interactive", None),
-        "book": ("book", None, None),
+        "book": ("book", None, "10"),
         "acoustic-batch": ("acoustic", "batch", "10"),
         "vocoder-batch": ("vocoder", "batch", "10"),
         "quality": ("quality", None, "10"),
