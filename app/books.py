@@ -46,7 +46,9 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 """, BookState)
 
-# ARGV: seq, chapter, samples, now
+# KEYS: the book, its done bitmap, the books' progress zset. ARGV: seq, chapter, samples,
+# now, the book's id. A stored segment is progress for the stall sweeper too, in the same
+# round trip (BookStore.progressed says what that means).
 _STORE_SEGMENT = lua("""
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {-2, 0, ''} end
@@ -58,6 +60,8 @@ if redis.call('SETBIT', KEYS[2], ARGV[1], 1) == 0 then
   redis.call('HINCRBY', KEYS[1], 'c' .. ARGV[2] .. '_done', 1)
   redis.call('HINCRBY', KEYS[1], 'audio_samples', ARGV[3])
 end
+redis.call('ZADD', KEYS[3], 'XX', ARGV[4], ARGV[5])
+redis.call('HDEL', KEYS[1], 'stall_resumes')
 local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
 local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
 if done >= total and state == '$RENDERING' then
@@ -241,13 +245,12 @@ class BookStore:
             self.store.put(words_key, json.dumps(words, ensure_ascii=False).encode())
         self.store.put(key, pcm)
         done, _total, state = self._store_segment(
-            keys=self._keys(book_id), args=[seq, chapter, len(pcm) // 2, repr(time.time())])
+            keys=[*self._keys(book_id), self.keys.books_progress],
+            args=[seq, chapter, len(pcm) // 2, repr(time.time()), book_id])
         if done < 0:
             self.store.delete(key)
             if words is not None:
                 self.store.delete(words_key)
-        else:
-            self.progressed(book_id)
         return int(done), state.decode() if isinstance(state, bytes) else str(state)
 
     def progressed(self, book_id: str, *, resumed: bool = False) -> None:
