@@ -13,7 +13,8 @@ client's hands and to the last:
 Next to them: the direct in-process synthesis of the paragraph's first window (the same
 frontend, acoustic and vocoder code in this process: the first segment's features and its
 first vocoder window, the farm's `VOXFARM_VOCODER_WINDOW_FRAMES`; for eSpeak the whole first
-segment; median of three). Every paragraph is new text, so no cache hit helps the farm.
+segment). Each path runs five times, the direct first window once before each run, and the
+table shows medians. Every paragraph is new text, so no cache hit helps the farm.
 Goals (issue 9): first byte <= 0.10x the full time and <= 1.3x the direct first window.
 """
 
@@ -35,6 +36,8 @@ sys.path.insert(0, str(ROOT))
 from tests.bench.bench_farm import Direct  # noqa: E402
 from tests.bench.common import redis_url_or_embedded  # noqa: E402
 from tests.helpers import gunicorn_server, running_farm  # noqa: E402
+
+RUNS = 5  # each path, and the direct first window next to each run: medians
 
 TOPICS = ["harbour", "library", "mountain", "garden", "market", "river", "station",
           "orchard", "workshop", "lighthouse"]
@@ -107,11 +110,13 @@ def main() -> None:
         direct = Direct()
         for name, fn in (("HTTP stream (wav)", via_stream), ("OpenAI speech (pcm)", via_openai),
                          ("WebSocket", via_ws)):
-            sents = paragraph(name.split()[0].lower())
-            first_direct = statistics.median(timed_first_window(direct, sents[0])
-                                             for _ in range(3))
-            first, full, samples = fn(base, " ".join(sents))
-            rows.append((name, first, full, samples / 22050, first_direct))
+            runs, directs = [], []
+            for r in range(RUNS):  # a new paragraph each time: no cache hit
+                sents = paragraph(f"{name.split()[0].lower()}-{r}")
+                directs.append(timed_first_window(direct, sents[0]))
+                runs.append(fn(base, " ".join(sents)))
+            first, full, samples = (statistics.median(x) for x in zip(*runs, strict=True))
+            rows.append((name, first, full, samples / 22050, statistics.median(directs)))
 
     print("\n10-sentence paragraph, 1 acoustic + 1 vocoder worker, gunicorn gevent, "
           "Redis on loopback\n")
