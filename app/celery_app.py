@@ -47,11 +47,21 @@ BATCH_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_BATCH_QUEUE, VOCODER_QUEUE: VOCODER_BAT
 # The voice canary's judge (tasks/quality.py): a low-priority pool of its own (`--nice`) that
 # scores a sample of finished segments; nothing a listener waits on.
 QUALITY_QUEUE = "quality"
+# A job's first segment jumps its stage's queue: it goes to the stage's lead queue, which
+# the interactive pools BRPOP before their main one (the same `queue_order_strategy:
+# priority`), in both stages. Under a burst every waiting listener's first audio comes
+# before anyone's second segment, so first audio waits behind the listeners ahead, not
+# behind all their segments; a job's later segments render while its first one plays.
+# Measured with tests/bench/bench_load.py at 32 clients of two segments each: first-audio
+# p99 7.4 s without, 3.0-4.2 s with; full-time p50 4.6 s without, 5.3-6.3 s with.
+ACOUSTIC_LEAD_QUEUE = "acoustic_lead"
+VOCODER_LEAD_QUEUE = "vocoder_lead"
+LEAD_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_LEAD_QUEUE, VOCODER_QUEUE: VOCODER_LEAD_QUEUE}
 # What each pool consumes, most urgent first (a CPU pool also takes its stage's overflow
 # queue, below).
 WORKER_QUEUES = {
-    ACOUSTIC_QUEUE: (ACOUSTIC_QUEUE, ACOUSTIC_BATCH_QUEUE),
-    VOCODER_QUEUE: (VOCODER_QUEUE, VOCODER_BATCH_QUEUE),
+    ACOUSTIC_QUEUE: (ACOUSTIC_LEAD_QUEUE, ACOUSTIC_QUEUE, ACOUSTIC_BATCH_QUEUE),
+    VOCODER_QUEUE: (VOCODER_LEAD_QUEUE, VOCODER_QUEUE, VOCODER_BATCH_QUEUE),
     BOOK_QUEUE: (BOOK_QUEUE,),
     QUALITY_QUEUE: (QUALITY_QUEUE,),
 }
@@ -62,8 +72,9 @@ WORKER_QUEUES = {
 ACOUSTIC_OVERFLOW_QUEUE = "acoustic_cpu"
 VOCODER_OVERFLOW_QUEUE = "vocoder_cpu"
 OVERFLOW_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_OVERFLOW_QUEUE, VOCODER_QUEUE: VOCODER_OVERFLOW_QUEUE}
-ALL_QUEUES = (*QUEUES, ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE, BOOK_QUEUE,
-              ACOUSTIC_OVERFLOW_QUEUE, VOCODER_OVERFLOW_QUEUE, QUALITY_QUEUE)
+ALL_QUEUES = (*QUEUES, ACOUSTIC_LEAD_QUEUE, VOCODER_LEAD_QUEUE, ACOUSTIC_BATCH_QUEUE,
+              VOCODER_BATCH_QUEUE, BOOK_QUEUE, ACOUSTIC_OVERFLOW_QUEUE, VOCODER_OVERFLOW_QUEUE,
+              QUALITY_QUEUE)
 
 BOOK_PREPARE_TASK = "voxfarm.book.prepare"
 BOOK_FEED_TASK = "voxfarm.book.feed"
@@ -78,13 +89,16 @@ TASK_ROUTES = {
 }
 
 
-def route_batch_segments(name, args, kwargs, options, task=None, **_):
-    """A segment of a book (its spec carries `book_id`) goes to its stage's batch queue."""
+def route_segments(name, args, kwargs, options, task=None, **_):
+    """A segment of a book (its spec carries `book_id`) goes to its stage's batch queue, a
+    job's first segment to its stage's lead queue; the rest to the stage's own queue."""
     for queue, batch in BATCH_QUEUES.items():
         if name.startswith(f"voxfarm.{queue}."):
             spec = next((a for a in args or () if isinstance(a, dict)), None)
             if spec is not None and "book_id" in spec:
                 return {"queue": batch}
+            if spec is not None and spec.get("index") == 0:
+                return {"queue": LEAD_QUEUES[queue]}
     return None
 
 
@@ -106,7 +120,7 @@ def redis_broker_config(settings: Settings) -> dict:
             "queue_order_strategy": "priority",
         },
         "task_queues": [Queue(name, routing_key=name) for name in ALL_QUEUES],
-        "task_routes": (route_batch_segments, TASK_ROUTES),
+        "task_routes": (route_segments, TASK_ROUTES),
     }
 
 
@@ -127,7 +141,7 @@ def amqp_broker_config(settings: Settings) -> dict:
               "confirm_timeout": settings.publish_timeout_s}
 
     def route_batch_bounded(name, args, kwargs, options, task=None, **kw):
-        route = route_batch_segments(name, args, kwargs, options, task=task, **kw)
+        route = route_segments(name, args, kwargs, options, task=task, **kw)
         return None if route is None else {**route, **bounds}
 
     return {

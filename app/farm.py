@@ -24,10 +24,12 @@ from app.celery_app import (
     ACOUSTIC_QUEUE,
     ALL_QUEUES,
     BATCH_QUEUES,
+    LEAD_QUEUES,
     OVERFLOW_QUEUES,
     QUALITY_QUEUE,
     QUEUES,
     VOCODER_BATCH_QUEUE,
+    VOCODER_QUEUE,
     make_celery,
 )
 from app.jobs import JobStore
@@ -152,7 +154,7 @@ class Farm:
         its bound, or a new job would wait longer than `max_queue_wait_s` (accepting a job
         its client times out on is worse than a 503 that says when to come back); raise
         GpuMemoryExhausted when no pool of a stage has the memory to run it."""
-        depth = self.queue_depth(ACOUSTIC_QUEUE)
+        depth = self.stage_depth(ACOUSTIC_QUEUE)
         exhausted = self.memory_exhausted()
         if exhausted:
             raise GpuMemoryExhausted(exhausted, depth, self.settings.retry_after_s)
@@ -222,27 +224,44 @@ class Farm:
 
     def expected_wait_s(self, acoustic_depth: int | None = None) -> float | None:
         """How long a segment submitted now would wait before its audio: the segments ahead
-        of it in both stages, times the slower stage's recent run time per live worker. None
-        until both stages have run a segment (nothing to estimate from)."""
+        of it in both stages, times the slower stage's recent run time per live worker
+        process. None until both stages have run a segment (nothing to estimate from)."""
         raw = self.redis.hmget(self.keys.stats, "acoustic_run_s", "vocoder_run_s")
         if None in raw:
             return None
-        per_segment = max(float(t) / max(1, len(self.live_workers(q)))
+        per_segment = max(float(t) / max(1, self.live_slots(q))
                           for t, q in zip(raw, QUEUES, strict=True))
         if acoustic_depth is None:
-            acoustic_depth = self.queue_depth(ACOUSTIC_QUEUE)
-        ahead = acoustic_depth + self.queue_depth(QUEUES[1])
+            acoustic_depth = self.stage_depth(ACOUSTIC_QUEUE)
+        ahead = acoustic_depth + self.stage_depth(VOCODER_QUEUE)
         return ahead * per_segment
+
+    def stage_depth(self, stage: str) -> int:
+        """Interactive segments waiting on a stage: its lead queue and its own."""
+        return self.queue_depth(LEAD_QUEUES[stage]) + self.queue_depth(stage)
 
     def queue_depth(self, queue: str) -> int:
         """Messages waiting on `queue` (not those a worker holds), within the broker's bound."""
         return self.broker.depth(queue)
 
-    def heartbeat(self, queue: str, worker: str) -> None:
-        self.redis.zadd(self.keys.workers(queue), {worker: time.time()})
+    def heartbeat(self, queue: str, worker: str, slots: int = 1) -> None:
+        with self.redis.pipeline(transaction=False) as p:
+            p.zadd(self.keys.workers(queue), {worker: time.time()})
+            p.hset(self.keys.worker_slots(queue), worker, slots)
+            p.execute()
 
     def worker_gone(self, queue: str, worker: str) -> None:
-        self.redis.zrem(self.keys.workers(queue), worker)
+        with self.redis.pipeline(transaction=False) as p:
+            p.zrem(self.keys.workers(queue), worker)
+            p.hdel(self.keys.worker_slots(queue), worker)
+            p.execute()
+
+    def live_slots(self, queue: str) -> int:
+        """How many segments the live workers of `queue` run at once, all together."""
+        live = self.live_workers(queue)
+        if not live:
+            return 0
+        return sum(int(n or 1) for n in self.redis.hmget(self.keys.worker_slots(queue), live))
 
     def live_workers(self, queue: str) -> list[str]:
         since = time.time() - WORKER_STALE_S
@@ -326,7 +345,9 @@ class Farm:
         live = {q: self.live_workers(q) for q in ALL_QUEUES
                 if q not in overflow and q != QUALITY_QUEUE}
         quality = len(self.live_workers(QUALITY_QUEUE))
-        missing = [q for q in QUEUES if not live[q]]
+        # A stage's lead queue (jobs' first segments) needs its consumers as much as the
+        # stage's own queue does.
+        missing = [q for q in (*QUEUES, *LEAD_QUEUES.values()) if not live[q]]
         short = {q: len(self.short_workers(q) & set(live[q])) for q in QUEUES}
         return {"ready": not missing, "redis": "ok",
                 "workers": {q: len(w) for q, w in live.items()},
@@ -335,7 +356,7 @@ class Farm:
                 "quality": quality,
                 "missing": [f"no live worker on queue '{q}'" for q in missing],
                 "warnings": [f"no live worker on queue '{q}': its work waits until one "
-                             "starts" for q, w in live.items() if not w and q not in QUEUES]
+                             "starts" for q, w in live.items() if not w and q not in missing]
                 + [f"every live worker on queue '{q}' is short of GPU memory and no CPU pool "
                    "takes its overflow: new jobs are refused (507)"
                    for q in self.memory_exhausted()]

@@ -101,6 +101,10 @@ class Keys:
     def workers(self, queue: str) -> str:
         return f"{self.prefix}:workers:{queue}"
 
+    def worker_slots(self, queue: str) -> str:
+        """worker -> how many segments it runs at once (its pool's processes)."""
+        return f"{self.prefix}:workers:{queue}:slots"
+
     @property
     def stats(self) -> str:
         return f"{self.prefix}:stats"

@@ -21,7 +21,7 @@ from datetime import datetime
 from celery import signals
 
 from app import metrics, multiproc, tracing
-from app.celery_app import VOCODER_QUEUE
+from app.celery_app import LEAD_QUEUES, VOCODER_QUEUE
 from app.logging_setup import configure_logging
 from app.settings import Settings
 from tasks import runtime
@@ -72,7 +72,7 @@ def _prerun(task_id: str, task, args=None, kwargs=None, **_: object) -> None:
         # Clocks of two hosts can disagree by a little: never a negative wait.
         wait = max(0.0, now - _ready_at(request, float(published)))
         metrics.QUEUE_WAIT.labels(queue).observe(wait)
-        if queue == VOCODER_QUEUE:
+        if queue in (VOCODER_QUEUE, LEAD_QUEUES[VOCODER_QUEUE]):
             metrics.MEL_TO_VOCODER_WAIT.observe(wait)
     token = tracing.bind(request_id=request.get(tracing.TASK_REQUEST_ID) or None,
                          job_id=spec.get("job_id"), segment=spec.get("index"), task_id=task_id)

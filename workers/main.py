@@ -30,6 +30,7 @@ from app.celery_app import (
     ACOUSTIC_QUEUE,
     BATCH_QUEUES,
     BOOK_QUEUE,
+    LEAD_QUEUES,
     OVERFLOW_QUEUES,
     QUALITY_QUEUE,
     WORKER_QUEUES,
@@ -84,8 +85,8 @@ class Heartbeat:
     """
 
     def __init__(self, celery: Celery, queues: tuple[str, ...], name: str,
-                 redelivery: Redelivery) -> None:
-        self.celery, self.queues, self.name = celery, queues, name
+                 redelivery: Redelivery, slots: int = 1) -> None:
+        self.celery, self.queues, self.name, self.slots = celery, queues, name, slots
         self.redelivery = redelivery
         self._stop = threading.Event()
 
@@ -98,7 +99,7 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 for queue in self.queues:
-                    farm.heartbeat(queue, self.name)
+                    farm.heartbeat(queue, self.name, self.slots)
                 run_id = self.redelivery.broker_run_id()
                 if (in_touch_since is None and beats) or run_id != (broker_run or run_id):
                     # Back after an outage (or the broker restarted between two beats): what
@@ -139,14 +140,17 @@ class Heartbeat:
 
 
 def worker_queues(queue: str, work: str = "all", overflow: bool = False) -> tuple[str, ...]:
-    """What a pool consumes: its interactive queue, its batch (book) queue, or both with the
-    interactive one first (`work` is "interactive", "batch" or "all"). `overflow`: a pool
-    outside the GPU memory rule (a CPU pool) takes its stage's overflow queue too, first (the
-    segments there already waited their turn once)."""
+    """What a pool consumes: its interactive queues (the lead queue of jobs' first segments,
+    then the rest), its batch (book) queue, or all of them, interactive first (`work` is
+    "interactive", "batch" or "all"). `overflow`: a pool outside the GPU memory rule (a CPU
+    pool) takes its stage's overflow queue too, first (the segments there already waited
+    their turn once)."""
     if work == "all" or queue not in BATCH_QUEUES:
         queues = WORKER_QUEUES[queue]
+    elif work == "interactive":
+        queues = (LEAD_QUEUES[queue], queue)
     else:
-        queues = (queue,) if work == "interactive" else (BATCH_QUEUES[queue],)
+        queues = (BATCH_QUEUES[queue],)
     if overflow and queue in OVERFLOW_QUEUES:
         queues = (OVERFLOW_QUEUES[queue], *queues)
     return queues
@@ -235,7 +239,10 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     # /readyz reports beside the interactive ones (that decide readiness).
     farm = runtime.farm(celery)
     redelivery = Redelivery(celery, farm.redis, farm.settings.key_prefix, WORKER_STALE_S)
-    heartbeat = Heartbeat(celery, queues, hostname, redelivery)
+    # A prefork pool runs `concurrency` segments at once: the admission's wait estimate
+    # counts each process (Farm.expected_wait_s).
+    heartbeat = Heartbeat(celery, queues, hostname, redelivery,
+                          slots=concurrency if pool == "prefork" else 1)
 
     def predecessor(**_: object) -> None:
         # Before consuming: a worker restarted under its old name hands back what its

@@ -2,7 +2,8 @@
 
 N clients at once (default 8, 32 and 128) each stream one two-sentence text from
 `POST /v1/audio/speech` (pcm, stream). The farm: gunicorn with two gevent workers, one
-acoustic and one vocoder worker. The monolith (tests/bench/monolith.py): the same voice
+acoustic worker and a vocoder worker of two processes (the Procfile's sizing: the vocoder
+does most of the work). The monolith (tests/bench/monolith.py): the same voice
 called inline in a Flask view under the same gunicorn/gevent setup. For each level it prints
 the answers by status (200, 503 with Retry-After, or none: a timeout or a dropped
 connection, or a 200 whose audio never came), and the first-byte and full-time percentiles
@@ -35,6 +36,7 @@ from tests.bench.common import redis_url_or_embedded  # noqa: E402
 from tests.helpers import gunicorn_server, running_farm, wait_http_ok  # noqa: E402
 
 TIMEOUT_S = 120
+VOCODER_PROCESSES = 2  # the Procfile's VOCODER_CONCURRENCY default
 
 
 def one_client(base: str, i: int) -> tuple[str, float, float]:
@@ -118,13 +120,19 @@ def main() -> None:
           # the production admission bound (the test farms take a long one)
           running_farm(url, 0, tmp, max_queue_wait_s=Settings().max_queue_wait_s) as tf,
           gunicorn_server(tf.env, tmp / "web.log", workers=2) as base):
+        for w in [w for w in tf.workers if w.queue == "vocoder"]:  # sized as the Procfile
+            w.stop()
+            tf.workers.remove(w)
+            tf.start_worker("vocoder", "--concurrency", str(VOCODER_PROCESSES))
+        tf.wait_live("vocoder")
         rows += run_levels(base, "farm", levels, args.rounds)
     if not args.no_monolith:
         with monolith_server(tmp / "monolith.log") as base:
             rows += run_levels(base, "monolith", levels, args.rounds)
 
     print("\nOpenAI speech streams (pcm), two sentences each; 2 gunicorn gevent workers; farm: "
-          "1 acoustic + 1 vocoder worker, Redis on loopback; monolith: the model inline\n")
+          f"1 acoustic + {VOCODER_PROCESSES} vocoder processes, Redis on loopback; monolith: "
+          "the model inline\n")
     print(f"| {'clients':>7} | {'system':<8} | {'200':>4} | {'503':>4} | {'no answer':>9} | "
           f"{'first p50':>9} | {'first p99':>9} | {'full p50':>8} | {'full p99':>8} |")
     print(f"|{'-' * 9}|{'-' * 10}|{'-' * 6}|{'-' * 6}|{'-' * 11}|{'-' * 11}|{'-' * 11}|"

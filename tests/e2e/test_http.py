@@ -216,8 +216,8 @@ def test_not_ready_without_workers(redis_url, tmp_path):
             assert resp.status_code == 503 and "Retry-After" in resp.headers
             body = resp.json()
             assert body["redis"] == "ok"
-            assert body["missing"] == ["no live worker on queue 'acoustic'",
-                                       "no live worker on queue 'vocoder'"]
+            assert body["missing"] == [f"no live worker on queue '{q}'" for q in
+                                       ("acoustic", "vocoder", "acoustic_lead", "vocoder_lead")]
 
 
 def test_redis_down_is_503_not_500(tmp_path):

@@ -245,8 +245,8 @@ def test_kubernetes_manifests_describe_the_farm():
     scaled = {k[1]: v for k, v in m.items() if k[0] == "ScaledObject"}
     lists = {name: {t["metadata"]["listName"] for t in so["spec"]["triggers"]}
              for name, so in scaled.items()}
-    assert "acoustic" in lists["voxfarm-acoustic"]
-    assert "vocoder" in lists["voxfarm-vocoder-gpu"]
+    assert {"acoustic", "acoustic_lead"} <= lists["voxfarm-acoustic"]
+    assert {"vocoder", "vocoder_lead"} <= lists["voxfarm-vocoder-gpu"]
     assert "vocoder" in lists["voxfarm-vocoder-cpu"]
     assert "book" in lists["voxfarm-book"]
     for so in scaled.values():

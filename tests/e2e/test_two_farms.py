@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import cli
 from app.embedded_redis import free_port
-from tests.helpers import ROOT, wav_to_pcm, with_db
+from tests.helpers import ROOT, wait_until, wav_to_pcm, with_db
 
 pytestmark = pytest.mark.e2e
 
@@ -123,11 +123,16 @@ def test_two_farms_side_by_side_and_say_finds_its_farm(redis_url, tmp_path):
                      "--flower-port", str(flower_a)], clean_env()) as up_a, \
          farm_up(a.parent, ["--port", str(port_b), "--metrics-port", str(metrics_b),
                             "--var", str(b / "var")], clean_env(VOXFARM_REDIS_URL=url_b)) as up_b:
-        ready_a = wait_ready(f"http://127.0.0.1:{port_a}", up_a, a / "up.log")
-        ready_b = wait_ready(f"http://127.0.0.1:{port_b}", up_b, a.parent / "up.log")
-        # Every pool of each farm: interactive, batch (books) and book orchestration.
-        assert ready_a["workers"] == ready_b["workers"] == {
-            "acoustic": 1, "vocoder": 1, "acoustic_batch": 1, "vocoder_batch": 1, "book": 1}
+        # Every pool of each farm: interactive, batch (books) and book orchestration. (Ready
+        # means the interactive pools are live; the others may come a moment later.)
+        every_pool = {"acoustic": 1, "vocoder": 1, "acoustic_lead": 1, "vocoder_lead": 1,
+                      "acoustic_batch": 1, "vocoder_batch": 1, "book": 1}
+        for port, up, log in ((port_a, up_a, a / "up.log"), (port_b, up_b, a.parent / "up.log")):
+            wait_ready(f"http://127.0.0.1:{port}", up, log)
+            wait_until(lambda port=port: requests.get(f"http://127.0.0.1:{port}/readyz",
+                                                      timeout=5).json()["workers"] == every_pool,
+                       120, lambda log=log: f"not all pools live:\n{log.read_text()[-3000:]}",
+                       interval_s=0.5)
 
         state_a = json.loads((a / "var" / "farm.json").read_text())
         state_b = json.loads((b / "var" / "farm.json").read_text())

@@ -199,19 +199,19 @@ def test_overloaded_farm_says_503_with_retry_after(redis_url, tmp_path):
         client = create_app(tf.settings, tf.farm).test_client()
         text = " ".join(f"Sentence {i} waits in a full queue." for i in range(8))
         first = submit(client, text)  # admitted: the queue was empty
-        depth = tf.farm.queue_depth("acoustic")
+        depth = tf.farm.stage_depth("acoustic")
         assert depth == first["segments"]["total"] == 8
         resp = client.post("/v1/jobs", json={"text": text})
         assert resp.status_code == 503
         assert resp.headers["Retry-After"] == str(tf.settings.retry_after_s)
         assert resp.get_json()["error"]["code"] == "overloaded"
-        assert tf.farm.queue_depth("acoustic") == depth  # nothing enqueued
+        assert tf.farm.stage_depth("acoustic") == depth  # nothing enqueued
         assert job_ids(tf.farm) == {first["id"]}  # no job record written
 
 
 def test_a_farm_too_slow_for_its_backlog_says_503_with_when_to_come_back(redis_url, tmp_path):
     """Admission by expected wait: the segments ahead times the slower stage's recent run
-    time per live worker. A job that would wait past VOXFARM_MAX_QUEUE_WAIT_S is refused,
+    time per live worker process. A job that would wait past VOXFARM_MAX_QUEUE_WAIT_S is refused,
     with a Retry-After that grows with the wait, and nothing is written."""
     from web import create_app
 
@@ -228,6 +228,11 @@ def test_a_farm_too_slow_for_its_backlog_says_503_with_when_to_come_back(redis_u
         assert resp.get_json()["error"]["code"] == "overloaded"
         assert int(resp.headers["Retry-After"]) == 12  # 16 s expected, 5 s allowed: ~11 s more
         assert job_ids(tf.farm) == jobs_before
+        # Counted by process: a live vocoder pool that runs two at once halves that wait.
+        tf.farm.heartbeat("vocoder", "vocoder-pair@test", slots=2)
+        assert tf.farm.expected_wait_s() == pytest.approx(8.0)
+        tf.farm.worker_gone("vocoder", "vocoder-pair@test")
+        assert tf.farm.expected_wait_s() == pytest.approx(16.0)
         # Recent runs are quicker: the estimate falls (each new run weighs 0.2) and it admits.
         for _ in range(20):
             tf.farm.record_run("vocoder", 0.1)

@@ -130,9 +130,11 @@ def test_metrics_move_by_what_happened(obs):
     # A new text: every segment missed the mel cache, none hit.
     assert d("acoustic", "voxfarm_mel_cache_requests_total", result="miss") == n
     assert d("acoustic", "voxfarm_mel_cache_requests_total", result="hit") == 0
-    # Each segment waited once on each queue and ran once in each stage.
-    assert d("acoustic", "voxfarm_queue_wait_seconds_count", queue="acoustic") == n
-    assert d("vocoder", "voxfarm_queue_wait_seconds_count", queue="vocoder") == n
+    # Each segment waited once in each stage and ran once in each stage: the first on the
+    # stage's lead queue, the rest on its own.
+    for stage in ("acoustic", "vocoder"):
+        assert d(stage, "voxfarm_queue_wait_seconds_count", queue=f"{stage}_lead") == 1
+        assert d(stage, "voxfarm_queue_wait_seconds_count", queue=stage) == n - 1
     assert d("vocoder", "voxfarm_mel_to_vocoder_wait_seconds_count") == n
     assert d("acoustic", "voxfarm_task_run_seconds_count", stage="acoustic") == n
     assert d("vocoder", "voxfarm_task_run_seconds_count", stage="vocoder") == n
@@ -271,19 +273,23 @@ def test_queue_depth_readiness_and_cancel_without_workers(redis_url, tmp_path):
 
         ready = client.get("/readyz")
         assert ready.status_code == 503
+        # Each stage's queue and its lead queue (jobs' first segments) need consumers.
+        interactive = ("acoustic", "vocoder", "acoustic_lead", "vocoder_lead")
         assert ready.get_json()["missing"] == [f"no live worker on queue '{q}'"
-                                               for q in ("acoustic", "vocoder")]
+                                               for q in interactive]
         # The book and batch queues are reported too; without their workers books wait,
         # nothing else stops.
         assert ready.get_json()["workers"] == dict.fromkeys(
-            ("acoustic", "vocoder", "acoustic_batch", "vocoder_batch", "book"), 0)
+            (*interactive, "acoustic_batch", "vocoder_batch", "book"), 0)
         assert ready.get_json()["warnings"] == [
             f"no live worker on queue '{q}': its work waits until one starts"
             for q in ("acoustic_batch", "vocoder_batch", "book")]
         assert metric("voxfarm_workers_live", queue="acoustic") == 0
         job = client.post("/v1/jobs", json={"text": TEXT}).get_json()
         n = job["segments"]["total"]
-        assert metric("voxfarm_queue_depth", queue="acoustic") == n
+        # The first segment waits on the lead queue, the rest behind it.
+        assert metric("voxfarm_queue_depth", queue="acoustic_lead") == 1
+        assert metric("voxfarm_queue_depth", queue="acoustic") == n - 1
         canceled = metric("voxfarm_jobs_finished_total", state="canceled")
         assert client.delete(f"/v1/jobs/{job['id']}").status_code == 200
         assert client.delete(f"/v1/jobs/{job['id']}").status_code == 409

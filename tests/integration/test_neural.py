@@ -105,10 +105,10 @@ def test_voices_list_engines_rates_and_speakers(client):
     ({"text": "Hello there.", "voice": DEFAULT, "speed": 3}, 422, "out_of_range"),
 ])
 def test_bad_neural_requests_are_refused_and_nothing_is_queued(client, farm, body, status, code):
-    depth = farm.farm.queue_depth("acoustic")
+    depth = farm.farm.stage_depth("acoustic")
     resp = client.post("/v1/jobs", json=body)
     assert resp.status_code == status and resp.get_json()["error"]["code"] == code
-    assert farm.farm.queue_depth("acoustic") == depth
+    assert farm.farm.stage_depth("acoustic") == depth
 
 
 # -- a voices directory ----------------------------------------------------------------------

@@ -34,10 +34,11 @@ def test_who_is_under_the_rule(monkeypatch, device, probe, ruled):
 
 
 def test_a_cpu_pool_takes_its_stages_overflow_first_and_a_gpu_pool_never():
-    assert worker_queues("acoustic") == ("acoustic", "acoustic_batch")
+    assert worker_queues("acoustic") == ("acoustic_lead", "acoustic", "acoustic_batch")
     assert worker_queues("acoustic", overflow=True) == \
-        ("acoustic_cpu", "acoustic", "acoustic_batch")
-    assert worker_queues("vocoder", "interactive", overflow=True) == ("vocoder_cpu", "vocoder")
+        ("acoustic_cpu", "acoustic_lead", "acoustic", "acoustic_batch")
+    assert worker_queues("vocoder", "interactive", overflow=True) == \
+        ("vocoder_cpu", "vocoder_lead", "vocoder")
     assert worker_queues("vocoder", "batch", overflow=True) == ("vocoder_cpu", "vocoder_batch")
     assert worker_queues("vocoder", "batch") == ("vocoder_batch",)
     assert worker_queues("book", overflow=True) == ("book",)  # no model, no overflow

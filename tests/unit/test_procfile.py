@@ -39,6 +39,15 @@ def test_the_procfile_runs_every_pool_and_the_web_and_flower():
     }
 
 
+def test_the_vocoder_pools_run_two_processes_unless_told_otherwise():
+    procfile = cli.read_procfile()
+    concurrency = {name: option(cli.expand(procfile[name], {}), "--concurrency")
+                   for name in ("acoustic", "vocoder", "vocoder-batch")}
+    assert concurrency == {"acoustic": None, "vocoder": "2", "vocoder-batch": "2"}
+    on_gpu = {"VOCODER_DEVICE": "cuda:0", "VOCODER_CONCURRENCY": "1"}
+    assert option(cli.expand(procfile["vocoder"], on_gpu), "--concurrency") == "1"
+
+
 def test_up_gives_each_pool_the_procfiles_metrics_port_and_its_host():
     procfile = cli.read_procfile()
     # Without variables (honcho): the documented ports, 9101-9106 in the pools' order.
