@@ -179,9 +179,13 @@ class Farm:
         once it is `STALLED_QUEUED_S` old. Rendering with segments missing and nothing of it
         left in the batch queues: their messages were lost, once every segment was
         published; at any feed cursor when the book is known `idle` (no progress for
-        `book_stall_s`), since a live feeder waits on full queues, never on empty ones."""
+        `book_stall_s`), since a live feeder waits on full queues, never on empty ones.
+        Preparing or assembling and `idle`: the task that plans or encodes it marks progress
+        while it runs (tasks/books.py), so its message was lost."""
         if rec["state"] == BookState.QUEUED:
             return idle or time.time() - (rec["created_at"] or 0) > STALLED_QUEUED_S
+        if rec["state"] in (BookState.PREPARING, BookState.ASSEMBLING):
+            return idle
         if rec["state"] != BookState.RENDERING or rec["done"] >= rec["total"]:
             return False
         if rec["cursor"] < rec["total"] and not idle:
@@ -203,7 +207,7 @@ class Farm:
                 self.books.forget_progress(book_id)
                 continue
             if not self.book_stalled(rec, idle=True):
-                continue  # waiting its turn in busy queues, preparing or assembling
+                continue  # waiting its turn in busy queues
             resumes = self.books.claim_resume(book_id, stall_s)
             if resumes is None:
                 continue  # another book worker's sweep has it

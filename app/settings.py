@@ -101,10 +101,11 @@ class Settings:
     # Admission keeps a job's expected wait under max_queue_wait_s, so a healthy one never
     # comes near it.
     job_stall_s: int = 600
-    # A book that made no progress (no segment stored) for this long while nothing of it is
-    # left in the batch queues is resumed by the book pool's heartbeat: a segment's or the
-    # feeder's message was lost. After `book_stall_resumes` such resumes it is failed with
-    # the reason (retry with POST /v1/books/ID/retry).
+    # A book that made no progress (no segment stored, no planning or encoding running) for
+    # this long, and while rendering has nothing left in the batch queues, is resumed by the
+    # book pool's heartbeat: a segment's, the feeder's, the plan's or the assembly's message
+    # was lost. After `book_stall_resumes` such resumes it is failed with the reason (retry
+    # with POST /v1/books/ID/retry).
     book_stall_s: int = 120
     book_stall_resumes: int = 3
 

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from bisect import bisect_right
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from typing import TypeVar
 
+import redis
 from celery import shared_task
 
 from app.books import (
@@ -112,6 +115,30 @@ def _plan(chapters: list[dict], voice: str, speed: float = 1.0
     return plan
 
 
+@contextmanager
+def _marking_progress(farm, book_id: str) -> Iterator[None]:
+    """While a long step of a book runs (planning it, encoding it: minutes for a long book,
+    in a native thread), mark the book's progress every quarter of `book_stall_s`, so the
+    stall sweeper tells a book being worked on from one whose message was lost. (The book
+    pool is gevent: this is a greenlet beside the task's wait.)"""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(max(1.0, farm.settings.book_stall_s / 4)):
+            try:
+                farm.books.progressed(book_id)
+            except redis.RedisError:  # Redis away a moment: the next beat tries again
+                log.warning("could not mark book %s as in progress", book_id, exc_info=True)
+
+    thread = threading.Thread(target=beat, name=f"progress-{book_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(5)  # no mark after the step (a beat in hand takes a round trip)
+
+
 @shared_task(name=BOOK_PREPARE_TASK, base=BookTask, bind=True)
 def prepare(self: BookTask, book_id: str, **_: object) -> int:
     """Split the book into segments (the text frontend, chapter by chapter), then feed."""
@@ -128,8 +155,9 @@ def prepare(self: BookTask, book_id: str, **_: object) -> int:
     books.move(book_id, (BookState.QUEUED,), BookState.PREPARING, started_at=time.time())
     rec = books.get(book_id)
     book = json.loads(farm.store.get(prefix(book_id) + "book.json"))
-    plan = offload("frontend", _plan, book["chapters"], rec["voice"], rec["speed"],
-                   timeout_s=self.farm.settings.task_time_limit)
+    with _marking_progress(farm, book_id):
+        plan = offload("frontend", _plan, book["chapters"], rec["voice"], rec["speed"],
+                       timeout_s=self.farm.settings.task_time_limit)
     if not plan:
         books.move(book_id, (BookState.PREPARING,), BookState.FAILED, finished_at=time.time(),
                    error="the book has nothing that can be spoken")
@@ -325,8 +353,9 @@ def assemble(self: BookTask, book_id: str, **_: object) -> str:
     # task time limit has no live writer (a live one is killed at that limit), and a
     # redelivered assembly arrives only after the longer visibility timeout.
     farm.store.sweep_abandoned(prefix(book_id), farm.settings.task_time_limit)
-    manifest = offload("encode", _assemble, farm, rec,
-                       timeout_s=farm.settings.task_time_limit)
+    with _marking_progress(farm, book_id):
+        manifest = offload("encode", _assemble, farm, rec,
+                           timeout_s=farm.settings.task_time_limit)
     outcome, state = books.assembled(book_id, rec["formats"], manifest["duration_s"])
     if outcome == 2:
         # A re-submit added formats while this one encoded: package them too.

@@ -6,10 +6,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 
 import av
 import pytest
 
+from app.states import BookState
 from tests import bookfiles
 from tests.helpers import running_farm, wait_book, wait_state, wait_until
 
@@ -146,6 +148,46 @@ def test_a_book_whose_queued_segments_were_lost_is_resumed_by_the_book_pool(book
     files = segment_files(book_farm.farm, book_id)
     assert len(files) == total == len(set(files))
     assert f"book {book_id} resumed: no progress for 5 s" in book_farm.log_tail("book")
+
+
+def test_a_book_whose_assembly_message_was_lost_is_assembled_by_the_book_pool(book_farm,
+                                                                              bclient):
+    """Every segment is stored but the assembly's message vanished: the book sits in
+    `assembling` with nothing running it. No progress for `book_stall_s` (an assembly that
+    runs marks progress as it encodes), so the book pool sends the assembly again."""
+    farm = book_farm.farm
+    resp = bclient.post("/v1/books", json=json_book("Never Bound", 1, 2))
+    assert resp.status_code == 202, resp.get_json()
+    book_id = resp.get_json()["id"]
+    wait_book(bclient, book_id, timeout_s=120)
+    # As the last stored segment leaves it: assembling, its progress just marked, and no
+    # assembly message anywhere.
+    moved, _ = farm.books.move(book_id, (BookState.DONE,), BookState.ASSEMBLING)
+    assert moved
+    farm.redis.zadd(farm.keys.books_progress, {book_id: time.time()})
+    book = wait_book(bclient, book_id, timeout_s=60)
+    assert book["segments"]["done"] == book["segments"]["total"]
+    m4b = bclient.get(book["links"]["m4b"])
+    assert m4b.status_code == 200 and m4b.data[4:12] == b"ftypM4B "
+    assert f"book {book_id} resumed: no progress for 5 s" in book_farm.log_tail("book")
+
+
+def test_a_long_book_step_marks_progress_while_it_runs_and_stops_after(book_farm):
+    """Planning or encoding a long book takes longer than `book_stall_s` (5 s here): the step
+    marks the book's progress as it runs, so the sweeper never takes it for a lost one."""
+    from tasks.books import _marking_progress
+
+    farm, key, book_id = book_farm.farm, book_farm.farm.keys.books_progress, "bk-long-step"
+    farm.redis.zadd(key, {book_id: 1.0})
+    try:
+        with _marking_progress(farm, book_id):
+            wait_until(lambda: farm.redis.zscore(key, book_id) > time.time() - 2, 10,
+                       "the running step marked no progress")
+        after = farm.redis.zscore(key, book_id)
+        time.sleep(2)  # more than one beat (5 s / 4)
+        assert farm.redis.zscore(key, book_id) == after
+    finally:
+        farm.books.forget_progress(book_id)
 
 
 def test_interactive_job_overtakes_a_book(book_farm, bclient):
