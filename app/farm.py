@@ -24,6 +24,7 @@ from app.celery_app import (
     ACOUSTIC_QUEUE,
     ALL_QUEUES,
     BATCH_QUEUES,
+    BOOK_QUEUE,
     LEAD_QUEUES,
     OVERFLOW_QUEUES,
     QUALITY_QUEUE,
@@ -180,12 +181,13 @@ class Farm:
         left in the batch queues: their messages were lost, once every segment was
         published; at any feed cursor when the book is known `idle` (no progress for
         `book_stall_s`), since a live feeder waits on full queues, never on empty ones.
-        Preparing or assembling and `idle`: the task that plans or encodes it marks progress
-        while it runs (tasks/books.py), so its message was lost."""
+        Preparing or assembling, `idle` and the book queue empty: the task that plans or
+        encodes a book marks progress while it runs (tasks/books.py), so with nothing
+        waiting its turn either, its message was lost."""
         if rec["state"] == BookState.QUEUED:
             return idle or time.time() - (rec["created_at"] or 0) > STALLED_QUEUED_S
         if rec["state"] in (BookState.PREPARING, BookState.ASSEMBLING):
-            return idle
+            return idle and not self.queue_depth(BOOK_QUEUE)
         if rec["state"] != BookState.RENDERING or rec["done"] >= rec["total"]:
             return False
         if rec["cursor"] < rec["total"] and not idle:

@@ -102,10 +102,11 @@ class Settings:
     # comes near it.
     job_stall_s: int = 600
     # A book that made no progress (no segment stored, no planning or encoding running) for
-    # this long, and while rendering has nothing left in the batch queues, is resumed by the
-    # book pool's heartbeat: a segment's, the feeder's, the plan's or the assembly's message
-    # was lost. After `book_stall_resumes` such resumes it is failed with the reason (retry
-    # with POST /v1/books/ID/retry).
+    # this long, with nothing waiting its turn (the batch queues empty while it renders, the
+    # book queue while it is planned or assembled), is resumed by the book pool's heartbeat:
+    # a segment's, the feeder's, the plan's or the assembly's message was lost. After
+    # `book_stall_resumes` such resumes it is failed with the reason (retry with
+    # POST /v1/books/ID/retry).
     book_stall_s: int = 120
     book_stall_resumes: int = 3
 
