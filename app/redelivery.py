@@ -22,6 +22,7 @@ misses heartbeats.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import redis
@@ -34,6 +35,9 @@ class Redelivery:
     def __init__(self, celery: Celery, r: redis.Redis, prefix: str, stale_s: float) -> None:
         self.celery, self.r, self.prefix, self.stale_s = celery, r, prefix, stale_s
         self.enabled = celery.conf.broker_url.startswith(("redis", "rediss"))
+        # Tags received while Redis was away: noted once it is back (`note_unnoted`).
+        self._unnoted: set[str] = set()
+        self._lock = threading.Lock()
 
     def broker_run_id(self) -> str:
         """The broker server's run id: a new one means it restarted since the last look."""
@@ -46,9 +50,32 @@ class Redelivery:
         return f"{self.prefix}:inflight:{worker}"
 
     def received(self, worker: str, delivery_tag: str) -> None:
-        """A message reached `worker` (the consumer, before any child runs it)."""
-        if self.enabled and delivery_tag:
+        """A message reached `worker` (the consumer, before any child runs it). If Redis is
+        away at that moment the tag is kept and noted later: a message delivered just before
+        an outage sits in kombu's `unacked` hash, and the worker drops its reserved copy when
+        the connection breaks, so after the outage only this note can hand it back."""
+        if not (self.enabled and delivery_tag):
+            return
+        try:
             self.r.sadd(self.inflight_key(worker), delivery_tag)
+        except redis.RedisError:
+            with self._lock:
+                self._unnoted.add(delivery_tag)
+            raise
+
+    def note_unnoted(self, worker: str) -> None:
+        """Note the tags whose `received` found Redis away; kept for the next try if it still
+        is."""
+        with self._lock:
+            tags, self._unnoted = self._unnoted, set()
+        if not tags:
+            return
+        try:
+            self.r.sadd(self.inflight_key(worker), *tags)
+        except redis.RedisError:
+            with self._lock:
+                self._unnoted |= tags
+            raise
 
     def hand_back(self, worker: str) -> int:
         """Put every message `worker` held and never acked back on its queue; how many."""

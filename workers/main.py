@@ -100,6 +100,7 @@ class Heartbeat:
             try:
                 for queue in self.queues:
                     farm.heartbeat(queue, self.name, self.slots)
+                self.redelivery.note_unnoted(self.name)
                 run_id = self.redelivery.broker_run_id()
                 if (in_touch_since is None and beats) or run_id != (broker_run or run_id):
                     # Back after an outage (or the broker restarted between two beats): what
@@ -255,8 +256,8 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     def received(request, **_: object) -> None:
         try:
             redelivery.received(hostname, request.message.delivery_tag)
-        except Exception:  # the visibility timeout still covers this message
-            log.warning("could not note a received message", exc_info=True)
+        except Exception:  # Redis away: noted by the heartbeat once it is back
+            log.warning("could not note a received message yet", exc_info=True)
 
     def preload(**_: object) -> None:
         # After the fork (prefork) or in the only process (solo): load the model this pool
