@@ -263,11 +263,13 @@ class Farm:
             p.execute()
 
     def live_slots(self, queue: str) -> int:
-        """How many segments the live workers of `queue` run at once, all together."""
-        live = self.live_workers(queue)
-        if not live:
-            return 0
-        return sum(int(n or 1) for n in self.redis.hmget(self.keys.worker_slots(queue), live))
+        """How many segments the live workers of `queue` run at once, all together. One
+        round trip: every admission asks it for both stages."""
+        with self.redis.pipeline(transaction=False) as p:
+            p.zrangebyscore(self.keys.workers(queue), time.time() - WORKER_STALE_S, "+inf")
+            p.hgetall(self.keys.worker_slots(queue))
+            live, slots = p.execute()
+        return sum(int(slots.get(w, 1)) for w in live)
 
     def live_workers(self, queue: str) -> list[str]:
         since = time.time() - WORKER_STALE_S
