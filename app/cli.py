@@ -434,9 +434,13 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
                    "both with interactive first.")
 @click.option("--nice", default=0, show_default=True, type=int,
               help="Lower the pool's OS priority by this much (e.g. 10 for a batch pool).")
+@click.option("--batch", default=lambda: _settings().batch_max, type=int, show_default="0",
+              help="Dynamic batching: up to this many segments or windows a forward pass, on "
+                   "as many threads of one process (1: off; 0: 8 on CUDA, off on CPU). "
+                   "[env VOXFARM_BATCH_MAX]")
 def worker(queue: str, device: str, concurrency: int | None, pool: str | None, loglevel: str,
            name: str | None, metrics_port: int, metrics_addr: str,
-           threads: int, work: str, nice: int) -> None:
+           threads: int, work: str, nice: int, batch: int) -> None:
     """Run one worker pool on its queue."""
     # The book pool orchestrates (waits on Redis, the store, the broker): gevent, many
     # greenlets. It must patch before the worker opens a socket.
@@ -456,7 +460,7 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
 
     run_worker(queue, device=device, concurrency=concurrency, pool=pool, loglevel=loglevel,
                name=name, metrics_port=metrics_port, metrics_addr=metrics_addr,
-               threads=threads, work=work, nice=nice)
+               threads=threads, work=work, nice=nice, batch=batch)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -53,6 +53,11 @@ MEL_TO_VOCODER_WAIT = Histogram(
 TASK_RUN = Histogram(
     "voxfarm_task_run_seconds", "Run time of one segment task, by stage.",
     ["stage"], buckets=RUN_BUCKETS)
+BATCH_SIZE = Histogram(
+    "voxfarm_batch_size",
+    "Items (segments or windows, of any jobs) in one forward pass of a pool with dynamic "
+    "batching on (tasks/batching.py), by stage.",
+    ["stage"], buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32))
 TASKS = Counter(
     "voxfarm_tasks_total",
     "Tasks run, by stage and Celery outcome (SUCCESS, RETRY, FAILURE, IGNORED).",

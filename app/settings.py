@@ -61,6 +61,13 @@ class Settings:
     # segment, and all its windows together (16 context frames a side) 0.25 s. 0: whole
     # segments.
     vocoder_window_frames: int = 64
+    # Dynamic batching (tasks/batching.py): a model pool runs up to this many segments or
+    # windows, of any jobs, in one forward pass, on that many threads of one process. 0: 8 on
+    # a CUDA device, 1 (off) on CPU, where it measured slower (docs/benchmarks.md,
+    # "Batching"). A batch waits at most batch_linger_ms for more items, and not at all once
+    # every running task has handed its item in.
+    batch_max: int = 0
+    batch_linger_ms: float = 5.0
     # Interactive jobs keep their audio in Redis this long after their last write.
     job_ttl: int = 3600
     max_text_chars: int = 20_000

@@ -221,10 +221,22 @@ class PiperAcoustic(_PiperHalf, AcousticModel):
         """:meth:`synthesize`, and the frames of each phoneme id (``models.piper_voice.
         ids_and_positions`` says which symbol each id is): what word timestamps come from.
         The latent is the same as :meth:`synthesize`'s, bit for bit."""
-        out = self.voice.latents([self.voice.ids(phonemes)], [seed], speed, speaker,
+        return self.synthesize_timed_batch([phonemes], [seed], speed, speaker)[0]
+
+    def synthesize_timed_batch(self, phonemes: Sequence[str], seeds: Sequence[int],
+                               speed: float = 1.0, speaker: str | int | None = None,
+                               max_batch: int | None = None
+                               ) -> list[tuple[torch.Tensor, list[int]]]:
+        """:meth:`synthesize_timed` for several segments in one forward pass (the farm's
+        dynamic batching, tasks/batching.py). ``max_batch`` as in ``VitsAcoustic.infer``:
+        items per padded sub-batch, default one on CPU."""
+        ids = [self.voice.ids(p) for p in phonemes]
+        out = self.voice.latents(ids, seeds, speed, speaker, max_batch=max_batch,
                                  **self.inference.as_dict())
-        frames = int(out.frame_lengths[0])
-        return out.z[0, :, :frames], [int(d) for d in out.durations[0].tolist()]
+        frames = out.frame_lengths.tolist()
+        durations = out.durations.tolist()
+        return [(out.z[i, :, : int(frames[i])], [int(d) for d in durations[i][: len(ids[i])]])
+                for i in range(len(ids))]
 
     def synthesize_batch(self, phonemes: Sequence[str], seeds: Sequence[int],
                          speed: float = 1.0, speaker: str | int | None = None
@@ -279,10 +291,24 @@ class PiperVocoder(_PiperHalf, Vocoder):
         """The audio of one window of a latent ``(inter_channels, frames)``:
         ``((window.end - window.start) * hop,)`` samples, rendered with the window's context
         so that the windows joined equal :meth:`vocode` of the whole latent (within 1e-5)."""
-        speaker_id = self.voice.config.speaker_id(speaker)
-        piece = z[:, window.lo:window.hi].to(self.device, torch.float32)
+        return self.vocode_windows([(z, window, speaker)])[0]
+
+    def vocode_windows(self, pieces: Sequence[tuple[torch.Tensor, Window, str | int | None]],
+                       max_batch: int | None = None) -> list[torch.Tensor]:
+        """:meth:`vocode_window` for several ``(latent, window, speaker)`` in one forward pass,
+        of one latent or of many (the farm's dynamic batching, tasks/batching.py). A whole
+        latent of ``n`` frames is the window ``Window(0, 0, n, n)``. ``max_batch`` as in
+        ``HifiganDecoder.decode``: items per padded sub-batch, default one on CPU."""
+        if not pieces:
+            return []
+        spans = [w.hi - w.lo for _, w, _ in pieces]
+        channels = pieces[0][0].shape[0]
+        batch = torch.zeros(len(pieces), channels, max(spans), device=self.device)
+        for i, (z, w, _) in enumerate(pieces):
+            batch[i, :, : spans[i]] = z[:, w.lo:w.hi].to(self.device, torch.float32)
+        speakers = [self.voice.config.speaker_id(s) for _, _, s in pieces]
         audio = self.voice.decoder.decode(
-            piece.unsqueeze(0), [window.hi - window.lo],
-            None if speaker_id is None else [speaker_id])[0]
+            batch, spans, None if None in speakers else speakers, max_batch=max_batch)
         hop = self.voice.hop_length
-        return audio[(window.start - window.lo) * hop:(window.end - window.lo) * hop]
+        return [audio[i, (w.start - w.lo) * hop:(w.end - w.lo) * hop]
+                for i, (_, w, _) in enumerate(pieces)]

@@ -29,7 +29,7 @@ from app.queueing import hand_over, publish_again
 from app.states import JobState
 from models.errors import SpeechError
 from models.voices import PIPER
-from tasks import books, canary, runtime
+from tasks import batching, books, canary, runtime
 from tasks.base import FarmTask, NoRoom
 
 log = logging.getLogger("voxfarm.tasks")
@@ -94,7 +94,12 @@ def _run_here_or_hand_over(task: SegmentTask, stage: str, spec: dict, args: tupl
 def synthesize(self: SegmentTask, spec: dict, reroutes: int = 0, **_: object) -> str:
     """Phonemes -> mel in the cache. Returns the cache key for the vocoder. `reroutes`: how
     often workers short of GPU memory handed this stage on already."""
-    farm = self.farm
+    with batching.working(ACOUSTIC_QUEUE):
+        return _synthesize(self, spec, reroutes)
+
+
+def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
+    farm = task.farm
     if "book_id" in spec:  # a book's segment: skip it if the book stopped or has it already
         if not books.segment_wanted(farm, spec):
             raise Ignore()
@@ -111,18 +116,16 @@ def synthesize(self: SegmentTask, spec: dict, reroutes: int = 0, **_: object) ->
     # timestamps, hit or miss: a neural voice's frames per phoneme id, eSpeak's word starts.
     timed = voice.engine == PIPER or hasattr(model, "synthesize_timed")
     hit = farm.mel_cache.touch(digest, durations=timed)
-    self.request.mel_cache_hit = hit  # the canary times a version's model on misses only
+    task.request.mel_cache_hit = hit  # the canary times a version's model on misses only
     if not hit:
-        _run_here_or_hand_over(self, ACOUSTIC_QUEUE, spec, (spec,), {}, reroutes)
+        _run_here_or_hand_over(task, ACOUSTIC_QUEUE, spec, (spec,), {}, reroutes)
         from models.mel import mel_to_bytes
 
         durations = None
         if voice.engine == PIPER:
             # The noise of the VITS prior and duration predictor comes from a generator
             # seeded by the key: the same request renders the same audio, hit or miss.
-            features, durations = model.synthesize_timed(
-                spec["phonemes"], speed=spec["speed"], seed=noise_seed(digest),
-                speaker=voice.speaker)
+            features, durations = _acoustic_piper(model, voice, spec, noise_seed(digest))
         elif timed:
             features, durations = model.synthesize_timed(spec["phonemes"], spec["voice"],
                                                          spec["speed"])
@@ -142,7 +145,13 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     """Mel from the cache -> 16-bit PCM chunk `spec['index']` of the job. `reroutes`: how
     often workers short of GPU memory handed this stage on already (the features stay held
     for whichever worker runs it)."""
-    farm = self.farm
+    with batching.working(VOCODER_QUEUE):
+        return _render(self, mel_key, spec, regenerations, reroutes)
+
+
+def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
+            reroutes: int) -> int:
+    farm = task.farm
     if "book_id" in spec:
         wanted = books.segment_wanted(farm, spec)
     else:
@@ -158,7 +167,7 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
             raise SpeechError("the mel expired from the cache before the vocoder ran")
         publish_again(farm.celery, spec, regenerations)
         raise Ignore()
-    _run_here_or_hand_over(self, VOCODER_QUEUE, spec, (mel_key, spec),
+    _run_here_or_hand_over(task, VOCODER_QUEUE, spec, (mel_key, spec),
                            {"regenerations": regenerations}, reroutes)
     from models.mel import mel_from_bytes
 
@@ -189,10 +198,41 @@ def _pcm(audio: np.ndarray, pause: np.ndarray | None = None) -> bytes:
     return pcm16(audio).tobytes()
 
 
-def _vocode_whole(vocoder, voice, features) -> np.ndarray:
+def _acoustic_piper(model, voice, spec: dict, seed: int) -> tuple:
+    """A neural voice's latent and durations, in a batch with other segments of the same
+    model, speed and speaker where the pool batches (tasks/batching.py)."""
+    speed, speaker = spec["speed"], voice.speaker
+
+    def run(items: list[tuple[str, int]]) -> list:
+        return model.synthesize_timed_batch([p for p, _ in items], [s for _, s in items],
+                                            speed, speaker, max_batch=len(items))
+
+    return batching.run(ACOUSTIC_QUEUE, (model.model_id, speed, speaker), run,
+                        (spec["phonemes"], seed))
+
+
+def _vocode_piece(vocoder, voice, features, piece=None) -> np.ndarray:
+    """The audio of a window of `features` (the whole segment when `piece` is None), in a
+    batch with other segments' windows or wholes where the pool batches."""
     if voice.engine == PIPER:
-        return vocoder.vocode([features], speaker=voice.speaker)[0].float().cpu().numpy()
-    return vocoder.vocode([features])[0].float().cpu().numpy()
+        if piece is None:
+            from models.hifigan import Window
+
+            frames = int(features.shape[-1])
+            piece = Window(0, 0, frames, frames)
+
+        def run(items: list) -> list:
+            return vocoder.vocode_windows(items, max_batch=len(items))
+
+        audio = batching.run(VOCODER_QUEUE, vocoder.model_id, run,
+                             (features, piece, voice.speaker))
+    else:
+        audio = batching.run(VOCODER_QUEUE, vocoder.model_id, vocoder.vocode, features)
+    return audio.float().cpu().numpy()
+
+
+def _vocode_whole(vocoder, voice, features) -> np.ndarray:
+    return _vocode_piece(vocoder, voice, features)
 
 
 def _word_times(farm, vocoder, voice, mel_key: str, spec: dict,
@@ -240,7 +280,7 @@ def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarra
     hop, rate = vocoder.voice.hop_length, vocoder.sample_rate
     segment_samples = frames * hop + len(pause)
     for w, piece in enumerate(cut):
-        audio = vocoder.vocode_window(features, piece, voice.speaker).float().cpu().numpy()
+        audio = _vocode_piece(vocoder, voice, features, piece)
         last = w == len(cut) - 1
         mine = [word for word in words
                 if (w == 0 or word["start"] * rate >= piece.start * hop)

@@ -157,6 +157,15 @@ def worker_queues(queue: str, work: str = "all", overflow: bool = False) -> tupl
     return queues
 
 
+def batch_size(queue: str, device: str, batch: int = 0) -> int:
+    """Items a forward pass of this pool batches (1: batching off): `batch` (`--batch`,
+    VOXFARM_BATCH_MAX), else 8 on a CUDA device and 1 on CPU, where batching measured
+    slower (docs/benchmarks.md, "Batching"). Only the model pools batch."""
+    if queue not in OVERFLOW_QUEUES:  # the acoustic and vocoder stages
+        return 1
+    return batch or (8 if device.startswith("cuda") else 1)
+
+
 def watch_memory(stage: str, worker: str) -> threading.Thread:
     """Probe this process's device every heartbeat, so the worker's short mark (admission,
     /readyz) and the free-memory gauge follow its memory while no segment comes (a farm
@@ -205,7 +214,7 @@ def lower_priority(nice: int) -> None:
 def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str = "prefork",
                loglevel: str = "INFO", name: str | None = None, metrics_port: int = 0,
                metrics_addr: str = "0.0.0.0", threads: int = 0, work: str = "all",
-               nice: int = 0) -> None:
+               nice: int = 0, batch: int = 0) -> None:
     if queue not in WORKER_QUEUES:
         raise SystemExit(f"unknown queue {queue!r}; one of {', '.join(WORKER_QUEUES)}")
     if nice:
@@ -216,12 +225,23 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     except ValueError as exc:  # a bad VOXFARM_MEMORY_PROBE: say so at start
         raise SystemExit(str(exc)) from None
     queues = worker_queues(queue, work, overflow=queue in OVERFLOW_QUEUES and not memory_ruled)
+    batch = batch_size(queue, device, batch) if pool == "prefork" else 1
+    if batch > 1:
+        # Dynamic batching (tasks/batching.py): the pool's segments run on `batch` threads of
+        # one process, whose one batcher thread runs their forward passes together.
+        pool, concurrency = "threads", batch
+        from tasks import batching
+
+        linger_ms = Settings.from_env().batch_linger_ms
+        batching.configure(queue, batch, linger_ms / 1000)
+        log.info("batching up to %d items a forward pass (linger %.1f ms)", batch, linger_ms)
     celery = build_worker_app()
     # JSON logs, trace ids, task timing and metrics (tasks/observability.py). The metrics
     # endpoint serves every pool process's samples (multiprocess mode, set up by the CLI).
     from tasks import observability
 
-    observability.install(solo=pool == "solo", role=queue)
+    in_main = pool in ("solo", "threads")  # tasks run in this process: no child to init
+    observability.install(solo=in_main, role=queue)
     if metrics_port:
         from app.metrics import start_metrics_server
 
@@ -240,10 +260,10 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     # /readyz reports beside the interactive ones (that decide readiness).
     farm = runtime.farm(celery)
     redelivery = Redelivery(celery, farm.redis, farm.settings.key_prefix, WORKER_STALE_S)
-    # A prefork pool runs `concurrency` segments at once: the admission's wait estimate
-    # counts each process (Farm.expected_wait_s).
+    # A prefork pool runs `concurrency` segments at once, a batching pool `batch` to a
+    # forward pass: the admission's wait estimate counts each (Farm.expected_wait_s).
     heartbeat = Heartbeat(celery, queues, hostname, redelivery,
-                          slots=concurrency if pool == "prefork" else 1)
+                          slots=concurrency if pool == "prefork" else batch)
 
     def predecessor(**_: object) -> None:
         # Before consuming: a worker restarted under its old name hands back what its
@@ -269,7 +289,7 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
             watch_memory(queue, hostname)
 
     signals.worker_process_init.connect(preload, weak=False)
-    if pool == "solo":
+    if in_main:
         signals.worker_init.connect(preload, weak=False)
     signals.worker_init.connect(predecessor, weak=False)
     signals.task_received.connect(received, weak=False)

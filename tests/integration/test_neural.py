@@ -167,3 +167,40 @@ def test_openai_voice_names_are_the_neural_default(client):
                                                  "voice": "nova", "response_format": "wav"})
     assert resp.status_code == 200
     assert resp.headers["X-Voxfarm-Voice"] == DEFAULT
+
+
+def test_a_batching_farm_serves_concurrent_jobs_each_its_own_speech(redis_url, tmp_path):
+    """Pools with dynamic batching on (issue 9; off by default on CPU): jobs submitted at
+    once share forward passes, and each still gets its own intelligible audio, every chunk
+    once and in order."""
+    from app.embedded_redis import free_port
+    from tests.integration.test_metrics import scrape, val
+    from web import create_app
+
+    with running_farm(redis_url, 3, tmp_path, workers=False, batch_max=4,
+                      batch_linger_ms=50) as tf:
+        tf.env["VOXFARM_METRICS_DIR"] = str(tmp_path / "metrics")
+        ports = {queue: free_port() for queue in ("acoustic", "vocoder")}
+        for queue, port in ports.items():
+            tf.start_worker(queue, "--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
+            tf.wait_live(queue)
+        client = create_app(tf.settings, tf.farm).test_client()
+        texts = SENTENCES[:6]
+        jobs = [submit(client, text) for text in texts]
+        errors = words = 0
+        for text, job in zip(texts, jobs, strict=True):
+            page, chunks = collect_chunks(client, job["id"], max_per_poll=1)
+            assert page["state"] == "done"
+            assert [c["index"] for c in chunks] == list(range(len(chunks)))
+            pcm, rate = chunk_pcm(chunks)
+            assert rate == 22050
+            assert_speech(pcm, len(text.split()))
+            e, n = asr.word_errors(text, asr.transcribe(pcm, rate))
+            errors, words = errors + e, words + n
+        assert errors / words <= MAX_WER
+        for queue, port in ports.items():
+            samples = scrape(f"http://127.0.0.1:{port}")
+            batches = val(samples, "voxfarm_batch_size_count", stage=queue)
+            items = val(samples, "voxfarm_batch_size_sum", stage=queue)
+            assert batches > 0, f"{queue}: no forward pass went through the batcher"
+            assert items > batches, f"{queue}: every forward pass held one item"
