@@ -207,6 +207,57 @@ def align_words(words: Sequence[str], phonemes: str,
     return spans
 
 
+# `_opcodes` walks two token lists in step and, past a difference, takes them up again at
+# the nearest place where this many tokens in a row are equal (or the rest is), looking at
+# most this far ahead in each.
+_ANCHOR = 3
+_REACH = 64
+
+
+def _opcodes(a: Sequence[str], b: Sequence[str]) -> list[tuple[str, int, int, int, int]]:
+    """``difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()`` for two token
+    lists that are mostly equal (a text and its normalisation), in time linear in their
+    length: difflib itself is quadratic or worse on long lists of common words (4 s for the
+    first segment of a 15,000-character text). Equal stretches are walked in step; each
+    difference, up to the next anchor (see ``_ANCHOR``), is aligned by difflib alone, so
+    within it the opcodes are difflib's. A difference with no anchor in reach runs to the
+    end as one block."""
+    ops: list[tuple[str, int, int, int, int]] = []
+    i = j = 0
+    n, m = len(a), len(b)
+    while i < n and j < m:
+        if a[i] == b[j]:
+            i0, j0 = i, j
+            while i < n and j < m and a[i] == b[j]:
+                i, j = i + 1, j + 1
+            ops.append(("equal", i0, i, j0, j))
+            continue
+        di, dj = _resync(a, b, i, j)
+        block = difflib.SequenceMatcher(None, a[i:i + di], b[j:j + dj], autojunk=False)
+        ops += [(tag, i + i1, i + i2, j + j1, j + j2)
+                for tag, i1, i2, j1, j2 in block.get_opcodes()]
+        i, j = i + di, j + dj
+    if i < n or j < m:
+        ops.append(("delete" if j == m else "insert" if i == n else "replace", i, n, j, m))
+    return ops
+
+
+def _resync(a: Sequence[str], b: Sequence[str], i: int, j: int) -> tuple[int, int]:
+    """How far past ``a[i]`` and ``b[j]`` (which differ) the lists are equal again: the
+    nearest offsets (fewest tokens skipped in all) where ``_ANCHOR`` tokens in a row, or all
+    that are left of a list, are equal."""
+    n, m = len(a), len(b)
+    for total in range(1, 2 * _REACH + 1):
+        for di in range(max(0, total - _REACH), min(total, _REACH) + 1):
+            x, y = i + di, j + total - di
+            k = 0
+            while k < _ANCHOR and x + k < n and y + k < m and a[x + k] == b[y + k]:
+                k += 1
+            if k == _ANCHOR or (k and (x + k == n or y + k == m)):
+                return di, total - di
+    return n - i, m - j
+
+
 def source_spans(original: str, normalized: str,
                  normalize: Callable[[str], str] | None = None) -> list[tuple[int, int]]:
     """For each whitespace token of ``normalized``, the characters of ``original`` it was read
@@ -229,9 +280,8 @@ def source_spans(original: str, normalized: str,
         return _TOKEN_KEY.sub("", token.lower())
 
     token_keys = [key(t) for t in tokens]
-    matcher = difflib.SequenceMatcher(
-        None, [key(original[a:b]) for a, b in originals], token_keys, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    for tag, i1, i2, j1, j2 in _opcodes([key(original[a:b]) for a, b in originals],
+                                         token_keys):
         if tag == "equal":
             for k in range(j2 - j1):
                 spans[j1 + k] = originals[i1 + k]

@@ -67,6 +67,49 @@ def test_source_spans_point_normalised_words_at_what_was_written() -> None:
         ("came.", "came.")]
 
 
+ARTICLE = ("On Jan. 5, 2024, the harbour sold 1,250 tickets at $12.50 each. Dr. Smith & co. "
+           "came at 10:30 a.m. on the 2nd of May, and 50% of them left by 7 p.m. ") * 40
+
+
+def test_the_source_alignment_is_difflibs_on_a_long_text() -> None:
+    # The linear walk (models/words.py, `_opcodes`) replaced difflib, which took seconds on
+    # a long text; on what normalisation does it must line words up as difflib did.
+    import difflib
+    from unittest import mock
+
+    from models import words
+    from models.text_en import normalize_en
+
+    normalized = normalize_en(ARTICLE)
+    spans = source_spans(ARTICLE, normalized, normalize_en)
+    with mock.patch.object(words, "_opcodes", lambda a, b: difflib.SequenceMatcher(
+            None, a, b, autojunk=False).get_opcodes()):
+        assert spans == source_spans(ARTICLE, normalized, normalize_en)
+    assert len(spans) == len(normalized.split()) and (-1, -1) not in spans
+
+
+@pytest.mark.parametrize("a, b", [
+    ("a b c d e f", "a b c d e f"),
+    ("x a b c", "y y a b c"),  # a difference first
+    ("a b c x", "a b c y z"),  # and last
+    ("a b 5 and 6 c d e", "a b five and six c d e"),
+    ("a b c", ""), ("", "a b"),
+    ("the the the the x the the the", "the the y the the the the the"),
+])
+def test_the_linear_walk_gives_opcodes_that_cover_both_lists(a: str, b: str) -> None:
+    from models.words import _opcodes
+
+    a_list, b_list = a.split(), b.split()
+    ops = _opcodes(a_list, b_list)
+    i = j = 0
+    for tag, i1, i2, j1, j2 in ops:  # in order, no gap, no overlap
+        assert (i1, j1) == (i, j)
+        if tag == "equal":
+            assert a_list[i1:i2] == b_list[j1:j2]
+        i, j = i2, j2
+    assert (i, j) == (len(a_list), len(b_list))
+
+
 def test_segments_carry_words_with_their_source_across_breaks_and_tags() -> None:
     text = "Hello [laugh] there. [break=200ms] It costs 5% more, in 1999."
     segments = prepare(text, VOICE)
