@@ -10,6 +10,11 @@ connection, or a 200 whose audio never came), and the first-byte and full-time p
 of the served clients. "no answer" must be 0 at every level.
 
     .venv/bin/python tests/bench/bench_load.py [--clients 8,32,128] [--rounds 1] [--no-monolith]
+        [--batch 4]
+
+With `--batch N` it runs the farm twice more with dynamic batching on (tasks/batching.py),
+up to N items a forward pass: "ac bN" batches the acoustic pool only, "all bN" both model
+pools (each then one process of N threads).
 """
 
 from __future__ import annotations
@@ -98,6 +103,28 @@ def run_levels(base: str, name: str, levels: list[int], rounds: int) -> list[tup
     return rows
 
 
+def run_farm(url: str, log_dir: Path, name: str, levels: list[int], rounds: int,
+             batch: int = 1, stages: tuple[str, ...] = ()) -> list[tuple]:
+    """The farm sized as the Procfile, or with dynamic batching on in `stages` (`batch`
+    items a forward pass): a batching pool is one process of `batch` threads, the vocoder's
+    with as many torch threads as the Procfile's vocoder has processes, so it uses the same
+    cores."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # the production admission bound (the test farms take a long one)
+    with (running_farm(url, 0, log_dir, workers=False,
+                       max_queue_wait_s=Settings().max_queue_wait_s, batch_linger_ms=5) as tf,
+          gunicorn_server(tf.env, log_dir / "web.log", workers=2) as base):
+        # "--batch 1": unbatched on any device (on CUDA a pool batches by default)
+        tf.start_worker("acoustic", "--batch", str(batch if "acoustic" in stages else 1))
+        if "vocoder" in stages:
+            tf.start_worker("vocoder", "--batch", str(batch), "--threads", str(VOCODER_PROCESSES))
+        else:
+            tf.start_worker("vocoder", "--batch", "1", "--concurrency", str(VOCODER_PROCESSES))
+        tf.wait_live("acoustic")
+        tf.wait_live("vocoder")
+        return run_levels(base, name, levels, rounds)
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -111,21 +138,21 @@ def main() -> None:
     ap.add_argument("--clients", default="8,32,128")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--no-monolith", action="store_true")
+    ap.add_argument("--batch", type=int, default=0,
+                    help="also run the farm with dynamic batching on, this many items a "
+                         "forward pass (VOXFARM_BATCH_MAX)")
     args = ap.parse_args()
     levels = [int(n) for n in args.clients.split(",")]
 
     tmp = Path(tempfile.mkdtemp(prefix="voxfarm-bench-load-"))
     rows = []
-    with (redis_url_or_embedded(args.redis_url, tmp) as url,
-          # the production admission bound (the test farms take a long one)
-          running_farm(url, 0, tmp, max_queue_wait_s=Settings().max_queue_wait_s) as tf,
-          gunicorn_server(tf.env, tmp / "web.log", workers=2) as base):
-        for w in [w for w in tf.workers if w.queue == "vocoder"]:  # sized as the Procfile
-            w.stop()
-            tf.workers.remove(w)
-            tf.start_worker("vocoder", "--concurrency", str(VOCODER_PROCESSES))
-        tf.wait_live("vocoder")
-        rows += run_levels(base, "farm", levels, args.rounds)
+    with redis_url_or_embedded(args.redis_url, tmp) as url:
+        rows += run_farm(url, tmp / "farm", "farm", levels, args.rounds)
+        if args.batch > 1:
+            rows += run_farm(url, tmp / "acoustic", f"ac b{args.batch}", levels, args.rounds,
+                             args.batch, ("acoustic",))
+            rows += run_farm(url, tmp / "both", f"all b{args.batch}", levels, args.rounds,
+                             args.batch, ("acoustic", "vocoder"))
     if not args.no_monolith:
         with monolith_server(tmp / "monolith.log") as base:
             rows += run_levels(base, "monolith", levels, args.rounds)
@@ -141,7 +168,7 @@ def main() -> None:
     p99 = {}
     for n, name, _, outcomes, firsts, fulls in sorted(rows, key=lambda r: (r[0], r[1])):
         lost = sum(v for k, v in outcomes.items() if k not in ("200", "503"))
-        if name == "farm":
+        if name != "monolith":
             unanswered += lost
         p99[(n, name)] = pct(firsts, 0.99)
         print(f"| {n:>7} | {name:<8} | {outcomes.get('200', 0):>4} | "

@@ -16,6 +16,9 @@ first vocoder window, the farm's `VOXFARM_VOCODER_WINDOW_FRAMES`; for eSpeak the
 segment). Each path runs five times, the direct first window once before each run, and the
 table shows medians. Every paragraph is new text, so no cache hit helps the farm.
 Goals (issue 9): first byte <= 0.10x the full time and <= 1.3x the direct first window.
+
+A second table splits the HTTP stream's first byte into the farm's hops, from the stamps its
+job record keeps (see `hops`), beside the direct first window's three parts.
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ def paragraph(tag: str) -> list[str]:
             for i, t in enumerate(TOPICS)]
 
 
-def via_stream(base: str, text: str) -> tuple[float, float, int]:
-    t0 = time.perf_counter()
+def via_stream(base: str, text: str, marks: list | None = None) -> tuple[float, float, int]:
+    """`marks` gets (job id, wall clock at the POST, wall clock at the first audio byte)."""
+    t0, wall0 = time.perf_counter(), time.time()
     job = requests.post(f"{base}/v1/jobs", json={"text": text}, timeout=60).json()
     first, size = None, 0
     with requests.get(f"{base}/v1/jobs/{job['id']}/stream", stream=True, timeout=120) as r:
@@ -57,7 +61,22 @@ def via_stream(base: str, text: str) -> tuple[float, float, int]:
             size += len(piece)
             if first is None and size > 44:  # past the WAV header: audio
                 first = time.perf_counter() - t0
+                if marks is not None:
+                    marks.append((job["id"], wall0, time.time()))
     return first, time.perf_counter() - t0, (size - 44) // 2
+
+
+def hops(farm, marks: list) -> list[float]:
+    """Where an HTTP stream's first byte went, from the job's own stamps (every process is
+    on this host, one clock): POST -> job created (the web), created -> first segment's
+    acoustic task started (publish, queue, task start), started -> first window stored
+    (acoustic forward pass, the hop to the vocoder, first window's forward pass, store),
+    stored -> first byte at the client (the stream's wake-up and the transfer)."""
+    job_id, posted, first = marks
+    stamps = farm.redis.hmget(farm.keys.job(job_id), "created_at", "started_at",
+                              "first_chunk_at")
+    created, started, stored = (float(v) for v in stamps)
+    return [created - posted, started - created, stored - started, first - stored]
 
 
 def via_openai(base: str, text: str) -> tuple[float, float, int]:
@@ -108,15 +127,19 @@ def main() -> None:
         requests.post(f"{base}/v1/jobs", json={"text": "Warm up the workers."}, timeout=60)
         via_stream(base, "Warm up the stream path once.")
         direct = Direct()
+        marks, parts = [], []
         for name, fn in (("HTTP stream (wav)", via_stream), ("OpenAI speech (pcm)", via_openai),
                          ("WebSocket", via_ws)):
             runs, directs = [], []
             for r in range(RUNS):  # a new paragraph each time: no cache hit
                 sents = paragraph(f"{name.split()[0].lower()}-{r}")
-                directs.append(timed_first_window(direct, sents[0]))
-                runs.append(fn(base, " ".join(sents)))
+                parts.append(timed_parts(direct, sents[0]))
+                directs.append(sum(parts[-1]))
+                extra = (marks,) if fn is via_stream else ()
+                runs.append(fn(base, " ".join(sents), *extra))
             first, full, samples = (statistics.median(x) for x in zip(*runs, strict=True))
             rows.append((name, first, full, samples / 22050, statistics.median(directs)))
+        hop_rows = [hops(tf.farm, m) for m in marks]
 
     print("\n10-sentence paragraph, 1 acoustic + 1 vocoder worker, gunicorn gevent, "
           "Redis on loopback\n")
@@ -127,28 +150,44 @@ def main() -> None:
     for name, first, full, audio_s, direct_s in rows:
         print(f"| {name:<20} | {first * 1e3:>8.0f}ms | {full:>7.2f}s | {audio_s:>6.1f}s | "
               f"{first / full:>9.3f}x | {direct_s * 1e3:>8.0f}ms | {first / direct_s:>11.2f}x |")
+    stages = ("POST -> job created", "created -> acoustic started",
+              "acoustic started -> 1st window stored", "stored -> client's first byte")
+    print("\nWhere the HTTP stream's first byte went (medians of its runs), and the direct "
+          "first window's parts in this process:\n")
+    print(f"| {'farm hop':<38} | {'median':>8} |")
+    print(f"|{'-' * 40}|{'-' * 10}|")
+    for stage, values in zip(stages, zip(*hop_rows, strict=True), strict=True):
+        print(f"| {stage:<38} | {statistics.median(values) * 1e3:>6.1f}ms |")
+    direct_names = ("direct: frontend", "direct: acoustic", "direct: first window")
+    for stage, values in zip(direct_names, zip(*parts, strict=True), strict=True):
+        print(f"| {stage:<38} | {statistics.median(values) * 1e3:>6.1f}ms |")
     print("\ngoals: first/full <= 0.10 and first/direct <= 1.30")
     for name, first, full, _, direct_s in rows:
         ok = first / full <= 0.10 and first / direct_s <= 1.30
         print(f"  {name:<20} {'MET' if ok else 'NOT MET'}")
 
 
-def timed_first_window(direct, text: str) -> float:
-    """In this process: the first segment of `text`, its features, its first window."""
+def timed_parts(direct, text: str) -> tuple[float, float, float]:
+    """In this process, the first window of `text` in its three parts, in seconds: the
+    frontend's first segment, its features, its first vocoder window (for eSpeak the whole
+    first segment)."""
     from app.settings import Settings
     from models.frontend import iter_segments
     from models.voices import PIPER
 
     t0 = time.perf_counter()
     seg = next(iter_segments(text, direct.voice.name))
+    t1 = time.perf_counter()
     if direct.voice.engine == PIPER:
         z = direct.acoustic.synthesize(seg.phonemes, speed=1.0, seed=seg.index)
+        t2 = time.perf_counter()
         first = direct.vocoder.windows(int(z.shape[1]), Settings().vocoder_window_frames)[0]
         direct.vocoder.vocode_window(z, first)
     else:
         mel = direct.acoustic.synthesize(seg.phonemes, direct.voice.name, 1.0)
+        t2 = time.perf_counter()
         direct.vocoder.vocode([mel])
-    return time.perf_counter() - t0
+    return t1 - t0, t2 - t1, time.perf_counter() - t2
 
 
 if __name__ == "__main__":
