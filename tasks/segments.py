@@ -176,14 +176,14 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
     features = mel_from_bytes(blob).to(vocoder.device)
     pause = np.zeros(int(vocoder.sample_rate * spec["pause_ms"] / 1000), dtype=np.float32)
     if "book_id" in spec:  # book audio goes to the artifact store, not Redis
-        audio = _vocode_whole(vocoder, voice, features)
+        audio = _vocode_piece(vocoder, voice, features)
         words = _word_times(farm, vocoder, voice, mel_key, spec, len(audio))
         books.store_segment(farm, spec, _pcm(audio, pause), words)
     elif voice.engine == PIPER and farm.settings.vocoder_window_frames:
         words = _word_times(farm, vocoder, voice, mel_key, spec)
         _stream_windows(farm, vocoder, voice, features, spec, pause, words)
     else:
-        audio = _vocode_whole(vocoder, voice, features)
+        audio = _vocode_piece(vocoder, voice, features)
         words = _word_times(farm, vocoder, voice, mel_key, spec, len(audio))
         farm.jobs.store_chunk(spec["job_id"], spec["index"], _pcm(audio, pause), words)
     farm.mel_cache.release(mel_key, drop="book_id" in spec)
@@ -229,10 +229,6 @@ def _vocode_piece(vocoder, voice, features, piece=None) -> np.ndarray:
     else:
         audio = batching.run(VOCODER_QUEUE, vocoder.model_id, vocoder.vocode, features)
     return audio.float().cpu().numpy()
-
-
-def _vocode_whole(vocoder, voice, features) -> np.ndarray:
-    return _vocode_piece(vocoder, voice, features)
 
 
 def _word_times(farm, vocoder, voice, mel_key: str, spec: dict,

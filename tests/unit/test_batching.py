@@ -168,3 +168,18 @@ def test_model_pools_batch_on_cuda_by_default_and_on_cpu_only_when_asked():
     assert batch_size("vocoder", "cpu", 4) == 4  # --batch / VOXFARM_BATCH_MAX
     assert batch_size("vocoder", "cuda", 1) == 1
     assert batch_size("book", "cuda", 4) == 1  # runs no model
+
+
+def test_the_espeak_vocoder_batched_gives_each_mel_its_own_audio():
+    from models.acoustic import load_acoustic
+    from models.vocoder import load_vocoder
+
+    acoustic, vocoder = load_acoustic("espeak"), load_vocoder("griffinlim")
+    mels = [acoustic.synthesize(p, "en-us", 1.0)
+            for p in ("D@ k'at s'at 0n D@ m'at @g'En", "h@l'oU w'3:ld")]
+    together = vocoder.vocode(mels)
+    for mel, audio in zip(mels, together, strict=True):
+        alone = vocoder.vocode([mel])[0]
+        assert audio.shape == alone.shape
+        assert float((audio - alone).abs().max()) < 1e-4
+        assert float(alone.abs().max()) > 0.01
