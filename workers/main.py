@@ -1,11 +1,12 @@
 """Worker pool entrypoints: `voxfarm worker acoustic|vocoder|book`.
 
 A pool is a Celery worker consuming one stage's queues: acoustic and vocoder run the models
-(prefork, one process per core or GPU), each on its interactive queue, its batch (book) queue
-or both; book runs the books' orchestration (prepare, feed, assemble: tasks/books.py) on a
-gevent pool and loads no model. Models load after the fork, once per process, on the device
-the pool was started for; each worker heartbeats into Redis so /readyz knows which pools have
-someone alive.
+(prefork, one process per core or GPU; with dynamic batching on, one process of threads whose
+forward passes go in batches, tasks/batching.py), each on its interactive queue, its batch
+(book) queue or both; book runs the books' orchestration (prepare, feed, assemble:
+tasks/books.py) on a gevent pool and loads no model. Models load after the fork, once per
+process, on the device the pool was started for; each worker heartbeats into Redis so /readyz
+knows which pools have someone alive.
 
 A pool on a CUDA device is under the GPU memory rule (docs/operations.md, "GPU memory"): each
 of its processes probes its device before every forward pass (tasks/segments.py) and every few
