@@ -17,21 +17,39 @@ thread that runs every forward pass of the process:
 So a lone request never lingers, and an interactive item waits behind at most one batch.
 
 With batching off every call runs at once in the task's own thread, as without this module.
+
+Celery's thread pool enforces no task time limit, so the batcher keeps the one a prefork pool
+has: a forward pass running past `task_time_limit` ends the process, as a prefork pool kills
+its child. The supervisor starts the pool again, and what it held is handed back to its queues
+(app/redelivery.py).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from app import metrics
 
+log = logging.getLogger("voxfarm.workers")
+
 Run = Callable[[list[Any]], list[Any]]
+
+# How often a task waiting on its batch looks whether the forward pass in progress has run
+# past the time limit.
+_WATCH_EVERY_S = 1.0
+
+
+def _exit_stuck() -> None:
+    os._exit(70)  # EX_SOFTWARE: the supervisor restarts the pool
 
 
 @dataclass(eq=False)
@@ -49,14 +67,17 @@ class Batcher:
     every item's of that call.
     """
 
-    def __init__(self, stage: str, max_batch: int, linger_s: float) -> None:
+    def __init__(self, stage: str, max_batch: int, linger_s: float, limit_s: float = 0.0,
+                 on_stuck: Callable[[], None] = _exit_stuck) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.stage, self.max_batch, self.linger_s = stage, max_batch, linger_s
+        self.limit_s, self.on_stuck = limit_s, on_stuck  # limit_s 0: no limit
         self._cond = threading.Condition()
         self._items: list[_Item] = []
         self._working = 0
         self._thread: threading.Thread | None = None
+        self._running_since: float | None = None  # the forward pass in progress began
 
     @contextmanager
     def working(self) -> Iterator[None]:
@@ -82,7 +103,19 @@ class Batcher:
                 self._thread.start()
             self._items.append(item)
             self._cond.notify_all()
-        return item.future.result()
+        while True:
+            try:
+                return item.future.result(timeout=_WATCH_EVERY_S)
+            except FutureTimeout:
+                self._check_stuck()
+
+    def _check_stuck(self) -> None:
+        started = self._running_since
+        if self.limit_s and started is not None and time.monotonic() - started > self.limit_s:
+            log.critical("a %s forward pass has run for over %d s (the task time limit): "
+                         "ending the process, so its messages go back to their queues",
+                         self.stage, self.limit_s)
+            self.on_stuck()
 
     def _next_batch(self) -> list[_Item]:
         with self._cond:
@@ -103,6 +136,7 @@ class Batcher:
         while True:
             batch = self._next_batch()
             metrics.BATCH_SIZE.labels(self.stage).observe(len(batch))
+            self._running_since = time.monotonic()
             try:
                 results = batch[0].run([item.value for item in batch])
                 if len(results) != len(batch):
@@ -111,6 +145,8 @@ class Batcher:
                 for item in batch:
                     item.future.set_exception(exc)
                 continue
+            finally:
+                self._running_since = None
             for item, result in zip(batch, results, strict=True):
                 item.future.set_result(result)
 
@@ -119,10 +155,11 @@ _lock = threading.Lock()
 _batchers: dict[str, Batcher] = {}
 
 
-def configure(stage: str, max_batch: int, linger_s: float) -> None:
-    """Batch `stage`'s forward passes in this process (a worker with batching on)."""
+def configure(stage: str, max_batch: int, linger_s: float, limit_s: float = 0.0) -> None:
+    """Batch `stage`'s forward passes in this process (a worker with batching on); a forward
+    pass past `limit_s` ends the process (0: no limit)."""
     with _lock:
-        _batchers[stage] = Batcher(stage, max_batch, linger_s)
+        _batchers[stage] = Batcher(stage, max_batch, linger_s, limit_s)
 
 
 def batcher(stage: str) -> Batcher | None:

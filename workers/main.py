@@ -233,9 +233,11 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
         pool, concurrency = "threads", batch
         from tasks import batching
 
-        linger_ms = Settings.from_env().batch_linger_ms
-        batching.configure(queue, batch, linger_ms / 1000)
-        log.info("batching up to %d items a forward pass (linger %.1f ms)", batch, linger_ms)
+        settings = Settings.from_env()
+        batching.configure(queue, batch, settings.batch_linger_ms / 1000,
+                           limit_s=settings.task_time_limit)
+        log.info("batching up to %d items a forward pass (linger %.1f ms)", batch,
+                 settings.batch_linger_ms)
     celery = build_worker_app()
     # JSON logs, trace ids, task timing and metrics (tasks/observability.py). The metrics
     # endpoint serves every pool process's samples (multiprocess mode, set up by the CLI).

@@ -5,6 +5,7 @@ batched forward passes give each item what it gets alone."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -183,3 +184,33 @@ def test_the_espeak_vocoder_batched_gives_each_mel_its_own_audio():
         assert audio.shape == alone.shape
         assert float((audio - alone).abs().max()) < 1e-4
         assert float(alone.abs().max()) > 0.01
+
+
+def test_a_forward_pass_past_the_time_limit_ends_the_process(monkeypatch):
+    # Celery's thread pool enforces no time limit: the batcher keeps the prefork pool's,
+    # ending the process (here: a stand-in that raises) so the supervisor restarts it and
+    # its messages are handed back.
+    import tasks.batching as batching
+
+    monkeypatch.setattr(batching, "_WATCH_EVERY_S", 0.05)
+    release, ended = threading.Event(), []
+
+    def stuck() -> None:
+        ended.append(True)
+        raise SystemExit("ended")
+
+    def hang(items: list) -> list:
+        release.wait(30)
+        return items
+
+    batcher = Batcher("vocoder", max_batch=2, linger_s=0.01, limit_s=0.2, on_stuck=stuck)
+    try:
+        with pytest.raises(SystemExit, match="ended"):
+            batcher.submit("k", hang, 1)
+    finally:
+        release.set()
+    assert ended == [True]
+    # A slow pass within the limit is not stuck.
+    slow = Batcher("vocoder", max_batch=2, linger_s=0.01, limit_s=5, on_stuck=stuck)
+    assert slow.submit("k", lambda items: (time.sleep(0.2), items)[1], 3) == 3
+    assert ended == [True]
