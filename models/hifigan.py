@@ -151,6 +151,11 @@ class Window:
     end: int
     hi: int
 
+    @classmethod
+    def whole(cls, n_frames: int) -> Window:
+        """The window that is a whole latent of ``n_frames`` frames, no context."""
+        return cls(0, 0, n_frames, n_frames)
+
 
 def plan_windows(n_frames: int, window: int, context: int) -> list[Window]:
     """Cut ``n_frames`` into windows of ``window`` frames with ``context`` frames each side

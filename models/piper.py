@@ -242,9 +242,7 @@ class PiperAcoustic(_PiperHalf, AcousticModel):
                          speed: float = 1.0, speaker: str | int | None = None
                          ) -> list[torch.Tensor]:
         """Latents for several segments in one padded batch; each as it would be alone."""
-        out = self.voice.latents([self.voice.ids(p) for p in phonemes], seeds, speed, speaker,
-                                 **self.inference.as_dict())
-        return [out.z[i, :, : int(n)] for i, n in enumerate(out.frame_lengths.tolist())]
+        return [z for z, _ in self.synthesize_timed_batch(phonemes, seeds, speed, speaker)]
 
 
 class PiperVocoder(_PiperHalf, Vocoder):
@@ -262,18 +260,7 @@ class PiperVocoder(_PiperHalf, Vocoder):
     def vocode(self, mels: list[torch.Tensor], speaker: str | int | None = None
                ) -> list[torch.Tensor]:
         """Latents ``(inter_channels, frames_i)`` -> ``(frames_i * hop,)`` each, one batch."""
-        if not mels:
-            return []
-        frames = [int(z.shape[1]) for z in mels]
-        batch = torch.zeros(len(mels), mels[0].shape[0], max(frames), device=self.device)
-        for i, z in enumerate(mels):
-            batch[i, :, : frames[i]] = z.to(self.device, torch.float32)
-        speaker_id = self.voice.config.speaker_id(speaker)
-        audio = self.voice.decoder.decode(
-            batch, frames, None if speaker_id is None else [speaker_id] * len(mels)
-        )
-        hop = self.voice.hop_length
-        return [audio[i, : n * hop] for i, n in enumerate(frames)]
+        return self.vocode_windows([(z, Window.whole(int(z.shape[1])), speaker) for z in mels])
 
     def windows(self, frames: int, window: int) -> list[Window]:
         """How :meth:`vocode_window` cuts a latent of ``frames`` frames into windows of
@@ -297,7 +284,7 @@ class PiperVocoder(_PiperHalf, Vocoder):
                        max_batch: int | None = None) -> list[torch.Tensor]:
         """:meth:`vocode_window` for several ``(latent, window, speaker)`` in one forward pass,
         of one latent or of many (the farm's dynamic batching, tasks/batching.py). A whole
-        latent of ``n`` frames is the window ``Window(0, 0, n, n)``. ``max_batch`` as in
+        latent of ``n`` frames is the window ``Window.whole(n)``. ``max_batch`` as in
         ``HifiganDecoder.decode``: items per padded sub-batch, default one on CPU."""
         if not pieces:
             return []

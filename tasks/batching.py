@@ -162,10 +162,6 @@ def configure(stage: str, max_batch: int, linger_s: float, limit_s: float = 0.0)
         _batchers[stage] = Batcher(stage, max_batch, linger_s, limit_s)
 
 
-def batcher(stage: str) -> Batcher | None:
-    return _batchers.get(stage)
-
-
 @contextmanager
 def working(stage: str) -> Iterator[None]:
     """`Batcher.working` of `stage`'s batcher; nothing where batching is off."""

@@ -218,8 +218,7 @@ def _vocode_piece(vocoder, voice, features, piece=None) -> np.ndarray:
         if piece is None:
             from models.hifigan import Window
 
-            frames = int(features.shape[-1])
-            piece = Window(0, 0, frames, frames)
+            piece = Window.whole(int(features.shape[-1]))
 
         def run(items: list) -> list:
             return vocoder.vocode_windows(items, max_batch=len(items))

@@ -149,7 +149,7 @@ def test_batched_windows_and_wholes_are_each_items_own(halves):
     latents = [acoustic.synthesize(acoustic.voice.phonemes(t), seed=3) for t in TEXTS]
     # Whole segments and windows of different segments in one call, as a vocoder pool's
     # batch holds them: each equals its own forward pass.
-    pieces = [(z, Window(0, 0, z.shape[1], z.shape[1])) for z in latents[:2]]
+    pieces = [(z, Window.whole(int(z.shape[1]))) for z in latents[:2]]
     pieces += [(latents[2], w) for w in vocoder.windows(int(latents[2].shape[1]), 64)]
     together = vocoder.vocode_windows([(z, w, None) for z, w in pieces],
                                       max_batch=len(pieces))
