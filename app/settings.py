@@ -55,11 +55,12 @@ class Settings:
     voices_dir: str = ""
 
     mel_cache_ttl: int = 300
-    # The neural vocoder streams each segment in windows of this many latent frames (256
-    # samples each; 64 is 0.74 s of audio at 22,050 Hz), each a chunk as soon as it exists.
-    # 64 measured best here: its first window took 38 ms against 325 ms for a whole 4.9 s
-    # segment, and all its windows together (16 context frames a side) 0.25 s. 0: whole
-    # segments.
+    # The neural vocoder streams each segment in windows, each a chunk as soon as it exists:
+    # the first of this many latent frames (256 samples each; 64 is 0.74 s of audio at
+    # 22,050 Hz), each next twice the one before (models/piper.py, WINDOW_GROWTH). 64
+    # measured best here: its first window took 38 ms against 325 ms for a whole 4.9 s
+    # segment; growing windows cost 1.01x the whole segment's vocoding, fixed ones 1.14x
+    # (docs/benchmarks.md, "First audio"). 0: whole segments.
     vocoder_window_frames: int = 64
     # Dynamic batching (tasks/batching.py): a model pool runs up to this many segments or
     # windows, of any jobs, in one forward pass, on that many threads of one process. 0: 8 on

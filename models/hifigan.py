@@ -157,16 +157,18 @@ class Window:
         return cls(0, 0, n_frames, n_frames)
 
 
-def plan_windows(n_frames: int, window: int, context: int) -> list[Window]:
-    """Cut ``n_frames`` into windows of ``window`` frames with ``context`` frames each side
-    (fewer at the ends of the latent)."""
-    if window < 1 or context < 0:
-        raise ValueError(f"window must be >= 1 and context >= 0, got {window}, {context}")
-    return [
-        Window(max(0, s - context), s, min(n_frames, s + window),
-               min(n_frames, s + window + context))
-        for s in range(0, n_frames, window)
-    ]
+def plan_windows(n_frames: int, window: int, context: int, growth: int = 1) -> list[Window]:
+    """Cut ``n_frames`` into windows with ``context`` frames each side (fewer at the ends of
+    the latent): the first of ``window`` frames, each next ``growth`` times the one before."""
+    if window < 1 or context < 0 or growth < 1:
+        raise ValueError(f"window and growth must be >= 1 and context >= 0, "
+                         f"got {window}, {growth}, {context}")
+    plan, start, size = [], 0, window
+    while start < n_frames:
+        end = min(n_frames, start + size)
+        plan.append(Window(max(0, start - context), start, end, min(n_frames, end + context)))
+        start, size = end, size * growth
+    return plan
 
 
 class HifiganDecoder(nn.Module):

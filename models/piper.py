@@ -39,6 +39,11 @@ _LOGGER = logging.getLogger(__name__)
 # Latent frames rendered on each side of a streamed window: 16 reproduce whole-segment
 # decoding to about 1e-6 (8 frames: about 1e-3), see models/hifigan.py.
 WINDOW_CONTEXT = 16
+# Each streamed window after the first is this many times the one before (64, 128, 256, ...
+# frames): the first stays small for first audio, and the rest cost fewer windows' context
+# and calls. Every window is ready before the ones before it have played while the vocoder
+# runs faster than 1/WINDOW_GROWTH of real time (docs/benchmarks.md, "Streaming windows").
+WINDOW_GROWTH = 2
 
 
 def default_voice_path() -> Path:
@@ -263,12 +268,16 @@ class PiperVocoder(_PiperHalf, Vocoder):
         return self.vocode_windows([(z, Window.whole(int(z.shape[1])), speaker) for z in mels])
 
     def windows(self, frames: int, window: int) -> list[Window]:
-        """How :meth:`vocode_window` cuts a latent of ``frames`` frames into windows of
-        ``window`` frames, each rendered with :data:`WINDOW_CONTEXT` frames on each side. A
-        last window shorter than half a window joins the one before it: a few frames of tail
-        would cost a whole context's rendering for a chunk too short to matter."""
-        plan = plan_windows(frames, window, WINDOW_CONTEXT)
-        if len(plan) > 1 and plan[-1].end - plan[-1].start < window // 2:
+        """How :meth:`vocode_window` cuts a latent of ``frames`` frames for streaming: a first
+        window of ``window`` frames, then each :data:`WINDOW_GROWTH` times the one before,
+        each rendered with :data:`WINDOW_CONTEXT` frames on each side. A last window shorter
+        than half its size joins the one before it (a few frames of tail would cost a whole
+        context's rendering for a chunk too short to matter), but the first window, which
+        first audio waits for, takes less than half of its own size."""
+        plan = plan_windows(frames, window, WINDOW_CONTEXT, WINDOW_GROWTH)
+        size = window * WINDOW_GROWTH ** (len(plan) - 1)
+        short = window // 2 if len(plan) == 2 else size // 2
+        if len(plan) > 1 and plan[-1].end - plan[-1].start < short:
             before, tail = plan[-2], plan[-1]
             plan[-2:] = [Window(before.lo, before.start, tail.end, tail.hi)]
         return plan

@@ -145,6 +145,12 @@ def test_plan_windows_covers_every_frame_once():
     assert plan[0].lo == 0 and plan[1].lo == 16 and plan[-1].hi == 100
 
 
+def test_growing_windows_double_after_the_first():
+    plan = plan_windows(100, 16, 8, growth=2)
+    assert [(w.lo, w.start, w.end, w.hi) for w in plan] == [
+        (0, 0, 16, 24), (8, 16, 48, 56), (40, 48, 100, 100)]
+
+
 def test_same_seed_same_latent_and_batch_does_not_change_an_item(voice, id_lists):
     seeds = [11, 22, 33, 44]
     first = voice.latents(id_lists, seeds)
