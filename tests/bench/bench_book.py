@@ -9,15 +9,16 @@ jobs, one acoustic and one vocoder worker for book segments at OS priority 10 be
 (gevent) worker at priority 10 too, the artifact store in a temporary folder; with --shared,
 one acoustic and one vocoder worker take both kinds of work, interactive first. The web runs
 in this process (Flask test client), so "bench" in the RSS table is the web plus this driver.
-Interactive latency: a one-sentence job (distinct text each time, so no mel-cache hits) from
-POST to state done, measured 20 times on the idle farm, then once a second while the book
-renders.
+Interactive latency: a one-sentence job (distinct text each time, so no mel-cache hits, all
+of one length) from POST to state done, measured 20 times on the idle farm, then once a
+second while the book renders.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import tempfile
 import threading
@@ -73,6 +74,18 @@ class RssWatch:
 VOICE: dict = {}  # {"voice": NAME} with --voice
 
 
+def probes() -> list[str]:
+    """Distinct one-sentence probes (no mel-cache hits) of one length, in a shuffled order, so
+    the idle and the during samples come from the same texts. (Numbered probes were not:
+    "number 7" idle against "number 187" during the book is a longer sentence.)"""
+    words = ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Hotel", "Kilo", "Lima", "Oscar",
+             "Tango"]
+    texts = [f"Quick question {a} {b} {c} {d}, is the farm awake?"
+             for a in words for b in words for c in words for d in words]
+    random.Random(9).shuffle(texts)
+    return texts
+
+
 def interactive(client, text: str) -> float:
     t0 = time.perf_counter()
     job = client.post("/v1/jobs", json={"text": text, **VOICE}).get_json()
@@ -118,8 +131,7 @@ def main() -> None:
                                   for w in tf.workers}
                                  | {"bench (web + driver)": os.getpid(),
                                     "redis": server.proc.pid})
-                probe = iter(f"Quick question number {i}, is the farm awake?"
-                             for i in range(10_000))
+                probe = iter(probes())
                 for _ in range(3):
                     interactive(client, next(probe))  # warm
                 idle = [interactive(client, next(probe)) for _ in range(20)]
