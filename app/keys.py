@@ -105,11 +105,6 @@ class Keys:
         """worker -> how many segments it runs at once (its pool's processes)."""
         return f"{self.prefix}:workers:{queue}:slots"
 
-    def busy(self, host: str) -> str:
-        """member -> until when: the interactive tasks running on `host`
-        (tasks/yielding.py)."""
-        return f"{self.prefix}:busy:{host}"
-
     @property
     def stats(self) -> str:
         return f"{self.prefix}:stats"

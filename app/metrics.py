@@ -58,11 +58,6 @@ BATCH_SIZE = Histogram(
     "Items (segments or windows, of any jobs) in one forward pass of a pool with dynamic "
     "batching on (tasks/batching.py), by stage.",
     ["stage"], buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32))
-BATCH_YIELD = Histogram(
-    "voxfarm_batch_yield_seconds",
-    "How long a book's forward pass waited for interactive work on its host to finish "
-    "(tasks/yielding.py), by stage; passes that did not wait are not counted.",
-    ["stage"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
 TASKS = Counter(
     "voxfarm_tasks_total",
     "Tasks run, by stage and Celery outcome (SUCCESS, RETRY, FAILURE, IGNORED).",

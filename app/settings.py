@@ -69,12 +69,6 @@ class Settings:
     # every running task has handed its item in.
     batch_max: int = 0
     batch_linger_ms: float = 5.0
-    # A book's forward pass waits at most this long while interactive work runs on its host
-    # (tasks/yielding.py; docs/benchmarks.md, "Books"). 0: books never wait.
-    batch_yield_ms: float = 1000.0
-    # Which pools share processors, for the above: "" is the machine's host name. Pools in
-    # containers of one machine have host names of their own, so set it alike there.
-    host_name: str = ""
     # Interactive jobs keep their audio in Redis this long after their last write.
     job_ttl: int = 3600
     max_text_chars: int = 20_000

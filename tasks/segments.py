@@ -11,7 +11,6 @@ short of device memory hands the stage to a pool with room instead of running it
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 
 import numpy as np
 from celery import shared_task
@@ -30,7 +29,7 @@ from app.queueing import hand_over, publish_again
 from app.states import JobState
 from models.errors import SpeechError
 from models.voices import PIPER
-from tasks import batching, books, canary, runtime, yielding
+from tasks import batching, books, canary, runtime
 from tasks.base import FarmTask, NoRoom
 
 log = logging.getLogger("voxfarm.tasks")
@@ -95,14 +94,8 @@ def _run_here_or_hand_over(task: SegmentTask, stage: str, spec: dict, args: tupl
 def synthesize(self: SegmentTask, spec: dict, reroutes: int = 0, **_: object) -> str:
     """Phonemes -> mel in the cache. Returns the cache key for the vocoder. `reroutes`: how
     often workers short of GPU memory handed this stage on already."""
-    with batching.working(ACOUSTIC_QUEUE), _interactive(self.farm, spec):
+    with batching.working(ACOUSTIC_QUEUE):
         return _synthesize(self, spec, reroutes)
-
-
-def _interactive(farm, spec: dict):
-    """An interactive job's task marks its host busy, so books' passes there give way
-    (tasks/yielding.py); a book's segment does not."""
-    return nullcontext() if "book_id" in spec else yielding.interactive(farm)
 
 
 def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
@@ -126,8 +119,6 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
     task.request.mel_cache_hit = hit  # the canary times a version's model on misses only
     if not hit:
         _run_here_or_hand_over(task, ACOUSTIC_QUEUE, spec, (spec,), {}, reroutes)
-        if "book_id" in spec:
-            yielding.give_way(farm, ACOUSTIC_QUEUE)
         from models.mel import mel_to_bytes
 
         durations = None
@@ -154,7 +145,7 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     """Mel from the cache -> 16-bit PCM chunk `spec['index']` of the job. `reroutes`: how
     often workers short of GPU memory handed this stage on already (the features stay held
     for whichever worker runs it)."""
-    with batching.working(VOCODER_QUEUE), _interactive(self.farm, spec):
+    with batching.working(VOCODER_QUEUE):
         return _render(self, mel_key, spec, regenerations, reroutes)
 
 
@@ -185,7 +176,6 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
     features = mel_from_bytes(blob).to(vocoder.device)
     pause = np.zeros(int(vocoder.sample_rate * spec["pause_ms"] / 1000), dtype=np.float32)
     if "book_id" in spec:  # book audio goes to the artifact store, not Redis
-        yielding.give_way(farm, VOCODER_QUEUE)
         audio = _vocode_piece(vocoder, voice, features)
         words = _word_times(farm, vocoder, voice, mel_key, spec, len(audio))
         books.store_segment(farm, spec, _pcm(audio, pause), words)
