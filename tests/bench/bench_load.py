@@ -44,13 +44,16 @@ TIMEOUT_S = 120
 VOCODER_PROCESSES = 2  # the Procfile's VOCODER_CONCURRENCY default
 
 
-def one_client(base: str, i: int) -> tuple[str, float, float]:
-    """(outcome, first byte s, full s); outcome is the status or 'no answer'."""
+def one_client(base: str, caller: str) -> tuple[str, float, float]:
+    """(outcome, first byte s, full s); outcome is the status or 'no answer'. Both sentences
+    name the `caller` (its number, level and round): no two clients of a run share a
+    segment, so the farm's feature cache saves it nothing the monolith has to compute."""
     t0 = time.perf_counter()
     first = None
     size = 0
-    text = (f"Caller {i} would like to hear this sentence read aloud. "
-            "A second sentence follows it, so the answer has more than one part.")
+    text = (f"Caller {caller}, would like to hear this sentence read aloud. "
+            f"A second sentence follows it for caller {caller}, so the answer has more than "
+            "one part.")
     try:
         with requests.post(f"{base}/v1/audio/speech", stream=True, timeout=TIMEOUT_S,
                            json={"model": "tts-1", "voice": "alloy", "response_format": "pcm",
@@ -89,12 +92,13 @@ def monolith_server(log: Path):
 
 
 def run_levels(base: str, name: str, levels: list[int], rounds: int) -> list[tuple]:
-    one_client(base, -1)  # warm up
+    one_client(base, "zero")  # warm up
     rows = []
     for n in levels:
         for round_no in range(rounds):
+            callers = [f"{i + 1} of {n}, round {round_no + 1}" for i in range(n)]
             with ThreadPoolExecutor(n) as pool:
-                results = list(pool.map(lambda i: one_client(base, i), range(n)))
+                results = list(pool.map(lambda caller: one_client(base, caller), callers))
             served = [r for r in results if r[0] == "200"]
             outcomes = {o: sum(r[0] == o for r in results) for o in {r[0] for r in results}}
             rows.append((n, name, round_no, outcomes, [r[1] for r in served],
@@ -165,20 +169,25 @@ def main() -> None:
     print(f"|{'-' * 9}|{'-' * 10}|{'-' * 6}|{'-' * 6}|{'-' * 11}|{'-' * 11}|{'-' * 11}|"
           f"{'-' * 10}|{'-' * 10}|")
     unanswered = 0
-    p99 = {}
+    p99, pooled = {}, {}  # each round's p99; every round's first-audio times
     for n, name, _, outcomes, firsts, fulls in sorted(rows, key=lambda r: (r[0], r[1])):
         lost = sum(v for k, v in outcomes.items() if k not in ("200", "503"))
         if name != "monolith":
             unanswered += lost
-        p99[(n, name)] = pct(firsts, 0.99)
+        p99.setdefault((n, name), []).append(pct(firsts, 0.99))
+        pooled.setdefault((n, name), []).extend(firsts)
         print(f"| {n:>7} | {name:<8} | {outcomes.get('200', 0):>4} | "
               f"{outcomes.get('503', 0):>4} | {lost:>9} | {pct(firsts, 0.5):>8.2f}s | "
               f"{pct(firsts, 0.99):>8.2f}s | {pct(fulls, 0.5):>7.2f}s | "
               f"{pct(fulls, 0.99):>7.2f}s |")
     if (32, "monolith") in p99:
-        ratio = p99[(32, "farm")] / p99[(32, "monolith")]
-        print(f"\nat 32 clients: farm first-audio p99 / monolith's = {ratio:.2f} "
-              f"(goal <= 0.5): {'MET' if ratio <= 0.5 else 'NOT MET'}")
+        # Round k of the farm beside round k of the monolith, then all rounds pooled.
+        rounds = [f / m for f, m in zip(p99[(32, "farm")], p99[(32, "monolith")], strict=True)]
+        ratio = pct(pooled[(32, "farm")], 0.99) / pct(pooled[(32, "monolith")], 0.99)
+        print(f"\nat 32 clients: farm first-audio p99 / monolith's = "
+              f"{', '.join(f'{r:.3f}' for r in rounds)} by round, {ratio:.3f} pooled "
+              f"(goal <= 0.5): met in {sum(r <= 0.5 for r in rounds)} of {len(rounds)} "
+              "rounds")
     print(f"farm clients without an answer: {unanswered} ({'OK' if not unanswered else 'FAIL'})")
 
 
