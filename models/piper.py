@@ -267,15 +267,15 @@ class PiperVocoder(_PiperHalf, Vocoder):
         """Latents ``(inter_channels, frames_i)`` -> ``(frames_i * hop,)`` each, one batch."""
         return self.vocode_windows([(z, Window.whole(int(z.shape[1])), speaker) for z in mels])
 
-    def windows(self, frames: int, window: int) -> list[Window]:
+    def windows(self, frames: int, window: int, growth: int = WINDOW_GROWTH) -> list[Window]:
         """How :meth:`vocode_window` cuts a latent of ``frames`` frames for streaming: a first
-        window of ``window`` frames, then each :data:`WINDOW_GROWTH` times the one before,
+        window of ``window`` frames, then each ``growth`` times the one before (1: all alike),
         each rendered with :data:`WINDOW_CONTEXT` frames on each side. A last window shorter
         than half its size joins the one before it (a few frames of tail would cost a whole
         context's rendering for a chunk too short to matter), but the first window, which
         first audio waits for, takes less than half of its own size."""
-        plan = plan_windows(frames, window, WINDOW_CONTEXT, WINDOW_GROWTH)
-        size = window * WINDOW_GROWTH ** (len(plan) - 1)
+        plan = plan_windows(frames, window, WINDOW_CONTEXT, growth)
+        size = window * growth ** (len(plan) - 1)
         short = window // 2 if len(plan) == 2 else size // 2
         if len(plan) > 1 and plan[-1].end - plan[-1].start < short:
             before, tail = plan[-2], plan[-1]

@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from models.hifigan import Window, plan_windows  # noqa: E402
+from models.hifigan import Window  # noqa: E402
 from models.piper import WINDOW_CONTEXT, PiperAcoustic, PiperVocoder  # noqa: E402
 from tests.bench.bench_farm import sentences  # noqa: E402
 
@@ -42,14 +42,9 @@ def main() -> None:
     acoustic, vocoder = PiperAcoustic(), PiperVocoder()
     seconds_per_frame = vocoder.voice.hop_length / vocoder.sample_rate
 
-    def fixed(n: int) -> list[Window]:  # the plan before windows grew
-        plan = plan_windows(n, args.window, WINDOW_CONTEXT)
-        if len(plan) > 1 and plan[-1].end - plan[-1].start < args.window // 2:
-            before, tail = plan[-2], plan[-1]
-            plan[-2:] = [Window(before.lo, before.start, tail.end, tail.hi)]
-        return plan
-
-    plans = {"whole segment": lambda n: [Window.whole(n)], "fixed windows": fixed,
+    plans = {"whole segment": lambda n: [Window.whole(n)],
+             # the plan before windows grew
+             "fixed windows": lambda n: vocoder.windows(n, args.window, growth=1),
              "growing windows (farm)": lambda n: vocoder.windows(n, args.window)}
     latents = [acoustic.synthesize(acoustic.voice.phonemes(t), seed=i)
                for i, t in enumerate(sentences(10))]

@@ -54,3 +54,9 @@ def test_windows_grow_and_a_short_tail_joins_the_window_before(halves, frames, s
     plan = vocoder.windows(frames, 64)
     assert [w.end - w.start for w in plan] == sizes
     assert plan[0].lo == 0 and plan[-1].hi == frames
+
+
+def test_growth_one_cuts_windows_all_alike(halves):
+    _, vocoder = halves
+    assert [w.end - w.start for w in vocoder.windows(300, 64, growth=1)] == [64, 64, 64, 64, 44]
+    assert [w.end - w.start for w in vocoder.windows(280, 64, growth=1)] == [64, 64, 64, 88]
