@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from celery import Celery
 
@@ -42,11 +43,19 @@ from app.sealing import Sealer
 from app.settings import Settings
 from app.states import BOOK_ACTIVE, JOB_FINAL, BookState
 
+if TYPE_CHECKING:
+    from app.redelivery import Redelivery
+
 # A worker counts as live while its heartbeat is younger than this.
 WORKER_STALE_S = 15.0
 
 # A queued book whose prepare task has not started after this long lost its message.
 STALLED_QUEUED_S = 30.0
+# A job is resumed after a broker restart at most this often; past that, the stall sweeper
+# has the last word.
+JOB_RESUMES = 3
+# Where an interactive job's segment messages wait (a book's wait on the batch queues).
+JOB_QUEUES = (*LEAD_QUEUES.values(), *QUEUES, *OVERFLOW_QUEUES.values())
 BOOK_STALLED_ERROR = ("no progress for {s:.0f} s, {n} times resumed: its segments keep being "
                       "lost (a broker failure?)")
 
@@ -174,6 +183,46 @@ class Farm:
     def sweep_stalled(self) -> list[str]:
         """Fail the jobs that made no progress for `job_stall_s` (their segments were lost)."""
         return self.jobs.sweep_stalled(self.settings.job_stall_s)
+
+    def resume_lost_jobs(self, broker: Redelivery) -> list[tuple[str, int, int]]:
+        """Put back what a broker restart lost of the jobs accepted before it; for each job
+        resumed, (its id, segments restored, segments published again).
+
+        A job created before the restart that made no progress for `job_resume_s` and still
+        has segments to store is looked for on the broker (app/redelivery.py): a segment
+        waiting on a queue, or held by a worker since the restart, is left to run; one that
+        sits unacked from a delivery before the restart is restored (its worker's connection
+        died with the old server); one that is nowhere, lost with the broker's last writes,
+        is published again from the spec the web kept. Every stage is idempotent and stored
+        windows are kept, so a segment that ran meanwhile only costs time. Nothing to do
+        once `job_stall_s` has passed since the restart: those jobs are finished or failed."""
+        restarted_at = broker.restarted_at()
+        now = time.time()
+        if not restarted_at or now - restarted_at > self.settings.job_stall_s:
+            return []
+        idle = self.jobs.idle_sealed(now - self.settings.job_resume_s, restarted_at,
+                                     JOB_RESUMES)
+        lost = {job_id: missing for job_id, total in idle.items()
+                if (missing := self.jobs.unfinished_segments(job_id, total))}
+        # One sweeper at a time: two would publish the same segments twice.
+        if not lost or not self.redis.set(self.keys.resuming, "1", nx=True, ex=30):
+            return []
+        try:
+            held, orphans = broker.segments_on_broker(JOB_QUEUES, restarted_at)
+            resumed = []
+            for job_id, missing in lost.items():
+                gone = [s for s in missing if (job_id, s) not in held]
+                if not gone:
+                    continue  # waiting its turn
+                restored = {s for s in gone
+                            if (job_id, s) in orphans and broker.restore(orphans[job_id, s])}
+                specs = self.jobs.published_specs(job_id, [s for s in gone if s not in restored])
+                queueing.publish_segments(self.celery, specs.values())
+                self.jobs.resumed(job_id)
+                resumed.append((job_id, len(restored), len(specs)))
+            return resumed
+        finally:
+            self.redis.delete(self.keys.resuming)
 
     def book_stalled(self, rec: dict, *, idle: bool = False) -> bool:
         """Nothing will move this book on by itself. Queued: its prepare message is lost

@@ -213,6 +213,46 @@ class JobStore:
             self.r.zrem(self.keys.progress, job_id)
         return failed
 
+    def idle_sealed(self, idle_since: float, created_before: float,
+                    max_resumes: int) -> dict[str, int]:
+        """{job id: total} of the live, sealed jobs created before `created_before` whose
+        last progress (created, a window stored, resumed) is at or before `idle_since`, and
+        that were resumed fewer than `max_resumes` times."""
+        ids = [raw.decode() for raw in self.r.zrangebyscore(self.keys.progress, "-inf",
+                                                              idle_since)]
+        with self.r.pipeline(transaction=False) as p:
+            for job_id in ids:
+                p.hmget(self.keys.job(job_id), "state", "total", "created_at", "resumes")
+            records = p.execute()
+        return {job_id: int(total) for job_id, (state, total, created, resumes)
+                in zip(ids, records, strict=True)
+                if state is not None and state.decode() in JOB_LIVE and int(total) >= 0
+                and float(created) < created_before and int(resumes or 0) < max_resumes}
+
+    def unfinished_segments(self, job_id: str, total: int) -> list[int]:
+        """The segments of a sealed job with a window still to store."""
+        with self.r.pipeline(transaction=False) as p:
+            p.hgetall(self.keys.windows(job_id))
+            p.hgetall(self.keys.windows_done(job_id))
+            plans, stored = p.execute()
+        counts = {int(k): int(v.split(b":")[0]) for k, v in plans.items()}
+        stored = {int(k): int(v) for k, v in stored.items()}
+        return [s for s in range(total) if s not in counts or stored.get(s, 0) < counts[s]]
+
+    def published_specs(self, job_id: str, segments: Iterable[int]) -> dict[int, dict]:
+        """The specs `note_spec` kept for `segments` (those it has)."""
+        segments = list(segments)
+        raw = self.r.hmget(self.keys.specs(job_id), segments) if segments else []
+        return {s: json.loads(v) for s, v in zip(segments, raw, strict=True) if v}
+
+    def resumed(self, job_id: str) -> None:
+        """Count a resume of the job, and count it as progress (the stall sweeper and the
+        next resume wait from now)."""
+        with self.r.pipeline() as p:
+            p.hincrby(self.keys.job(job_id), "resumes", 1)
+            p.zadd(self.keys.progress, {job_id: time.time()}, xx=True)
+            p.execute()
+
     # Each transition returns (moved, state afterwards); state is None for an unknown job.
 
     def mark_running(self, job_id: str) -> tuple[bool, str | None]:
@@ -232,6 +272,15 @@ class JobStore:
         return self._transition(self.keys.job(job_id), from_states, to,
                                 events_key=self.keys.events(job_id),
                                 events_maxlen=EVENTS_MAXLEN, **fields)
+
+    def note_spec(self, job_id: str, spec: dict) -> None:
+        """Keep what segment `spec["index"]` was published with (`published_specs`)."""
+        key = self.keys.specs(job_id)
+        with self.r.pipeline(transaction=False) as p:
+            p.hset(key, spec["index"], json.dumps(spec, separators=(",", ":"),
+                                                  ensure_ascii=False))
+            p.expire(key, self.ttl_s)
+            p.execute()
 
     def seal(self, job_id: str, total: int) -> int:
         """The job has `total` segments (every one is published). Returns segments done."""
@@ -314,7 +363,8 @@ class JobStore:
         # Each segment's length in samples, as far as known: declared by its first window,
         # else what is stored of it so far (a writer from before lengths were declared).
         rec["segment_samples"] = {**stored, **lengths}
-        for k in ("total", "done", "chars", "sample_rate", "cache_hits", "cache_misses"):
+        for k in ("total", "done", "chars", "sample_rate", "cache_hits", "cache_misses",
+                  "resumes"):
             rec[k] = int(rec.get(k, 0))
         rec["speed"] = float(rec["speed"])
         for k in ("created_at", "started_at", "finished_at"):

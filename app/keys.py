@@ -10,6 +10,8 @@ Layout (prefix `vf` by default):
     {p}:job:{id}:wdone    hash   segment -> windows stored so far
     {p}:job:{id}:words    hash   "segment:window" -> JSON {"start": sample in its segment,
                                  "words": [{"word", "start", "end", ...}]}, segment seconds
+    {p}:job:{id}:specs    hash   segment -> JSON of its published spec (what a resume
+                                 publishes again when a broker restart lost its message)
     {p}:mel:{hash}        string a cached mel spectrogram (TTL)
     {p}:mel:{hash}:refs   string segments between their two stages that need that mel
     {p}:mel:{hash}:durations string what word times come from (uint16s): a neural voice's
@@ -19,6 +21,9 @@ Layout (prefix `vf` by default):
     {p}:jobs:unpublished  zset   job id -> creation time, until all its segments are queued
     {p}:jobs:progress     zset   job id -> its last progress (created, a window stored),
                                  until the stall sweeper finds it finished or stuck
+    {p}:jobs:resuming     string an acoustic pool's claim on the lost-segment sweep (TTL)
+    {p}:broker            hash   run (the broker server's run id when last seen), restarted_at
+                                 (when that run began; 0 for the first run the farm saw)
     {p}:book:{id}         hash   the book record (state, per-chapter progress, feed cursor)
     {p}:book:{id}:done    bitmap bit n set once segment n (book-wide ordinal) is stored
     {p}:book:{id}:sweep   string a book worker's claim on resuming the stalled book (TTL)
@@ -63,10 +68,14 @@ class Keys:
     def words(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:words"
 
+    def specs(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}:specs"
+
     def job_keys(self, job_id: str) -> list[str]:
         """The keys of a job, in the order the Lua scripts take them."""
         return [self.job(job_id), self.chunks(job_id), self.done(job_id), self.events(job_id),
-                self.windows(job_id), self.windows_done(job_id), self.words(job_id)]
+                self.windows(job_id), self.windows_done(job_id), self.words(job_id),
+                self.specs(job_id)]
 
     def book(self, book_id: str) -> str:
         return f"{self.prefix}:book:{book_id}"
@@ -87,6 +96,14 @@ class Keys:
     @property
     def progress(self) -> str:
         return f"{self.prefix}:jobs:progress"
+
+    @property
+    def resuming(self) -> str:
+        return f"{self.prefix}:jobs:resuming"
+
+    @property
+    def broker(self) -> str:
+        return f"{self.prefix}:broker"
 
     @property
     def books_progress(self) -> str:

@@ -106,8 +106,12 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
                                round(speed * getattr(seg, "rate", 1.0), 4), seg.pause_ms,
                                [w.to_list() for w in getattr(seg, "words", ())],
                                versions.get(seg_voice, ""))
+            body = asdict(spec)
+            # Kept first: a message the broker loses in a restart is published again from
+            # it (`Farm.resume_lost_jobs`).
+            jobs.note_spec(job_id, body)
             try:
-                publish_segments(celery, [asdict(spec)])
+                publish_segments(celery, [body])
             except Exception as exc:  # broker down, pool exhausted, publish timed out
                 raise Unavailable(str(exc)) from exc
             count += 1

@@ -15,20 +15,44 @@ held, before it heartbeats under that name again. The visibility timeout stays a
 net. A message can then run twice (its worker was only slow, not dead): the stores keep
 each segment exactly once, so a repeat costs time, never a duplicate chunk.
 
+A broker that restarts can lose more than that: a message BRPOPped in the moment before the
+kill never reached `unacked` (kombu pops, then notes it, in two commands), and an AOF
+written once a second can lose a publish, a delivery note or an in-flight note the broker
+had already answered. So the farm records each run of the broker (`note_run`), and after a
+restart the acoustic pool looks for the segments of the jobs accepted before it
+(`Farm.resume_lost_jobs`): `segments_on_broker` tells which are waiting on a queue or held
+since the restart, and which sit in `unacked` from a delivery before it (no live worker can
+ack those: they are restored); the rest are published again from the specs the web kept.
+
 RabbitMQ needs none of this: it requeues a consumer's messages when its connection drops or
-misses heartbeats.
+misses heartbeats, and its queues are durable.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import threading
 import time
+from collections.abc import Iterable
 
 import redis
 from celery import Celery
 
+from app.keys import Keys
+
 log = logging.getLogger("voxfarm.redelivery")
+
+# KEYS: the broker-run hash. ARGV: the run id seen now, when that run began. The first run
+# the farm sees is no restart (restarted_at 0): nothing was accepted before it.
+_NOTE_RUN = """
+local run = redis.call('HGET', KEYS[1], 'run')
+if run == ARGV[1] then return redis.call('HGET', KEYS[1], 'restarted_at') end
+local at = run and ARGV[2] or '0'
+redis.call('HSET', KEYS[1], 'run', ARGV[1], 'restarted_at', at)
+return at
+"""
 
 
 class Redelivery:
@@ -40,11 +64,67 @@ class Redelivery:
         self._lock = threading.Lock()
 
     def broker_run_id(self) -> str:
-        """The broker server's run id: a new one means it restarted since the last look."""
+        """The broker server's run id: a new one means it restarted since the last look.
+        Noted in Redis (`note_run`), so the farm knows when the broker's current run began."""
         if not self.enabled:
             return ""
         with self.celery.connection_for_write() as conn:
-            return conn.default_channel.client.info("server")["run_id"]
+            info = conn.default_channel.client.info("server")
+        self.note_run(info["run_id"], time.time() - info["uptime_in_seconds"])
+        return info["run_id"]
+
+    def note_run(self, run_id: str, began_at: float) -> float:
+        """Note the broker's current run; when it began if it is a restart the farm saw
+        (0 for the first run it saw). Seconds are the uptime's, so a restart is placed up to
+        a second late, never early: a delivery before it is never taken for one after."""
+        return float(self.r.eval(_NOTE_RUN, 1, Keys(self.prefix).broker, run_id,
+                                 repr(began_at)))
+
+    def restarted_at(self) -> float:
+        """When the broker's current run began, if the farm saw it restart; else 0."""
+        return float(self.r.hget(Keys(self.prefix).broker, "restarted_at") or 0)
+
+    def segments_on_broker(self, queues: Iterable[str], before: float) -> tuple[
+            set[tuple[str, int]], dict[tuple[str, int], str]]:
+        """Segment messages (job id, segment) the broker holds: those waiting on `queues` or
+        delivered at `before` or later, and {segment: delivery tag} of those delivered
+        before `before` and never acked."""
+        if not self.enabled:
+            return set(), {}
+        queues = list(queues)
+        with self.celery.connection_for_write() as conn:
+            channel = conn.default_channel
+            qos, client = channel.qos, channel.client
+            with client.pipeline(transaction=False) as p:
+                for queue in queues:
+                    p.lrange(queue, 0, -1)
+                p.hgetall(qos.unacked_key)
+                p.zrange(qos.unacked_index_key, 0, -1, withscores=True)
+                *waiting, unacked, delivered = p.execute()
+        delivered_at = dict(delivered)
+        held = {seg for items in waiting for item in items
+                if (seg := _segment_of(_loads(item))) is not None}
+        orphans = {}
+        for tag, raw in unacked.items():
+            entry = _loads(raw)  # [message, exchange, routing key]
+            seg = _segment_of(entry[0] if isinstance(entry, list) and entry else None)
+            if seg is None:
+                continue
+            if delivered_at.get(tag, 0) < before:
+                orphans[seg] = tag.decode()
+            else:
+                held.add(seg)
+        return held, orphans
+
+    def restore(self, tag: str) -> bool:
+        """Put the unacked message `tag` back on its queue (kombu's own restore); False if
+        it was acked or restored meanwhile."""
+        with self.celery.connection_for_write() as conn:
+            qos, client = conn.default_channel.qos, conn.default_channel.client
+            if not client.hexists(qos.unacked_key, tag):
+                return False
+            qos.restore_by_tag(tag, client=client)
+            return True
 
     def inflight_key(self, worker: str) -> str:
         return f"{self.prefix}:inflight:{worker}"
@@ -137,3 +217,29 @@ class Redelivery:
             return dead
         finally:
             self.r.delete(f"{workers_key}:sweeping")
+
+
+def _loads(raw: bytes) -> object:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _segment_of(message: object) -> tuple[str, int] | None:
+    """(job id, segment) of a segment task's message (a kombu envelope); None for any other
+    message (a book's orchestration, a score) or one that does not parse."""
+    if not isinstance(message, dict) or not isinstance(message.get("body"), str):
+        return None
+    body = message["body"]
+    try:
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]  # Celery's protocol 2: [args, kwargs, embed]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
+    for arg in args if isinstance(args, list) else ():
+        if isinstance(arg, dict) and isinstance(arg.get("job_id"), str) and isinstance(
+                arg.get("index"), int):
+            return arg["job_id"], arg["index"]
+    return None

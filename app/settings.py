@@ -109,6 +109,11 @@ class Settings:
     # Admission keeps a job's expected wait under max_queue_wait_s, so a healthy one never
     # comes near it.
     job_stall_s: int = 600
+    # A job accepted before a broker restart that made no progress for this long after it is
+    # looked for on the broker by the acoustic pool's heartbeat, and what the restart lost
+    # of it (a message inside the last writes a killed Redis had not saved) is queued again
+    # (Farm.resume_lost_jobs). Queue waits are no concern: a segment waiting is left alone.
+    job_resume_s: int = 10
     # A book that made no progress (no segment stored, no planning or encoding running) for
     # this long, with nothing waiting its turn (the batch queues empty while it renders, the
     # book queue while it is planned or assembled), is resumed by the book pool's heartbeat:

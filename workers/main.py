@@ -77,8 +77,9 @@ class Heartbeat:
     the consumers of each queue, batch pools apart or not).
 
     The acoustic pool's heartbeat also sweeps jobs whose web process died mid-submit (see
-    `Farm.sweep_unpublished`): the web cannot sweep its own, being dead, and the acoustic
-    pool is the one every job needs anyway.
+    `Farm.sweep_unpublished`), and queues again what a broker restart lost of the jobs
+    accepted before it (`Farm.resume_lost_jobs`): the web cannot sweep its own, being dead,
+    and the acoustic pool is the one every job needs anyway.
 
     Every heartbeat also hands the unacked messages of peers whose heartbeat went stale back
     to their queue (`app.redelivery`), once this worker has itself been in touch with Redis
@@ -117,6 +118,10 @@ class Heartbeat:
                     for job_id in farm.sweep_stalled():
                         log.warning("job %s failed: no progress for %d s", job_id,
                                     farm.settings.job_stall_s)
+                    for job_id, restored, published in farm.resume_lost_jobs(self.redelivery):
+                        log.warning("job %s resumed after the broker's restart: %d segment(s) "
+                                    "restored from unacked, %d published again", job_id,
+                                    restored, published)
                 if BOOK_QUEUE in self.queues:
                     for book_id, what in farm.sweep_stalled_books():
                         log.warning("book %s %s: no progress for %d s and nothing of it "

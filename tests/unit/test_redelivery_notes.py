@@ -6,6 +6,8 @@ visibility timeout and the job missed its deadline."""
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 
 import pytest
@@ -15,7 +17,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from app.embedded_redis import free_port
-from app.redelivery import Redelivery
+from app.redelivery import Redelivery, _segment_of
 from tests.helpers import with_db
 
 
@@ -38,3 +40,25 @@ def test_a_tag_received_while_redis_is_away_is_noted_once_it_is_back(redis_url):
         assert not back.exists(key)
     finally:
         back.delete(key)
+
+
+def _envelope(body: object, encoding: str = "base64") -> dict:
+    raw = json.dumps(body).encode()
+    return {"body": base64.b64encode(raw).decode() if encoding == "base64" else raw.decode(),
+            "properties": {"body_encoding": encoding}, "headers": {}}
+
+
+def test_a_segment_message_is_told_from_any_other_on_the_broker():
+    """What a restart's sweep reads off the queues (`Redelivery.segments_on_broker`): a
+    segment stage's message names its job and segment; a book's or a score's names none,
+    and an item that does not parse is passed over, never raised on."""
+    spec = {"job_id": "j1", "index": 3, "phonemes": "hˈaɪ."}
+    assert _segment_of(_envelope([[spec], {}, {}])) == ("j1", 3)  # acoustic
+    assert _segment_of(_envelope([["mel-key", spec], {}, {}])) == ("j1", 3)  # vocoder
+    assert _segment_of(_envelope([[spec], {}, {}], encoding="utf-8")) == ("j1", 3)
+    assert _segment_of(_envelope([["book-1", 2], {}, {}])) is None  # a book's feeder
+    assert _segment_of(_envelope([["v", "1", "j1", 3, "text"], {}, {}])) is None  # a score
+    for junk in (None, [], {"body": 7}, {"body": "%%%", "properties": {"body_encoding":
+                 "base64"}}, _envelope({"args": 1}), _envelope([]), _envelope("text"),
+                 _envelope([[{"job_id": 1, "index": "2"}], {}, {}])):
+        assert _segment_of(junk) is None, junk
