@@ -112,8 +112,9 @@ class Settings:
     # A job accepted before a broker restart that made no progress for this long after it is
     # looked for on the broker by the acoustic pool's heartbeat, and what the restart lost
     # of it (a message inside the last writes a killed Redis had not saved) is queued again
-    # (Farm.resume_lost_jobs). Queue waits are no concern: a segment waiting is left alone.
-    job_resume_s: int = 10
+    # (Farm.resume_lost_jobs). Short, because queue waits are no concern (a segment waiting
+    # or held is left alone) and the sweep runs only in the minutes after a restart.
+    job_resume_s: int = 5
     # A book that made no progress (no segment stored, no planning or encoding running) for
     # this long, with nothing waiting its turn (the batch queues empty while it renders, the
     # book queue while it is planned or assembled), is resumed by the book pool's heartbeat:

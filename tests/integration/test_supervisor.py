@@ -172,7 +172,7 @@ def test_a_killed_redis_comes_back_on_its_port_with_its_data(farm):
 def test_a_job_in_flight_when_redis_died_finishes(farm):
     """Within 30 s of the kill, even when the kill took one of its segment messages with it
     (popped by a worker in the moment before, or inside the AOF's unsaved last writes): the
-    acoustic pool's heartbeat queues it again 10 s after the job stopped moving."""
+    acoustic pool's heartbeat queues it again 5 s after the job stopped moving."""
     assert farm.in_flight, "runs after the Redis kill"
     job_id, killed_at = farm.in_flight
     try:
