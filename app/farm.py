@@ -9,9 +9,11 @@ job record and enqueues one `acoustic -> vocoder` chain per segment.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import redis
 from celery import Celery
 
 from app import queueing
@@ -68,6 +70,27 @@ redis.call('HSET', KEYS[1], ARGV[1], tostring(new))
 return tostring(new)
 """
 
+# Admission, atomically (Farm._admit). KEYS: the admissions zset (ticket -> when it stops
+# counting). ARGV: now, a new ticket's life, acoustic segments waiting, segments waiting in
+# both stages, seconds a segment ('' while unknown), the depth bound, the wait bound, the
+# ticket. Returns {0, ahead} with the ticket counted, or {1, depth} / {2, wait} refused.
+_ADMIT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local pending = redis.call('ZCARD', KEYS[1])
+local depth = tonumber(ARGV[3]) + pending
+if depth + 1 > tonumber(ARGV[6]) then return {1, tostring(depth)} end
+local ahead = tonumber(ARGV[4]) + pending
+if ARGV[5] ~= '' and ahead * tonumber(ARGV[5]) > tonumber(ARGV[7]) then
+  return {2, tostring(ahead * tonumber(ARGV[5]))}
+end
+redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[2]), ARGV[8])
+return {0, tostring(ahead)}
+"""
+# An admitted job counts in its ticket until its segments are on the queue, and this long
+# after: longer than any admission takes between reading the queues and its check, so one
+# that read them before the job's segments arrived still counts the job.
+ADMITTED_OVERLAP_S = 1.0
+
 
 class Overloaded(Exception):
     """The acoustic queue is past its bound; the caller should come back later."""
@@ -109,6 +132,7 @@ class Farm:
         self.mel_cache = MelCache(self.cache_redis, self.keys, settings.mel_cache_ttl,
                                   sealer=self.sealer)
         self._run_ewma = self.redis.register_script(_RUN_EWMA)
+        self._admit_script = self.redis.register_script(_ADMIT)
         # The per-job figures (first chunk, jobs by final state), counted once from the job
         # record by whoever sees the change first: a segment task or the web's cancel.
         self.job_observer = JobObserver(self.redis, self.keys)
@@ -130,11 +154,17 @@ class Farm:
         full (nothing written), Unavailable when the broker could not take a segment, and
         LimitExceeded when `key` (the API key asking) already runs its quota of work."""
         self.check_quota(key)
-        job = queueing.submit(self.celery, self.jobs, segments, admit=self._admit,
-                              voice=voice, speed=speed, fmt=fmt, chars=chars,
-                              sample_rate=sample_rate, request_id=request_id,
-                              owner=key.id if key else "",
-                              version_for=self.canary.version_for)
+        tickets: list[str] = []
+        try:
+            job = queueing.submit(self.celery, self.jobs, segments,
+                                  admit=lambda: tickets.append(self._admit()),
+                                  voice=voice, speed=speed, fmt=fmt, chars=chars,
+                                  sample_rate=sample_rate, request_id=request_id,
+                                  owner=key.id if key else "",
+                                  version_for=self.canary.version_for)
+        finally:
+            for ticket in tickets:
+                self._admitted(ticket)
         if key:
             self.apikeys.started(key, job["id"])
         return job
@@ -159,22 +189,44 @@ class Farm:
                 running.append(book is not None and book["state"] in BOOK_ACTIVE)
         return running
 
-    def _admit(self) -> None:
-        """Raise Overloaded when the farm cannot take a job now: the acoustic queue is past
-        its bound, or a new job would wait longer than `max_queue_wait_s` (accepting a job
-        its client times out on is worse than a 503 that says when to come back); raise
-        GpuMemoryExhausted when no pool of a stage has the memory to run it."""
+    def _admit(self) -> str:
+        """Admit a job, or raise Overloaded when the farm cannot take one now: the acoustic
+        queue is past its bound, or a new job would wait longer than `max_queue_wait_s`
+        (accepting a job its client times out on is worse than a 503 that says when to come
+        back); raise GpuMemoryExhausted when no pool of a stage has the memory to run it.
+
+        Returns the job's admission ticket, which `_admitted` lets go once the job is on the
+        queue. Until then the job counts as one segment waiting: a burst's requests read the
+        queues before any of them has published, and each would see room that the others
+        are taking (a 128-client burst from idle had all 128 admitted with the estimate at
+        4x the bound a second later). The check and the ticket are one Lua call."""
         depth = self.stage_depth(ACOUSTIC_QUEUE)
         exhausted = self.memory_exhausted()
         if exhausted:
             raise GpuMemoryExhausted(exhausted, depth, self.settings.retry_after_s)
-        if depth + 1 > self.settings.max_queue_depth:
-            raise Overloaded(depth, self.settings.retry_after_s)
-        wait = self.expected_wait_s(depth)
-        if wait is not None and wait > self.settings.max_queue_wait_s:
+        ahead = depth + self.stage_depth(VOCODER_QUEUE)
+        per_segment = self._segment_s()
+        ticket = uuid.uuid4().hex
+        refused, value = self._admit_script(keys=[self.keys.admitting], args=[
+            repr(time.time()), self.settings.publish_grace_s, depth, ahead,
+            "" if per_segment is None else repr(per_segment), self.settings.max_queue_depth,
+            self.settings.max_queue_wait_s, ticket])
+        if refused == 1:
+            raise Overloaded(int(value), self.settings.retry_after_s)
+        if refused == 2:
             retry = min(60, max(self.settings.retry_after_s,
-                                int(wait - self.settings.max_queue_wait_s) + 1))
+                                int(float(value) - self.settings.max_queue_wait_s) + 1))
             raise Overloaded(depth, retry)
+        return ticket
+
+    def _admitted(self, ticket: str) -> None:
+        """The ticket's job is on the queue (or failed): it stops counting
+        `ADMITTED_OVERLAP_S` from now. If Redis is away, its life ends it."""
+        try:
+            self.redis.zadd(self.keys.admitting,
+                            {ticket: time.time() + ADMITTED_OVERLAP_S}, xx=True)
+        except redis.RedisError:
+            pass
 
     def sweep_unpublished(self) -> list[str]:
         """Fail the jobs whose web process died before all their segments were queued."""
@@ -281,15 +333,22 @@ class Farm:
         """How long a segment submitted now would wait before its audio: the segments ahead
         of it in both stages, times the slower stage's recent run time per live worker
         process. None until both stages have run a segment (nothing to estimate from)."""
-        raw = self.redis.hmget(self.keys.stats, "acoustic_run_s", "vocoder_run_s")
-        if None in raw:
+        per_segment = self._segment_s()
+        if per_segment is None:
             return None
-        per_segment = max(float(t) / max(1, self.live_slots(q))
-                          for t, q in zip(raw, QUEUES, strict=True))
         if acoustic_depth is None:
             acoustic_depth = self.stage_depth(ACOUSTIC_QUEUE)
         ahead = acoustic_depth + self.stage_depth(VOCODER_QUEUE)
         return ahead * per_segment
+
+    def _segment_s(self) -> float | None:
+        """Seconds each segment ahead adds to a wait: the slower stage's recent run time per
+        live worker process; None until both stages have run one."""
+        raw = self.redis.hmget(self.keys.stats, "acoustic_run_s", "vocoder_run_s")
+        if None in raw:
+            return None
+        return max(float(t) / max(1, self.live_slots(q)) for t, q in zip(raw, QUEUES,
+                                                                         strict=True))
 
     def stage_depth(self, stage: str) -> int:
         """Interactive segments waiting on a stage: its lead queue and its own."""

@@ -22,6 +22,8 @@ Layout (prefix `vf` by default):
     {p}:jobs:progress     zset   job id -> its last progress (created, a window stored),
                                  until the stall sweeper finds it finished or stuck
     {p}:jobs:resuming     string an acoustic pool's claim on the lost-segment sweep (TTL)
+    {p}:jobs:admitting    zset   admission ticket -> when it stops counting: jobs admitted
+                                 whose segments may not be on the queue yet
     {p}:broker            hash   run (the broker server's run id when last seen), restarted_at
                                  (when that run began; 0 for the first run the farm saw)
     {p}:book:{id}         hash   the book record (state, per-chapter progress, feed cursor)
@@ -96,6 +98,10 @@ class Keys:
     @property
     def progress(self) -> str:
         return f"{self.prefix}:jobs:progress"
+
+    @property
+    def admitting(self) -> str:
+        return f"{self.prefix}:jobs:admitting"
 
     @property
     def resuming(self) -> str:

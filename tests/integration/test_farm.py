@@ -3,11 +3,15 @@ real acoustic and vocoder worker processes on the real queues."""
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from app.farm import ADMITTED_OVERLAP_S
 from tests.helpers import (
     SR,
     assert_chunk_order,
@@ -209,6 +213,34 @@ def test_overloaded_farm_says_503_with_retry_after(redis_url, tmp_path):
         assert job_ids(tf.farm) == {first["id"]}  # no job record written
 
 
+def test_a_burst_of_submissions_at_once_is_admitted_only_up_to_the_bound(redis_url, tmp_path):
+    """Each request reads the queues, then publishes: in a burst many read them before any
+    has published, and each sees the room the others take. Admission counts the jobs it
+    admitted that are not on the queue yet, so a burst fills the queue to its bound, no
+    further, and the rest hear 503."""
+    from app.farm import Overloaded
+
+    bound, clients = 6, 24
+    with running_farm(redis_url, 3, tmp_path, workers=False, max_queue_depth=bound) as tf:
+        start = threading.Barrier(clients)
+
+        def one(i: int) -> str:
+            segment = SimpleNamespace(index=0, phonemes=f"nˈʌmbɚ {i}.", pause_ms=0)
+            start.wait()
+            try:
+                tf.farm.submit([segment], voice="en-us", speed=1.0, fmt="wav", chars=9,
+                               sample_rate=22050)
+            except Overloaded:
+                return "503"
+            return "202"
+
+        with ThreadPoolExecutor(clients) as pool:
+            answers = list(pool.map(one, range(clients)))
+        assert answers.count("202") == bound, answers
+        assert tf.farm.stage_depth("acoustic") == bound
+        assert len(job_ids(tf.farm)) == bound  # a refused job writes nothing
+
+
 def test_a_farm_too_slow_for_its_backlog_says_503_with_when_to_come_back(redis_url, tmp_path):
     """Admission by expected wait: the segments ahead times the slower stage's recent run
     time per live worker process. A job that would wait past VOXFARM_MAX_QUEUE_WAIT_S is refused,
@@ -219,6 +251,7 @@ def test_a_farm_too_slow_for_its_backlog_says_503_with_when_to_come_back(redis_u
         client = create_app(tf.settings, tf.farm).test_client()
         text = " ".join(f"Sentence {i} waits for a worker." for i in range(8))
         submit(client, text)  # no run time known yet: nothing to estimate, admitted
+        time.sleep(ADMITTED_OVERLAP_S)  # from here its segments count, not its admission
         tf.farm.record_run("acoustic", 0.5)
         tf.farm.record_run("vocoder", 2.0)  # the slower stage: 8 ahead x 2 s = 16 s > 5 s
         assert tf.farm.expected_wait_s() == pytest.approx(16.0)
