@@ -329,17 +329,14 @@ class Farm:
         """A segment stage took `seconds`: fold it into the stage's recent run time."""
         self._run_ewma(keys=[self.keys.stats], args=[f"{stage}_run_s", repr(seconds)])
 
-    def expected_wait_s(self, acoustic_depth: int | None = None) -> float | None:
+    def expected_wait_s(self) -> float | None:
         """How long a segment submitted now would wait before its audio: the segments ahead
         of it in both stages, times the slower stage's recent run time per live worker
         process. None until both stages have run a segment (nothing to estimate from)."""
         per_segment = self._segment_s()
         if per_segment is None:
             return None
-        if acoustic_depth is None:
-            acoustic_depth = self.stage_depth(ACOUSTIC_QUEUE)
-        ahead = acoustic_depth + self.stage_depth(VOCODER_QUEUE)
-        return ahead * per_segment
+        return (self.stage_depth(ACOUSTIC_QUEUE) + self.stage_depth(VOCODER_QUEUE)) * per_segment
 
     def _segment_s(self) -> float | None:
         """Seconds each segment ahead adds to a wait: the slower stage's recent run time per

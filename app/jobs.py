@@ -136,6 +136,16 @@ def place_words(timing: dict | None, segment_start: int | None, rate: int) -> tu
 OPEN_TOTAL = -1  # a job's segment count while the web still segments its text
 
 
+def _window_count(plan: bytes) -> int:
+    """The window count of a segment's stored plan ("count:window_frames")."""
+    return int(plan.split(b":")[0])
+
+
+def _window_counts(plans: dict[bytes, bytes]) -> dict[int, int]:
+    """segment -> window count, from a job's windows hash."""
+    return {int(k): _window_count(v) for k, v in plans.items()}
+
+
 class JobStore:
     """Job records and chunks. `r` is a bytes-mode Redis client; `waiting` (default `r`) one
     whose socket timeout outlasts the longest blocking wait (see app/redis_conn.py)."""
@@ -235,7 +245,7 @@ class JobStore:
             p.hgetall(self.keys.windows(job_id))
             p.hgetall(self.keys.windows_done(job_id))
             plans, stored = p.execute()
-        counts = {int(k): int(v.split(b":")[0]) for k, v in plans.items()}
+        counts = _window_counts(plans)
         stored = {int(k): int(v) for k, v in stored.items()}
         return [s for s in range(total) if s not in counts or stored.get(s, 0) < counts[s]]
 
@@ -381,8 +391,7 @@ class JobStore:
         """The job's chunks in order as (segment, window, segment's last window), as far as
         window counts are known, and whether that is all of them (sealed, and every
         segment's count known)."""
-        counts = {int(k): int(v.split(b":")[0])
-                  for k, v in self.r.hgetall(self.keys.windows(job_id)).items()}
+        counts = _window_counts(self.r.hgetall(self.keys.windows(job_id)))
         order: list[tuple[int, int, bool]] = []
         segment = 0
         while segment in counts:
@@ -467,7 +476,7 @@ class JobStore:
         raw = self.r.hget(self.keys.windows(job_id), segment)
         if raw is None:
             return None
-        names = [f"{segment}:{w}" for w in range(int(raw.split(b":")[0]))]
+        names = [f"{segment}:{w}" for w in range(_window_count(raw))]
         pieces = []
         for name, sealed in zip(names, self.r.hmget(self.keys.chunks(job_id), names),
                                 strict=True):

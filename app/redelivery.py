@@ -120,11 +120,7 @@ class Redelivery:
         """Put the unacked message `tag` back on its queue (kombu's own restore); False if
         it was acked or restored meanwhile."""
         with self.celery.connection_for_write() as conn:
-            qos, client = conn.default_channel.qos, conn.default_channel.client
-            if not client.hexists(qos.unacked_key, tag):
-                return False
-            qos.restore_by_tag(tag, client=client)
-            return True
+            return _restore(conn.default_channel, tag)
 
     def inflight_key(self, worker: str) -> str:
         return f"{self.prefix}:inflight:{worker}"
@@ -166,12 +162,7 @@ class Redelivery:
         restored = 0
         if tags:
             with self.celery.connection_for_write() as conn:
-                qos = conn.default_channel.qos
-                client = conn.default_channel.client
-                for tag in tags:
-                    if client.hexists(qos.unacked_key, tag):
-                        qos.restore_by_tag(tag, client=client)
-                        restored += 1
+                restored = sum(_restore(conn.default_channel, tag) for tag in tags)
         self.r.delete(key)
         if restored:
             log.warning("handed %d unacked message(s) of %s back to their queue",
@@ -217,6 +208,15 @@ class Redelivery:
             return dead
         finally:
             self.r.delete(f"{workers_key}:sweeping")
+
+
+def _restore(channel, tag: str) -> bool:
+    """kombu's restore of the unacked message `tag` to its queue (the transaction the
+    visibility timeout runs); False if it is no longer unacked."""
+    if not channel.client.hexists(channel.qos.unacked_key, tag):
+        return False
+    channel.qos.restore_by_tag(tag, client=channel.client)
+    return True
 
 
 def _loads(raw: bytes) -> object:

@@ -23,7 +23,13 @@ pytestmark = [
 ]
 
 DEFAULT_VISIBILITY_S = Settings.from_env().visibility_timeout
-TEXT = " ".join(f"Sentence {i} is rendered even when its worker dies." for i in range(12))
+
+
+def sentences(n: int) -> str:
+    return " ".join(f"Sentence {i} is rendered even when its worker dies." for i in range(n))
+
+
+TEXT = sentences(12)
 
 
 def held_unacked(tf, worker) -> list[str]:
@@ -102,9 +108,8 @@ def test_a_killed_acoustic_workers_segment_goes_to_its_live_peer_within_30_s(red
         # Three times the segments: two acoustic workers run well ahead of the one vocoder,
         # and with 12 they had once done them all by the time two were vocoded, leaving
         # nothing to hold.
-        longer = " ".join(f"Sentence {i} is rendered even when its worker dies."
-                          for i in range(36))
-        took, _, _ = render_through(tf, client, kill_while_holding, budget_s=90, text=longer)
+        took, _, _ = render_through(tf, client, kill_while_holding, budget_s=90,
+                                    text=sentences(36))
         assert held
         # The peer's heartbeat counted the victim dead (15 s silent) and handed its segment
         # back; what is left of the job takes seconds on top.
