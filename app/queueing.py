@@ -3,6 +3,7 @@
     submit(...)           a job: its record, then one acoustic -> vocoder chain per segment
     publish_segments(...) chains for segment specs (a job's, or a book's from its feeder)
     publish_again(...)    a segment whose features expired before its vocoder stage ran
+    continue_segment(...) the rest of a segment that gave way to listeners' first windows
     hand_over(...)        a segment stage that a worker short of GPU memory will not run
     send_prepare / start_feed / send_assemble / resume    a book's orchestration tasks
     send_score(...)       a finished segment to the quality pool (the voice canary)
@@ -165,6 +166,15 @@ def publish_again(celery: Celery, spec: dict, regenerations: int) -> None:
     which its next vocoder stage receives one higher (tasks/segments.py gives up past a
     bound: the cache's TTL is too short for the queue)."""
     publish_segments(celery, [spec], regenerations=regenerations + 1)
+
+
+def continue_segment(celery: Celery, mel_key: str, spec: dict, from_window: int, *,
+                     queue: str, regenerations: int = 0) -> None:
+    """The rest of a segment's vocoder stage, from window `from_window`, on `queue`: a
+    segment that gave way between two windows to listeners waiting for their first audio
+    (tasks/segments.py). Its features stay held for it."""
+    celery.send_task(VOCODER_TASK, args=(mel_key, spec), queue=queue,
+                     kwargs={"from_window": from_window, "regenerations": regenerations})
 
 
 def hand_over(celery: Celery, task_name: str, args: tuple, kwargs: dict, *,

@@ -60,15 +60,19 @@ def _prerun(task_id: str, task, args=None, **_: object) -> None:
         _started[task_id] = time.perf_counter()
 
 
-def _postrun(task_id: str, task, args=None, state=None, **_: object) -> None:
+def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object) -> None:
     started = _started.pop(task_id, None)
     stage = _STAGES.get(task.name)
     spec = _spec(args)
     if stage is None or spec is None or state not in ("SUCCESS", "FAILURE"):
         return
+    if state == "SUCCESS" and getattr(task.request, "gave_way", False):
+        return  # a segment that gave way between windows: counted when its rest is done
     # An acoustic cache hit ran no model: timing it would compare a warm version's cache
-    # with a new one's model (a new version starts cold), not the two models.
-    if started is not None and not getattr(task.request, "mel_cache_hit", False):
+    # with a new one's model (a new version starts cold), not the two models; nor does the
+    # rest of a segment that gave way time a whole segment.
+    if started is not None and not getattr(task.request, "mel_cache_hit", False) \
+            and not (kwargs or {}).get("from_window"):
         run_s = time.perf_counter() - started
     else:
         run_s = None

@@ -98,7 +98,9 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
         spec = _spec(args, kwargs)
         job_state = None
         if spec and state in _OBSERVE_OUTCOMES and (stage != "acoustic" or state != "SUCCESS"):
-            index = spec.get("index") if stage == "vocoder" and state == "SUCCESS" else None
+            # A segment that gave way between windows is counted when its rest is stored.
+            done = state == "SUCCESS" and not getattr(task.request, "gave_way", False)
+            index = spec.get("index") if stage == "vocoder" and done else None
             try:
                 job_state = runtime.farm().job_observer.observe(spec["job_id"], index)
             except Exception:  # metrics never fail a segment

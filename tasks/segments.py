@@ -21,11 +21,12 @@ from app.celery_app import (
     ACOUSTIC_QUEUE,
     ACOUSTIC_TASK,
     OVERFLOW_QUEUES,
+    VOCODER_LEAD_QUEUE,
     VOCODER_QUEUE,
     VOCODER_TASK,
 )
 from app.melcache import mel_cache_key
-from app.queueing import hand_over, publish_again
+from app.queueing import continue_segment, hand_over, publish_again
 from app.states import JobState
 from models.errors import SpeechError
 from models.voices import PIPER
@@ -141,16 +142,17 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
 
 @shared_task(name=VOCODER_TASK, base=SegmentTask, bind=True)
 def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
-           reroutes: int = 0, **_: object) -> int:
+           reroutes: int = 0, from_window: int = 0, **_: object) -> int:
     """Mel from the cache -> 16-bit PCM chunk `spec['index']` of the job. `reroutes`: how
     often workers short of GPU memory handed this stage on already (the features stay held
-    for whichever worker runs it)."""
+    for whichever worker runs it). `from_window`: where a segment that gave way to waiting
+    listeners carries on (its windows before are stored)."""
     with batching.working(VOCODER_QUEUE):
-        return _render(self, mel_key, spec, regenerations, reroutes)
+        return _render(self, mel_key, spec, regenerations, reroutes, from_window)
 
 
 def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
-            reroutes: int) -> int:
+            reroutes: int, from_window: int) -> int:
     farm = task.farm
     if "book_id" in spec:
         wanted = books.segment_wanted(farm, spec)
@@ -168,7 +170,8 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
         publish_again(farm.celery, spec, regenerations)
         raise Ignore()
     _run_here_or_hand_over(task, VOCODER_QUEUE, spec, (mel_key, spec),
-                           {"regenerations": regenerations}, reroutes)
+                           {"regenerations": regenerations, "from_window": from_window},
+                           reroutes)
     from models.mel import mel_from_bytes
 
     voice = canary.voice_for(farm, spec)
@@ -179,9 +182,17 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
         audio = _vocode_piece(vocoder, voice, features)
         words = _word_times(farm, vocoder, voice, mel_key, spec, len(audio))
         books.store_segment(farm, spec, _pcm(audio, pause), words)
-    elif voice.engine == PIPER and farm.settings.vocoder_window_frames:
+    elif voice.engine == PIPER and (from_window or farm.settings.vocoder_window_frames):
         words = _word_times(farm, vocoder, voice, mel_key, spec)
-        _stream_windows(farm, vocoder, voice, features, spec, pause, words)
+        rest = _stream_windows(farm, vocoder, voice, features, spec, pause, words, from_window)
+        if rest is not None:  # it gave way: the rest reads the features this stage holds
+            continue_segment(farm.celery, mel_key, spec, rest, queue=VOCODER_LEAD_QUEUE,
+                             regenerations=regenerations)
+            metrics.VOCODER_YIELDS.inc()
+            # The segment is not done: the hooks count it when its rest is (observability,
+            # canary).
+            task.request.gave_way = True
+            return spec["index"]
     else:
         audio = _vocode_piece(vocoder, voice, features)
         words = _word_times(farm, vocoder, voice, mel_key, spec, len(audio))
@@ -259,8 +270,10 @@ def _word_times(farm, vocoder, voice, mel_key: str, spec: dict,
 
 
 def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarray,
-                    words: list[dict]) -> None:
-    """Vocode the segment window by window, storing each as a chunk the moment it exists.
+                    words: list[dict], start: int = 0) -> int | None:
+    """Vocode the segment window by window from window `start`, storing each as a chunk the
+    moment it exists. Returns None when its last window is stored, or the window it stopped
+    before to give way to listeners waiting for their first audio (`_give_way`).
 
     The window plan is the segment's first writer's (a retry on a worker with another
     window setting cuts the same windows), and each window is rendered with context frames
@@ -268,13 +281,17 @@ def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarra
     carries the words that start in it.
     """
     frames = int(features.shape[-1])
-    window = farm.settings.vocoder_window_frames
+    window = farm.settings.vocoder_window_frames or frames  # a plan set before stands
     plan = (len(vocoder.windows(frames, window)), window)
     _, window = farm.jobs.window_plan(spec["job_id"], spec["index"], plan)
     cut = vocoder.windows(frames, window)
     hop, rate = vocoder.voice.hop_length, vocoder.sample_rate
     segment_samples = frames * hop + len(pause)
     for w, piece in enumerate(cut):
+        if w < start:
+            continue
+        if w > start and _give_way(farm):
+            return w
         audio = _vocode_piece(vocoder, voice, features, piece)
         last = w == len(cut) - 1
         mine = [word for word in words
@@ -286,3 +303,18 @@ def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarra
                                         segment_samples)
         if stored == -1:
             raise Ignore()  # canceled or failed meanwhile: the rest is not wanted
+    return None
+
+
+def _give_way(farm) -> bool:
+    """Whether a segment between two of its windows should let others go first: the
+    setting is on and work waits on the vocoder lead queue (jobs' first segments and the
+    rests of segments that gave way). A broker that does not answer says no: the segment
+    carries on."""
+    if not farm.settings.vocoder_yield:
+        return False
+    try:
+        return farm.queue_depth(VOCODER_LEAD_QUEUE) > 0
+    except Exception as exc:  # noqa: BLE001  (the depth is a hint; rendering goes on)
+        log.debug("no vocoder lead depth (%s); the segment carries on", exc)
+        return False

@@ -204,3 +204,69 @@ def test_a_batching_farm_serves_concurrent_jobs_each_its_own_speech(redis_url, t
             items = val(samples, "voxfarm_batch_size_sum", stage=queue)
             assert batches > 0, f"{queue}: no forward pass went through the batcher"
             assert items > batches, f"{queue}: every forward pass held one item"
+
+
+LONG = ("The lighthouse keeper climbed the narrow stairs every evening, lit the great lamp, "
+        "and watched the ships pass safely through the rocky strait until morning came.")
+
+
+def chunk_order(farm, job_id: str) -> dict[str, int]:
+    """When each of the job's chunks ("segment:window") was first stored: its first event's
+    stream id, in milliseconds of the Redis clock."""
+    order = {}
+    for entry_id, fields in farm.redis.xrange(farm.keys.events(job_id)):
+        chunk = fields.get(b"chunk")
+        if chunk is not None:
+            order.setdefault(chunk.decode(), int(entry_id.split(b"-")[0]))
+    return order
+
+
+@pytest.mark.parametrize("give_way", [True, False], ids=["gives-way", "setting-off"])
+def test_a_segment_gives_way_between_windows_to_a_listener_waiting_for_first_audio(
+        redis_url, tmp_path, give_way):
+    """Issue 9, first window first: one vocoder process, a long sentence's segment and
+    another listener's short one both waiting. The long one's first window plays first;
+    then, with the setting on, the short one's audio is stored before the long one's second
+    window, and the long one's windows are each stored once, in order, with the same bytes
+    as the same segment rendered without giving way. Each segment is counted once."""
+    from app.embedded_redis import free_port
+    from tests.integration.test_metrics import scrape, val
+    from web import create_app
+
+    with running_farm(redis_url, 3, tmp_path, workers=False, vocoder_yield=give_way) as tf:
+        tf.env["VOXFARM_METRICS_DIR"] = str(tmp_path / "metrics")
+        port = free_port()
+        tf.start_worker("acoustic")
+        client = create_app(tf.settings, tf.farm).test_client()
+        long = submit(client, LONG)
+        short = submit(client, "Hello there.")
+        deadline = time.monotonic() + 120
+        while tf.farm.queue_depth("vocoder_lead") < 2:  # both first segments' features made
+            assert time.monotonic() < deadline, "the acoustic stage never finished"
+            time.sleep(0.1)
+        tf.start_worker("vocoder", "--concurrency", "1", "--metrics-port", str(port),
+                        "--metrics-addr", "127.0.0.1")
+        page, chunks = collect_chunks(client, long["id"], max_per_poll=1)
+        assert page["state"] == "done"
+        assert [c["index"] for c in chunks] == list(range(len(chunks)))
+        assert [c["window"] for c in chunks] == list(range(len(chunks)))  # one segment
+        assert len(chunks) >= 3, "the sentence should take several windows"
+        wait_state(client, short["id"])
+        first_long = chunk_order(tf.farm, long["id"])
+        first_short = chunk_order(tf.farm, short["id"])["0:0"]
+        assert first_long["0:0"] <= first_short
+        if give_way:
+            assert first_short <= first_long["0:1"], (first_long, first_short)
+        else:
+            assert first_long[f"0:{len(chunks) - 1}"] <= first_short, (first_long, first_short)
+        pcm, rate = chunk_pcm(chunks)
+        assert rate == 22050
+        assert_speech(pcm, len(LONG.split()))
+        # Nothing waits now, so the same text renders without giving way (a cache hit: the
+        # same features), and the audio is the same to the byte.
+        _, again = collect_chunks(client, submit(client, LONG)["id"], max_per_poll=8)
+        assert np.array_equal(pcm, chunk_pcm(again)[0])
+        samples = scrape(f"http://127.0.0.1:{port}")
+        yields = val(samples, "voxfarm_vocoder_yields_total")
+        assert yields >= 1 if give_way else yields == 0
+        assert val(samples, "voxfarm_segments_total") == 3
