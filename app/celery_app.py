@@ -54,8 +54,8 @@ QUALITY_QUEUE = "quality"
 # behind all their segments; a job's later segments render while its first one plays.
 # Measured with tests/bench/bench_load.py at 32 clients of two segments each: first-audio
 # p99 7.4 s without, 3.0-4.2 s with; full-time p50 4.6 s without, 5.3-6.3 s with. The
-# vocoder lead queue also takes the rest of a segment that gave way between two windows to
-# the work waiting there (tasks/segments.py, `_give_way`).
+# vocoder lead queue also takes the rest of a segment that gave way after its first window
+# to the work waiting there (tasks/segments.py, `_give_way`).
 ACOUSTIC_LEAD_QUEUE = "acoustic_lead"
 VOCODER_LEAD_QUEUE = "vocoder_lead"
 LEAD_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_LEAD_QUEUE, VOCODER_QUEUE: VOCODER_LEAD_QUEUE}

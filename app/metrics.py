@@ -119,12 +119,12 @@ SEGMENTS_REROUTED = Counter(
     "voxfarm_segments_rerouted_total",
     "Segment stages a worker short of GPU memory did not run, by where they went.",
     ["stage", "reason", "to"])
-# Segments that gave way between two windows to listeners waiting for their first audio
-# (tasks/segments.py, VOXFARM_VOCODER_YIELD): the rest went to the vocoder lead queue.
+# Segments that gave way after their first window to listeners waiting for their first
+# audio (tasks/segments.py, VOXFARM_VOCODER_YIELD): the rest went to the vocoder lead queue.
 VOCODER_YIELDS = Counter(
     "voxfarm_vocoder_yields_total",
-    "Times a segment's vocoder stage stopped between windows to let waiting first audio go "
-    "first.")
+    "Segments whose vocoder stage stopped after the first window to let waiting first audio "
+    "go first.")
 
 # The voice canary (app/canary.py): each version's segments by outcome (from the segment
 # workers), the quality pool's running figures per version (mostrecent: the figure is the

@@ -62,11 +62,11 @@ class Settings:
     # segment; growing windows cost 1.01x the whole segment's vocoding, fixed ones 1.14x
     # (docs/benchmarks.md, "First audio"). 0: whole segments.
     vocoder_window_frames: int = 64
-    # Between two windows a segment gives way to the listeners still waiting for their first
-    # audio: with a job's first segment (or another's rest) waiting on the vocoder lead queue,
-    # the rest of this one goes to the back of that queue (tasks/segments.py). So the n-th
-    # listener of a burst waits behind the first windows ahead, not behind their whole
-    # segments, and each later turn brings a window twice as long as the last.
+    # After its first window a segment gives way, once, to the listeners still waiting for
+    # their first audio: with a job's first segment (or another's rest) waiting on the
+    # vocoder lead queue, the rest of this one goes to the back of that queue
+    # (tasks/segments.py). So the n-th listener of a burst waits behind the first windows
+    # ahead, not behind their whole segments.
     vocoder_yield: bool = True
     # Dynamic batching (tasks/batching.py): a model pool runs up to this many segments or
     # windows, of any jobs, in one forward pass, on that many threads of one process. 0: 8 on

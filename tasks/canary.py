@@ -67,7 +67,7 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
     if stage is None or spec is None or state not in ("SUCCESS", "FAILURE"):
         return
     if state == "SUCCESS" and getattr(task.request, "gave_way", False):
-        return  # a segment that gave way between windows: counted when its rest is done
+        return  # a segment that gave way after its first window: counted when its rest is done
     # An acoustic cache hit ran no model: timing it would compare a warm version's cache
     # with a new one's model (a new version starts cold), not the two models; nor does the
     # rest of a segment that gave way time a whole segment.

@@ -98,7 +98,7 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
         spec = _spec(args, kwargs)
         job_state = None
         if spec and state in _OBSERVE_OUTCOMES and (stage != "acoustic" or state != "SUCCESS"):
-            # A segment that gave way between windows is counted when its rest is stored.
+            # A segment that gave way after its first window is counted when its rest is stored.
             done = state == "SUCCESS" and not getattr(task.request, "gave_way", False)
             index = spec.get("index") if stage == "vocoder" and done else None
             try:

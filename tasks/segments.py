@@ -273,7 +273,10 @@ def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarra
                     words: list[dict], start: int = 0) -> int | None:
     """Vocode the segment window by window from window `start`, storing each as a chunk the
     moment it exists. Returns None when its last window is stored, or the window it stopped
-    before to give way to listeners waiting for their first audio (`_give_way`).
+    before to give way to listeners waiting for their first audio (`_give_way`): once a
+    segment, after its first window. Its rest then renders to the end. (A rest that gave way
+    again at every window would share the process round robin, at a task's overhead a turn;
+    docs/benchmarks.md, "Load", has what each cost.)
 
     The window plan is the segment's first writer's (a retry on a worker with another
     window setting cuts the same windows), and each window is rendered with context frames
@@ -290,7 +293,7 @@ def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarra
     for w, piece in enumerate(cut):
         if w < start:
             continue
-        if w > start and _give_way(farm):
+        if w == 1 and start == 0 and _give_way(farm):
             return w
         audio = _vocode_piece(vocoder, voice, features, piece)
         last = w == len(cut) - 1
@@ -307,10 +310,9 @@ def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarra
 
 
 def _give_way(farm) -> bool:
-    """Whether a segment between two of its windows should let others go first: the
-    setting is on and work waits on the vocoder lead queue (jobs' first segments and the
-    rests of segments that gave way). A broker that does not answer says no: the segment
-    carries on."""
+    """Whether a segment after its first window should let others go first: the setting is
+    on and work waits on the vocoder lead queue (jobs' first segments and the rests of
+    segments that gave way). A broker that does not answer says no: the segment carries on."""
     if not farm.settings.vocoder_yield:
         return False
     try:

@@ -10,13 +10,16 @@ connection, or a 200 whose audio never came), and the first-byte and full-time p
 of the served clients. "no answer" must be 0 at every level.
 
     .venv/bin/python tests/bench/bench_load.py [--clients 8,32,128] [--rounds 1] [--no-monolith]
-        [--batch 4] [--no-yield]
+        [--batch 4] [--no-yield] [--max-wait 20]
 
 With `--batch N` it runs the farm twice more with dynamic batching on (tasks/batching.py),
 up to N items a forward pass: "ac bN" batches the acoustic pool only, "all bN" both model
 pools (each then one process of N threads). With `--no-yield` it runs the farm once more
 with `VOXFARM_VOCODER_YIELD=0` ("no yield"): each segment's windows rendered in one go, not
 giving way between windows to listeners waiting for first audio (tasks/segments.py).
+`--max-wait` sets the farm's admission bound (`VOXFARM_MAX_QUEUE_WAIT_S`, the production 20 s
+by default); a long one serves every client, so farms that would refuse different numbers
+compare on the same load.
 """
 
 from __future__ import annotations
@@ -116,10 +119,9 @@ def run_farm(url: str, log_dir: Path, name: str, levels: list[int], rounds: int,
     with as many torch threads as the Procfile's vocoder has processes, so it uses the same
     cores."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    # the production admission bound (the test farms take a long one)
-    with (running_farm(url, 0, log_dir, workers=False,
-                       max_queue_wait_s=Settings().max_queue_wait_s, batch_linger_ms=5,
-                       **settings) as tf,
+    # the production admission bound unless the run sets one (the test farms take a long one)
+    settings.setdefault("max_queue_wait_s", Settings().max_queue_wait_s)
+    with (running_farm(url, 0, log_dir, workers=False, batch_linger_ms=5, **settings) as tf,
           gunicorn_server(tf.env, log_dir / "web.log", workers=2) as base):
         # "--batch 1": unbatched on any device (on CUDA a pool batches by default)
         tf.start_worker("acoustic", "--batch", str(batch if "acoustic" in stages else 1))
@@ -150,21 +152,25 @@ def main() -> None:
                          "forward pass (VOXFARM_BATCH_MAX)")
     ap.add_argument("--no-yield", action="store_true",
                     help="also run the farm with VOXFARM_VOCODER_YIELD=0")
+    ap.add_argument("--max-wait", type=float, default=Settings().max_queue_wait_s,
+                    help="the farm's admission bound, VOXFARM_MAX_QUEUE_WAIT_S (s)")
     args = ap.parse_args()
     levels = [int(n) for n in args.clients.split(",")]
 
     tmp = Path(tempfile.mkdtemp(prefix="voxfarm-bench-load-"))
     rows = []
     with redis_url_or_embedded(args.redis_url, tmp) as url:
-        rows += run_farm(url, tmp / "farm", "farm", levels, args.rounds)
+        rows += run_farm(url, tmp / "farm", "farm", levels, args.rounds,
+                         max_queue_wait_s=args.max_wait)
         if args.no_yield:
             rows += run_farm(url, tmp / "no-yield", "no yield", levels, args.rounds,
-                             vocoder_yield=False)
+                             vocoder_yield=False, max_queue_wait_s=args.max_wait)
         if args.batch > 1:
             rows += run_farm(url, tmp / "acoustic", f"ac b{args.batch}", levels, args.rounds,
-                             args.batch, ("acoustic",))
+                             args.batch, ("acoustic",), max_queue_wait_s=args.max_wait)
             rows += run_farm(url, tmp / "both", f"all b{args.batch}", levels, args.rounds,
-                             args.batch, ("acoustic", "vocoder"))
+                             args.batch, ("acoustic", "vocoder"),
+                             max_queue_wait_s=args.max_wait)
     if not args.no_monolith:
         with monolith_server(tmp / "monolith.log") as base:
             rows += run_levels(base, "monolith", levels, args.rounds)

@@ -222,7 +222,7 @@ def chunk_order(farm, job_id: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("give_way", [True, False], ids=["gives-way", "setting-off"])
-def test_a_segment_gives_way_between_windows_to_a_listener_waiting_for_first_audio(
+def test_a_segment_gives_way_after_its_first_window_to_listeners_waiting_for_first_audio(
         redis_url, tmp_path, give_way):
     """Issue 9, first window first: one vocoder process, a long sentence's segment and
     another listener's short one both waiting. The long one's first window plays first;
@@ -268,5 +268,5 @@ def test_a_segment_gives_way_between_windows_to_a_listener_waiting_for_first_aud
         assert np.array_equal(pcm, chunk_pcm(again)[0])
         samples = scrape(f"http://127.0.0.1:{port}")
         yields = val(samples, "voxfarm_vocoder_yields_total")
-        assert yields >= 1 if give_way else yields == 0
+        assert 1 <= yields <= 2 if give_way else yields == 0  # once a segment at most
         assert val(samples, "voxfarm_segments_total") == 3
