@@ -171,7 +171,7 @@ def publish_again(celery: Celery, spec: dict, regenerations: int) -> None:
 def continue_segment(celery: Celery, mel_key: str, spec: dict, from_window: int, *,
                      queue: str, regenerations: int = 0) -> None:
     """The rest of a segment's vocoder stage, from window `from_window`, on `queue`: a
-    segment that gave way between two windows to listeners waiting for their first audio
+    segment that gave way after its first window to listeners waiting for their first audio
     (tasks/segments.py). Its features stay held for it."""
     celery.send_task(VOCODER_TASK, args=(mel_key, spec), queue=queue,
                      kwargs={"from_window": from_window, "regenerations": regenerations})

@@ -16,7 +16,7 @@ With `--batch N` it runs the farm twice more with dynamic batching on (tasks/bat
 up to N items a forward pass: "ac bN" batches the acoustic pool only, "all bN" both model
 pools (each then one process of N threads). With `--no-yield` it runs the farm once more
 with `VOXFARM_VOCODER_YIELD=0` ("no yield"): each segment's windows rendered in one go, not
-giving way between windows to listeners waiting for first audio (tasks/segments.py).
+giving way after a first window to listeners waiting for first audio (tasks/segments.py).
 `--max-wait` sets the farm's admission bound (`VOXFARM_MAX_QUEUE_WAIT_S`, the production 20 s
 by default); a long one serves every client, so farms that would refuse different numbers
 compare on the same load.
