@@ -169,12 +169,13 @@ def publish_again(celery: Celery, spec: dict, regenerations: int) -> None:
 
 
 def continue_segment(celery: Celery, mel_key: str, spec: dict, from_window: int, *,
-                     queue: str, regenerations: int = 0) -> None:
+                     queue: str, regenerations: int = 0, spent_s: float = 0.0) -> None:
     """The rest of a segment's vocoder stage, from window `from_window`, on `queue`: a
     segment that gave way after its first window to listeners waiting for their first audio
-    (tasks/segments.py). Its features stay held for it."""
+    (tasks/segments.py), having run `spent_s` seconds. Its features stay held for it."""
     celery.send_task(VOCODER_TASK, args=(mel_key, spec), queue=queue,
-                     kwargs={"from_window": from_window, "regenerations": regenerations})
+                     kwargs={"from_window": from_window, "regenerations": regenerations,
+                             "spent_s": round(spent_s, 4)})
 
 
 def hand_over(celery: Celery, task_name: str, args: tuple, kwargs: dict, *,

@@ -69,11 +69,10 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
     if state == "SUCCESS" and getattr(task.request, "gave_way", False):
         return  # a segment that gave way after its first window: counted when its rest is done
     # An acoustic cache hit ran no model: timing it would compare a warm version's cache
-    # with a new one's model (a new version starts cold), not the two models; nor does the
-    # rest of a segment that gave way time a whole segment.
-    if started is not None and not getattr(task.request, "mel_cache_hit", False) \
-            and not (kwargs or {}).get("from_window"):
-        run_s = time.perf_counter() - started
+    # with a new one's model (a new version starts cold), not the two models. A segment's
+    # rest adds the time its first part ran.
+    if started is not None and not getattr(task.request, "mel_cache_hit", False):
+        run_s = time.perf_counter() - started + float((kwargs or {}).get("spent_s") or 0.0)
     else:
         run_s = None
     try:

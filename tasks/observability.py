@@ -48,6 +48,11 @@ def _spec(args, kwargs) -> dict:
     return {}
 
 
+def _rest(kwargs) -> bool:
+    """Whether a vocoder task is the rest of a segment that gave way (tasks/segments.py)."""
+    return bool((kwargs or {}).get("from_window"))
+
+
 def _ready_at(request, published: float) -> float:
     """A message with an ETA (a retry's backoff) only becomes runnable at its ETA."""
     eta = request.get("eta")
@@ -72,7 +77,8 @@ def _prerun(task_id: str, task, args=None, kwargs=None, **_: object) -> None:
         # Clocks of two hosts can disagree by a little: never a negative wait.
         wait = max(0.0, now - _ready_at(request, float(published)))
         metrics.QUEUE_WAIT.labels(queue).observe(wait)
-        if queue in (VOCODER_QUEUE, LEAD_QUEUES[VOCODER_QUEUE]):
+        # (a segment's rest waited for the listeners it gave way to, not for features)
+        if queue in (VOCODER_QUEUE, LEAD_QUEUES[VOCODER_QUEUE]) and not _rest(kwargs):
             metrics.MEL_TO_VOCODER_WAIT.observe(wait)
     token = tracing.bind(request_id=request.get(tracing.TASK_REQUEST_ID) or None,
                          job_id=spec.get("job_id"), segment=spec.get("index"), task_id=task_id)
@@ -89,17 +95,20 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
         stage = _stage(task.name)
         metrics.TASK_RUN.labels(stage).observe(run_s)
         metrics.TASKS.labels(stage, state or "UNKNOWN").inc()
-        if stage in ("acoustic", "vocoder") and state == "SUCCESS":
+        # A segment that gave way after its first window is counted when its rest is done,
+        # with the time the first part ran (`spent_s`): the estimate is a whole segment's.
+        gave_way = getattr(task.request, "gave_way", False)
+        if stage in ("acoustic", "vocoder") and state == "SUCCESS" and not gave_way:
             try:  # the web's admission estimate (Farm.expected_wait_s) reads it
-                runtime.farm().record_run(stage, run_s)
+                spent_s = float((kwargs or {}).get("spent_s") or 0.0)
+                runtime.farm().record_run(stage, run_s + spent_s)
             except Exception:
                 logging.getLogger("voxfarm.metrics").warning("run time not recorded",
                                                              exc_info=True)
         spec = _spec(args, kwargs)
         job_state = None
         if spec and state in _OBSERVE_OUTCOMES and (stage != "acoustic" or state != "SUCCESS"):
-            # A segment that gave way after its first window is counted when its rest is stored.
-            done = state == "SUCCESS" and not getattr(task.request, "gave_way", False)
+            done = state == "SUCCESS" and not gave_way
             index = spec.get("index") if stage == "vocoder" and done else None
             try:
                 job_state = runtime.farm().job_observer.observe(spec["job_id"], index)

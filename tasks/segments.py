@@ -11,6 +11,7 @@ short of device memory hands the stage to a pool with room instead of running it
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 from celery import shared_task
@@ -142,17 +143,20 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
 
 @shared_task(name=VOCODER_TASK, base=SegmentTask, bind=True)
 def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
-           reroutes: int = 0, from_window: int = 0, **_: object) -> int:
+           reroutes: int = 0, from_window: int = 0, spent_s: float = 0.0,
+           **_: object) -> int:
     """Mel from the cache -> 16-bit PCM chunk `spec['index']` of the job. `reroutes`: how
     often workers short of GPU memory handed this stage on already (the features stay held
     for whichever worker runs it). `from_window`: where a segment that gave way to waiting
-    listeners carries on (its windows before are stored)."""
+    listeners carries on (its windows before are stored); `spent_s`: how long its stage ran
+    before it gave way (the run time admission estimates from is a whole segment's)."""
     with batching.working(VOCODER_QUEUE):
-        return _render(self, mel_key, spec, regenerations, reroutes, from_window)
+        return _render(self, mel_key, spec, regenerations, reroutes, from_window, spent_s)
 
 
 def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
-            reroutes: int, from_window: int) -> int:
+            reroutes: int, from_window: int, spent_s: float) -> int:
+    started = time.perf_counter()
     farm = task.farm
     if "book_id" in spec:
         wanted = books.segment_wanted(farm, spec)
@@ -187,7 +191,8 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
         rest = _stream_windows(farm, vocoder, voice, features, spec, pause, words, from_window)
         if rest is not None:  # it gave way: the rest reads the features this stage holds
             continue_segment(farm.celery, mel_key, spec, rest, queue=VOCODER_LEAD_QUEUE,
-                             regenerations=regenerations)
+                             regenerations=regenerations,
+                             spent_s=spent_s + time.perf_counter() - started)
             metrics.VOCODER_YIELDS.inc()
             # The segment is not done: the hooks count it when its rest is (observability,
             # canary).

@@ -241,6 +241,32 @@ def test_a_burst_of_submissions_at_once_is_admitted_only_up_to_the_bound(redis_u
         assert len(job_ids(tf.farm)) == bound  # a refused job writes nothing
 
 
+def test_a_segment_that_gave_way_is_timed_once_as_a_whole_segment(redis_url, tmp_path,
+                                                                  monkeypatch):
+    """Admission estimates from each stage's recent run time a segment. A segment that gave
+    way after its first window (tasks/segments.py) runs as two tasks: the first is not timed,
+    the rest is timed with the first part's seconds (`spent_s`) added, so the estimate
+    stays a whole segment's rather than two halves'."""
+    from celery.app.task import Context
+
+    from tasks import observability, runtime
+
+    with running_farm(redis_url, 3, tmp_path, workers=False) as tf:
+        monkeypatch.setattr(runtime, "farm", lambda *_: tf.farm)
+        args = ("mel-key", {"job_id": "no-such-job", "index": 0})
+
+        def run(task_id: str, kwargs: dict, gave_way: bool) -> float | None:
+            task = SimpleNamespace(name="voxfarm.vocoder.render",
+                                   request=Context(gave_way=gave_way))
+            observability._prerun(task_id, task, args=args, kwargs=kwargs)
+            observability._postrun(task_id, task, args=args, kwargs=kwargs, state="SUCCESS")
+            raw = tf.farm.redis.hget(tf.farm.keys.stats, "vocoder_run_s")
+            return None if raw is None else float(raw)
+
+        assert run("first-part", {}, gave_way=True) is None
+        assert 2.5 <= run("rest", {"from_window": 1, "spent_s": 2.5}, gave_way=False) < 3.0
+
+
 def test_a_farm_too_slow_for_its_backlog_says_503_with_when_to_come_back(redis_url, tmp_path):
     """Admission by expected wait: the segments ahead times the slower stage's recent run
     time per live worker process. A job that would wait past VOXFARM_MAX_QUEUE_WAIT_S is refused,
