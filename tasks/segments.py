@@ -174,8 +174,8 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
         publish_again(farm.celery, spec, regenerations)
         raise Ignore()
     _run_here_or_hand_over(task, VOCODER_QUEUE, spec, (mel_key, spec),
-                           {"regenerations": regenerations, "from_window": from_window},
-                           reroutes)
+                           {"regenerations": regenerations, "from_window": from_window,
+                            "spent_s": spent_s}, reroutes)
     from models.mel import mel_from_bytes
 
     voice = canary.voice_for(farm, spec)
@@ -295,9 +295,7 @@ def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarra
     cut = vocoder.windows(frames, window)
     hop, rate = vocoder.voice.hop_length, vocoder.sample_rate
     segment_samples = frames * hop + len(pause)
-    for w, piece in enumerate(cut):
-        if w < start:
-            continue
+    for w, piece in enumerate(cut[start:], start):
         if w == 1 and start == 0 and _give_way(farm):
             return w
         audio = _vocode_piece(vocoder, voice, features, piece)
