@@ -25,6 +25,17 @@ def pytest_report_header(config) -> str:
         f" -- UNAVAILABLE: {why}; the farm tests skip" if why else "")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test on the shared farm shows its workers' log tails and queues: a farm that
+    stopped rendering fails every test after it, and the log says why."""
+    report = yield
+    tf = item.funcargs.get("farm") if report.failed and call.when == "call" else None
+    if isinstance(tf, FarmUnderTest):
+        report.sections.append(("shared farm", tf.diagnosis()))
+    return report
+
+
 def pytest_sessionstart(session) -> None:
     if brokers.use_amqp() and not brokers.amqp_unavailable():
         brokers.remove_stale_vhosts()

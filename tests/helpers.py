@@ -85,8 +85,24 @@ def wait_state(api, job_id: str, states=("done",), timeout_s: float = 120) -> di
         assert last["state"] not in JOB_FINAL, f"job {job_id} ended {last['state']}: {last}"
         return None
 
-    return wait_until(reached, timeout_s, lambda: f"job {job_id} still {last.get('state')}",
-                      interval_s=0.1)
+    def what() -> str:
+        seg = last.get("segments") or {}
+        return (f"job {job_id} still {last.get('state')} ({seg.get('done')} of "
+                f"{seg.get('total')} segments); {farm_snapshot(api)}")
+
+    return wait_until(reached, timeout_s, what, interval_s=0.1)
+
+
+def farm_snapshot(api) -> str:
+    """One line on the farm behind `api` for a wait that failed: what waits on each queue and
+    how many workers read it (GET /v1/stats), so a CI log tells a farm that is behind from one
+    whose workers are gone."""
+    try:
+        queues = get_json(api, "/v1/stats")["queues"]
+    except Exception as exc:  # noqa: BLE001  (a diagnosis must not hide the failure)
+        return f"no /v1/stats ({exc.__class__.__name__})"
+    return "queues " + ", ".join(f"{name} {q['depth']} ({q['workers']} workers)"
+                                 for name, q in queues.items())
 
 
 def wait_book(api, book_id: str, states=("done",), timeout_s: float = 120,
@@ -218,6 +234,22 @@ class FarmUnderTest:
 
     def log_tail(self, queue: str) -> str:
         return (self.log_dir / f"{queue}.log").read_text(errors="replace")[-3000:]
+
+    def diagnosis(self) -> str:
+        """What a failed test on this farm should show: each worker alive or its exit status,
+        what waits on each queue, and the tail of each worker's log."""
+        from app.celery_app import ALL_QUEUES
+
+        lines = [f"{w.name}: " + ("running" if w.proc.poll() is None else
+                                  f"exited {w.proc.returncode}") for w in self.workers]
+        try:
+            lines.append("queues: " + ", ".join(f"{q} {self.farm.queue_depth(q)}"
+                                                for q in ALL_QUEUES))
+        except Exception as exc:  # noqa: BLE001  (a diagnosis must not hide the failure)
+            lines.append(f"queues: unknown ({exc.__class__.__name__}: {exc})")
+        for queue in dict.fromkeys(w.queue for w in self.workers):
+            lines += [f"--- {queue} log, last lines", self.log_tail(queue)]
+        return "\n".join(lines)
 
     def wait_live(self, queue: str, count: int = 1, timeout_s: float = 90) -> None:
         def live() -> bool:
