@@ -178,6 +178,13 @@ def continue_segment(celery: Celery, mel_key: str, spec: dict, from_window: int,
                              "spent_s": round(spent_s, 4)})
 
 
+def spent_before(kwargs: dict | None) -> float:
+    """The seconds a segment's vocoder stage ran before it gave way, which its rest's
+    message carries (`continue_segment`); 0 for any other task. The hooks that time a
+    segment add it, so a segment that gave way is timed once, whole."""
+    return float((kwargs or {}).get("spent_s") or 0.0)
+
+
 def hand_over(celery: Celery, task_name: str, args: tuple, kwargs: dict, *,
               queue: str, chain: list | None = None) -> None:
     """Publish a segment stage again, as it came (`args`, `kwargs`, the rest of its `chain`),

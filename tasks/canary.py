@@ -72,7 +72,7 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
     # with a new one's model (a new version starts cold), not the two models. A segment's
     # rest adds the time its first part ran.
     if started is not None and not getattr(task.request, "mel_cache_hit", False):
-        run_s = time.perf_counter() - started + float((kwargs or {}).get("spent_s") or 0.0)
+        run_s = time.perf_counter() - started + queueing.spent_before(kwargs)
     else:
         run_s = None
     try:

@@ -20,7 +20,7 @@ from datetime import datetime
 
 from celery import signals
 
-from app import metrics, multiproc, tracing
+from app import metrics, multiproc, queueing, tracing
 from app.celery_app import LEAD_QUEUES, VOCODER_QUEUE
 from app.logging_setup import configure_logging
 from app.settings import Settings
@@ -100,8 +100,7 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
         gave_way = getattr(task.request, "gave_way", False)
         if stage in ("acoustic", "vocoder") and state == "SUCCESS" and not gave_way:
             try:  # the web's admission estimate (Farm.expected_wait_s) reads it
-                spent_s = float((kwargs or {}).get("spent_s") or 0.0)
-                runtime.farm().record_run(stage, run_s + spent_s)
+                runtime.farm().record_run(stage, run_s + queueing.spent_before(kwargs))
             except Exception:
                 logging.getLogger("voxfarm.metrics").warning("run time not recorded",
                                                              exc_info=True)
