@@ -104,7 +104,8 @@ def sched_ns(pids: list[int]) -> tuple[int, int]:
     on = waiting = 0
     for pid in pids:
         try:
-            procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
         except psutil.Error:
             continue
         for p in procs:
@@ -137,7 +138,8 @@ def frozen(pids: list[int]) -> Iterator[None]:
 
 
 def interactive(client, text: str, farm=None, pids=(), split=None) -> float:
-    """One probe's seconds from POST to done; with `split` (a list), its parts by SPLIT."""
+    """One probe's seconds from POST to its last chunk; with `split` (a list), its parts by
+    SPLIT."""
     before = sched_ns(pids) if split is not None else (0, 0)
     wall0, t0 = time.time(), time.perf_counter()
     job = client.post("/v1/jobs", json={"text": text, **VOICE}).get_json()
