@@ -6,6 +6,7 @@ and its rate and running-work limits answer 429 with Retry-After. Probes stay op
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -166,3 +167,25 @@ def test_a_revoked_key_is_refused_at_once(keyed):
     assert requests.get(f"{base}/v1/voices", headers=bearer(token),
                         timeout=10).status_code == 401
     assert time.monotonic() - started < 5
+
+
+# -- what a hostile probe found ----------------------------------------------------------------
+
+
+def test_one_keys_text_is_no_cache_hit_for_another(keyed):
+    _, base, token_a, token_b = keyed
+    pin = "".join(random.choice("0123456789") for _ in range(4))
+    secret = f"My bank PIN is {' '.join(pin)}."
+
+    def cache_of(token: str) -> dict:
+        resp = submit(base, bearer(token), secret)
+        assert resp.status_code == 202, resp.text
+        job_id = resp.json()["id"]
+        wait_done(base, job_id, bearer(token))
+        job = requests.get(f"{base}/v1/jobs/{job_id}", headers=bearer(token), timeout=10)
+        return job.json()["mel_cache"]
+
+    alice = cache_of(token_a)
+    assert alice["hits"] == 0 and alice["misses"] >= 1
+    assert cache_of(token_b) == {"hits": 0, "misses": alice["misses"]}  # Bob learns nothing
+    assert cache_of(token_a) == {"hits": alice["misses"], "misses": 0}  # Alice's own: cached
