@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 import simple_websocket
 
-from tests.helpers import gunicorn_server, running_farm, wait_until
+from tests.helpers import gunicorn_server, job_ids, running_farm, wait_until
 from tests.wsclient import Client
 
 pytestmark = pytest.mark.e2e
@@ -170,6 +171,32 @@ def test_a_revoked_key_is_refused_at_once(keyed):
 
 
 # -- what a hostile probe found ----------------------------------------------------------------
+
+
+def jobs_of(tf, key_id: str) -> set[str]:
+    return {j for j in job_ids(tf.farm) if tf.farm.jobs.owner(j) == key_id}
+
+
+def test_a_burst_cannot_beat_the_running_work_quota(keyed):
+    tf, base, _, _ = keyed
+    key, token = tf.farm.apikeys.create("tenant burst", max_active=2)
+    # A request refused after its place was taken (nothing speakable) gives the place back.
+    for _ in range(3):
+        refused = submit(base, bearer(token), "!!! ... ???")
+        assert refused.status_code == 422, refused.text
+    long_text = " ".join([TEXT] * 8)
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda _: submit(base, bearer(token), long_text), range(12)))
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [202] * 2 + [429] * 10, codes
+    assert {r.json()["error"]["code"] for r in answers if r.status_code == 429} \
+        == {"too_many_jobs"}
+    accepted = [r.json()["id"] for r in answers if r.status_code == 202]
+    assert jobs_of(tf, key.id) == set(accepted)
+    for job_id in accepted:  # canceled work no longer counts
+        assert requests.delete(f"{base}/v1/jobs/{job_id}", headers=bearer(token),
+                               timeout=10).status_code == 200
+    assert submit(base, bearer(token)).status_code == 202
 
 
 def test_one_keys_text_is_no_cache_hit_for_another(keyed):
