@@ -838,6 +838,12 @@ _KEYS_VAR = click.option("--var", "var_dir", default=lambda: _settings().var_dir
 def keys_create(name: str, rate_per_min: int, max_active: int, admin: bool,
                 var_dir: str) -> None:
     """Make a key; its token is printed once and stored nowhere."""
+    from app.apikeys import check_name
+
+    try:
+        check_name(name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
     with _registry(var_dir) as registry:
         key, token = registry.create(name, rate_per_min, max_active, admin)
     click.echo(f"key {key.id} ({name}): {token}", err=True)
@@ -848,6 +854,8 @@ def keys_create(name: str, rate_per_min: int, max_active: int, admin: bool,
 @_KEYS_VAR
 def keys_list(var_dir: str) -> None:
     """Every key: id, name, created, revoked, limits (never a secret)."""
+    from app.apikeys import printable
+
     with _registry(var_dir) as registry:
         rows = registry.list()
     for k in rows:
@@ -855,7 +863,7 @@ def keys_list(var_dir: str) -> None:
         state = "revoked" if k.revoked else "live"
         state += " admin" if k.admin else ""
         click.echo(f"{k.id}  {state:<13}  {created}  rate={k.rate_per_min or 'default'}  "
-                   f"max_active={k.max_active or 'default'}  {k.name}")
+                   f"max_active={k.max_active or 'default'}  {printable(k.name)}")
     if not rows:
         click.echo("no keys: the API is open to whoever reaches it")
 
@@ -864,11 +872,15 @@ def keys_list(var_dir: str) -> None:
 @click.argument("key_id")
 @_KEYS_VAR
 def keys_revoke(key_id: str, var_dir: str) -> None:
-    """Revoke a key at once (its record stays, marked revoked)."""
+    """Revoke a key at once (its record stays, marked revoked; again: no change)."""
+    from app.apikeys import printable
+
     with _registry(var_dir) as registry:
         if not registry.revoke(key_id):
-            raise click.ClickException(f"no key {key_id}")
-    click.echo(f"revoked {key_id}")
+            raise click.ClickException(f"no key {printable(key_id)}")
+        key = registry.get(key_id)
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(key.revoked_at))
+    click.echo(f"revoked {key_id} (since {since} UTC)")
 
 
 @main.command("at-rest-key")

@@ -189,6 +189,10 @@ class Settings:
     # With keys on, /metrics, /docs and /openapi.json need a key too (a Prometheus scrape
     # then sends one: `authorization: {credentials: ...}` in its scrape config).
     auth_ops: bool = False
+    # With keys on, cached features serve only the key whose work made them: a hit would tell
+    # one key what another said (a faster job, `mel_cache.hits`). True shares them across the
+    # farm, for deployments whose texts are all public (fewer model runs for repeated text).
+    share_feature_cache: bool = False
     # `voxfarm worker`: serve the pool's Prometheus metrics on this port (0: off), and torch
     # threads per process (0: the CLI's default, one).
     metrics_port: int = 0
