@@ -15,6 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from app.apikeys import LimitExceeded
 from app.offload import OffloadTimeout
+from app.sealing import KeyUnavailable
 
 log = logging.getLogger("voxfarm.web")
 
@@ -72,6 +73,18 @@ def register_error_handlers(app: Flask, retry_after_s: int) -> None:
         return error_response(ApiError(503, "redis_unavailable",
                                        "the job store is unreachable; try again shortly",
                                        headers={"Retry-After": retry_after_s}))
+
+    @app.errorhandler(KeyUnavailable)
+    def _key_unavailable(exc: KeyUnavailable):
+        # An operator's gap, not the client's and not lost data: the job or book keeps its
+        # state, and what it holds reads again once the key is back (app/sealing.py).
+        log.error("at-rest key %r is not in VOXFARM_AT_REST_KEYS; %s cannot be read",
+                  exc.key_id, exc.context or "a sealed object")
+        return error_response(ApiError(
+            503, "key_unavailable", f"the audio is sealed at rest with key '{exc.key_id}', "
+            "which this server's VOXFARM_AT_REST_KEYS lacks; nothing was changed, and it "
+            "reads again once the key is back", headers={"Retry-After": retry_after_s},
+            key_id=exc.key_id))
 
     @app.errorhandler(LimitExceeded)
     def _limit(exc: LimitExceeded):
