@@ -222,9 +222,15 @@ class Supervisor:
 
 
 def _settings():
+    """The settings from the environment; one that does not parse (a malformed
+    VOXFARM_AT_REST_KEYS, a VOXFARM_JOB_TTL that is no number) stops the command with one
+    line naming the variable, not a traceback."""
     from app.settings import Settings
 
-    return Settings.from_env()
+    try:
+        return Settings.from_env()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _configured_redis_url() -> str:
@@ -442,6 +448,7 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
            name: str | None, metrics_port: int, metrics_addr: str,
            threads: int, work: str, nice: int, batch: int) -> None:
     """Run one worker pool on its queue."""
+    _settings()  # every option given on the command line: the settings are still checked
     # The book pool orchestrates (waits on Redis, the store, the broker): gevent, many
     # greenlets. It must patch before the worker opens a socket.
     pool = pool or ("gevent" if queue == "book" else "prefork")

@@ -170,6 +170,31 @@ def test_a_bad_keyring_fails_when_the_settings_are_built():
         Settings(at_rest_keys="k1:not*base64")
 
 
+@pytest.mark.parametrize("command", [
+    ["-m", "app.cli", "up", "--port", "18931", "--metrics-port", "0"],
+    # As the Procfile starts it: --threads and --batch take their defaults from the settings.
+    ["-m", "app.cli", "worker", "acoustic", "--work", "interactive", "--device", "cpu",
+     "--metrics-port", "0"],
+    ["-m", "gunicorn", "-c", "ops/gunicorn.conf.py", "--bind", "127.0.0.1:18932",
+     "web.wsgi:app"],
+], ids=["up", "worker", "web"])
+def test_a_malformed_keyring_stops_each_process_with_one_line(command, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "VOXFARM_AT_REST_KEYS": "k1:not*base64",
+           "VOXFARM_VAR": str(tmp_path / "var")}
+    done = subprocess.run([sys.executable, *command], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    said = (done.stdout + done.stderr).strip()
+    assert done.returncode != 0
+    assert said.endswith("VOXFARM_AT_REST_KEYS: at-rest key 1 ('k1'): the key is not valid "
+                         "base64") and len(said.splitlines()) == 1, said
+
+
 def test_parsing_a_keyring_does_not_import_prometheus_client():
     # gunicorn's config builds the settings before prometheus_client's multiprocess mode is
     # set up; importing it then stops the web at boot.
