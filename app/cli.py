@@ -322,7 +322,7 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     configured. A process that exits is restarted (the embedded Redis on the same port, with
     its data); Ctrl-C stops them all."""
     from app import farmstate
-    from app.embedded_redis import EmbeddedRedis
+    from app.embedded_redis import EmbeddedRedis, maxmemory_bytes
     from app.settings import Settings
 
     var = Path(var_dir).resolve()
@@ -368,7 +368,8 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     redis_url = _configured_redis_url()
     redis_server = None
     if not redis_url:
-        redis_server = EmbeddedRedis(var / "redis")
+        redis_server = EmbeddedRedis(var / "redis", maxmemory=maxmemory_bytes(
+            settings.embedded_redis_maxmemory))
         redis_url = env["VOXFARM_REDIS_URL"] = redis_server.url
     if settings.store_dir == Settings().store_dir:  # not configured: this farm's own
         env["VOXFARM_STORE"] = str(var / "store")
@@ -392,7 +393,9 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
             except RuntimeError as exc:
                 raise click.ClickException(str(exc)) from None
             sup.start("redis", redis_server.command(), last=True, proc=redis_server.proc)
-            click.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis)")
+            bound = (f"at most {redis_server.maxmemory / 2**30:.1f} GiB"
+                     if redis_server.maxmemory else "no memory bound")
+            click.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis, {bound})")
         for name, args in commands.items():
             sup.start(name, args)
         web_url = f"http://{_url_host(host)}:{port}"

@@ -43,6 +43,13 @@ def limit_error(exc: LimitExceeded) -> ApiError:
                     retry_after=r.retry_after_s)
 
 
+def store_full(exc: Exception) -> bool:
+    """Whether Redis refused a write for its maxmemory: a command's OOM error, or a Lua
+    script's (redis-py reports that one as a plain ResponseError)."""
+    return isinstance(exc, redis.OutOfMemoryError) or (
+        isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc))
+
+
 def error_response(err: ApiError):
     resp = jsonify(err.body())
     resp.status_code = err.status
@@ -69,6 +76,13 @@ def register_error_handlers(app: Flask, retry_after_s: int) -> None:
     @app.errorhandler(redis.RedisError)
     @app.errorhandler(OperationalError)
     def _redis(exc: Exception):
+        if store_full(exc):
+            # Its maxmemory reached under noeviction (the embedded Redis's bound, or a
+            # production broker's): the write was refused whole, and TTLs free memory.
+            log.warning("Redis is full (maxmemory): %s", exc)
+            return error_response(ApiError(
+                503, "store_full", "the job store is full; older jobs' audio expires to make "
+                "room: try again shortly", headers={"Retry-After": retry_after_s}))
         log.warning("Redis unavailable: %s", exc)
         return error_response(ApiError(503, "redis_unavailable",
                                        "the job store is unreachable; try again shortly",
