@@ -95,9 +95,10 @@ def register_error_handlers(app: Flask, retry_after_s: int) -> None:
         log.error("at-rest key %r is not in VOXFARM_AT_REST_KEYS; %s cannot be read",
                   exc.key_id, exc.context or "a sealed object")
         return error_response(ApiError(
-            503, "key_unavailable", f"the audio is sealed at rest with key '{exc.key_id}', "
-            "which this server's VOXFARM_AT_REST_KEYS lacks; nothing was changed, and it "
-            "reads again once the key is back", headers={"Retry-After": retry_after_s},
+            503, "key_unavailable", f"what was asked for is sealed at rest with key "
+            f"'{exc.key_id}', which this server's VOXFARM_AT_REST_KEYS lacks; nothing was "
+            "changed, and it reads again once the key is back",
+            headers={"Retry-After": retry_after_s},
             key_id=exc.key_id))
 
     @app.errorhandler(LimitExceeded)
