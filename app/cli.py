@@ -222,9 +222,15 @@ class Supervisor:
 
 
 def _settings():
+    """The settings from the environment; one that does not parse (a malformed
+    VOXFARM_AT_REST_KEYS, a VOXFARM_JOB_TTL that is no number) stops the command with one
+    line naming the variable, not a traceback."""
     from app.settings import Settings
 
-    return Settings.from_env()
+    try:
+        return Settings.from_env()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _configured_redis_url() -> str:
@@ -316,7 +322,7 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     configured. A process that exits is restarted (the embedded Redis on the same port, with
     its data); Ctrl-C stops them all."""
     from app import farmstate
-    from app.embedded_redis import EmbeddedRedis
+    from app.embedded_redis import EmbeddedRedis, maxmemory_bytes
     from app.settings import Settings
 
     var = Path(var_dir).resolve()
@@ -362,7 +368,8 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     redis_url = _configured_redis_url()
     redis_server = None
     if not redis_url:
-        redis_server = EmbeddedRedis(var / "redis")
+        redis_server = EmbeddedRedis(var / "redis", maxmemory=maxmemory_bytes(
+            settings.embedded_redis_maxmemory))
         redis_url = env["VOXFARM_REDIS_URL"] = redis_server.url
     if settings.store_dir == Settings().store_dir:  # not configured: this farm's own
         env["VOXFARM_STORE"] = str(var / "store")
@@ -386,7 +393,9 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
             except RuntimeError as exc:
                 raise click.ClickException(str(exc)) from None
             sup.start("redis", redis_server.command(), last=True, proc=redis_server.proc)
-            click.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis)")
+            bound = (f"at most {redis_server.maxmemory / 2**30:.1f} GiB"
+                     if redis_server.maxmemory else "no memory bound")
+            click.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis, {bound})")
         for name, args in commands.items():
             sup.start(name, args)
         web_url = f"http://{_url_host(host)}:{port}"
@@ -442,6 +451,7 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
            name: str | None, metrics_port: int, metrics_addr: str,
            threads: int, work: str, nice: int, batch: int) -> None:
     """Run one worker pool on its queue."""
+    _settings()  # every option given on the command line: the settings are still checked
     # The book pool orchestrates (waits on Redis, the store, the broker): gevent, many
     # greenlets. It must patch before the worker opens a socket.
     pool = pool or ("gevent" if queue == "book" else "prefork")

@@ -138,7 +138,8 @@ class Farm:
         # record by whoever sees the change first: a segment task or the web's cancel.
         self.job_observer = JobObserver(self.redis, self.keys)
         # Book files live in the artifact store; only their records are in Redis.
-        self.store = SealedStore(open_store(settings.store_dir), self.sealer)
+        self.store = SealedStore(open_store(settings.store_dir), self.sealer,
+                                 plaintext_ok=lambda key: self.books.written_before_keys(key))
         self.books = BookStore(self.redis, self.keys, self.store)
         self.apikeys = ApiKeys(self.redis, settings.key_prefix, settings.key_rate_per_min,
                                settings.key_max_active)

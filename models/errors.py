@@ -34,7 +34,7 @@ class UnknownSpeaker(SpeechError):
         self.voice = voice
         self.speaker = speaker
         self.valid: list[str] = list(valid or [])
-        shown = ", ".join(self.valid) if self.valid else "(one speaker only)"
+        shown = ", ".join(self.valid) if self.valid else "0 only (the voice has one speaker)"
         super().__init__(f"voice {voice!r} has no speaker {speaker!r}; speakers: {shown}")
 
     def __reduce__(self):  # keep the fields when the error crosses a process boundary
