@@ -114,6 +114,15 @@ def phoneme_count(phonemes: str) -> int:
     return sum(1 for char in phonemes if not char.isspace())
 
 
+def symbol_count(phonemes: str, voice: Voice) -> int:
+    """:func:`phoneme_count` of phonemes a client gives for ``voice``, as the voice is given
+    them: a neural voice gets them in NFD, where one precomposed letter (``ã``) is two or
+    three symbols, so they are counted that way."""
+    if voice.engine == PIPER:
+        phonemes = unicodedata.normalize("NFD", phonemes)
+    return phoneme_count(phonemes)
+
+
 def _words(text: str, language: str) -> list[str]:
     """Word-boundary tokens; joining them with the language's joiner gives the text back."""
     if language == "en":
@@ -364,6 +373,12 @@ def _bounded_g2p(text: str, language: str, voice: Voice,
     tokens = _words(text, language)
     if len(tokens) < 2:  # one enormous word: cut it into characters instead
         tokens = list(text)
+    if len(tokens) < 2:
+        # One character over the bound. Lexicon entries and SSML <phoneme> are checked to fit
+        # at the door, so this is a guard: halving a single character again would recurse
+        # until Python gives up. Its phonemes are cut instead; the first piece carries it.
+        parts = [part for part, _ in _cut_phonemes(phonemes, 0)]
+        return [(text if i == 0 else "", part) for i, part in enumerate(parts)]
     joiner = _JOINER[language] if len(tokens) != len(text) else ""
     middle = len(tokens) // 2
     halves = (joiner.join(tokens[:middle]).strip(), joiner.join(tokens[middle:]).strip())
@@ -524,11 +539,13 @@ def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
     break) and, past :data:`MAX_SEGMENT_PHONEMES`, at spaces; or a list whose items are the
     segments, each a string or ``{"phonemes": str, "pause_ms": int}`` (what
     ``POST /v1/phonemize`` answers). Each space-separated group of a Piper segment is one
-    word for the timestamps, its text the phonemes themselves.
+    word for the timestamps, its text the phonemes themselves. The bound is counted as the
+    voice gets the phonemes (:func:`symbol_count`).
 
     Raises :class:`~models.errors.UnknownVoice`, and
     :class:`~models.errors.InvalidPhonemes` for a symbol the voice lacks, an item that says
-    nothing, a list item over the bound or a pause over :data:`MAX_BREAK_MS`.
+    nothing, a list item over the bound, a word of a string over the bound (no space to cut
+    it at) or a pause over :data:`MAX_BREAK_MS`.
     """
     spec = get_voice(voice)
     drafts: list[tuple[str, int, int]] = []  # (phonemes, pause_ms, offset in the string)
@@ -537,7 +554,7 @@ def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
         for piece in _PHONEME_SENTENCE_END.split(phonemes):
             at = phonemes.index(piece, position) if piece else position
             position = at + len(piece)
-            for part, part_at in _bounded_phonemes(piece, at):
+            for part, part_at in _cut_phonemes(piece, at, spec):
                 drafts.append((part, 0, part_at))
     else:
         for item_index, item in enumerate(phonemes):
@@ -549,11 +566,13 @@ def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
                 raise InvalidPhonemes(
                     "each item is a string of phonemes or {\"phonemes\": string, "
                     f"\"pause_ms\": 0-{MAX_BREAK_MS}}}", item_index)
-            if phoneme_count(text) > MAX_SEGMENT_PHONEMES:
-                raise InvalidPhonemes(f"item {item_index} has {phoneme_count(text)} phoneme "
-                                      f"symbols; a segment has at most {MAX_SEGMENT_PHONEMES}",
-                                      item_index)
+            count = symbol_count(text, spec)
+            if count > MAX_SEGMENT_PHONEMES:
+                raise InvalidPhonemes(f"item {item_index} has {count} phoneme symbols; a "
+                                      f"segment has at most {MAX_SEGMENT_PHONEMES}",
+                                      item_index, limit=MAX_SEGMENT_PHONEMES)
             drafts.append((text.strip(), pause, -1))
+
     segments: list[Segment] = []
     for item_index, (text, pause, at) in enumerate(drafts):
         bad = unsayable(text, spec)
@@ -581,19 +600,42 @@ def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
     return segments
 
 
-def _bounded_phonemes(text: str, at: int) -> list[tuple[str, int]]:
-    """``text`` cut at spaces into pieces within :data:`MAX_SEGMENT_PHONEMES`, with offsets."""
-    pieces: list[tuple[str, int]] = []
-    start: int | None = None
-    count = end = 0
+def _cut_phonemes(text: str, at: int, voice: Voice | None = None) -> list[tuple[str, int]]:
+    """``text`` cut at spaces into pieces within :data:`MAX_SEGMENT_PHONEMES`, with offsets
+    (from ``at``). With ``voice``, the phonemes are a client's, counted as the voice gets them
+    (:func:`symbol_count`), and a word over the bound is refused (there is no space to cut it
+    at, and cutting a word would put a seam in it); without, they are G2P's and a word over
+    the bound is cut where the bound falls."""
+    def count(word: str) -> int:
+        return symbol_count(word, voice) if voice is not None else phoneme_count(word)
+
+    words: list[tuple[int, int]] = []  # (start, end) in text
     for match in re.finditer(r"\S+", text):
-        if start is not None and count + phoneme_count(match.group()) > MAX_SEGMENT_PHONEMES:
-            pieces.append((text[start:end], at + start))
-            start, count = None, 0
-        if start is None:
+        size = count(match.group())
+        if size <= MAX_SEGMENT_PHONEMES:
+            words.append(match.span())
+        elif voice is not None:
+            raise InvalidPhonemes(
+                f"the word at character {at + match.start()} has {size} phoneme symbols and "
+                f"no space to cut it at; a segment has at most {MAX_SEGMENT_PHONEMES} (put "
+                "spaces between words)", 0, at + match.start(), limit=MAX_SEGMENT_PHONEMES)
+        else:
             start = match.start()
-        count += phoneme_count(match.group())
-        end = match.end()
-    if start is not None:
-        pieces.append((text[start:end], at + start))
+            while start < match.end():
+                words.append((start, min(start + MAX_SEGMENT_PHONEMES, match.end())))
+                start += MAX_SEGMENT_PHONEMES
+    pieces: list[tuple[str, int]] = []
+    first = last = -1
+    total = 0
+    for start, end in words:
+        size = count(text[start:end])
+        if first >= 0 and total + size > MAX_SEGMENT_PHONEMES:
+            pieces.append((text[first:last], at + first))
+            first, total = -1, 0
+        if first < 0:
+            first = start
+        total += size
+        last = end
+    if first >= 0:
+        pieces.append((text[first:last], at + first))
     return pieces

@@ -42,7 +42,7 @@ from defusedxml.common import DefusedXmlException
 from defusedxml.expatreader import DefusedExpatParser
 
 from models.errors import SpeechError, UnknownSpeaker, UnknownVoice
-from models.frontend import MAX_BREAK_MS, TextRun
+from models.frontend import MAX_BREAK_MS, MAX_SEGMENT_PHONEMES, TextRun, symbol_count
 from models.lexicon import PLACEHOLDER_BASE, PLACEHOLDER_COUNT, unsayable
 from models.text_en import _MONTHS, MAX_WORDED_DIGITS, cardinal, digits, ordinal_digits, year
 from models.voices import PIPER, Voice, get_voice
@@ -351,13 +351,22 @@ class _Handler(ContentHandler):
                              f"{voice.name} takes alphabet=\"{wanted}\"", "phoneme", offset,
                              attribute="alphabet", valid=[wanted])
         ph = attrs.get("ph", "").strip()
+        shown = ph if len(ph) <= 40 else ph[:36] + "..."
         bad = unsayable(ph, voice) if ph else (0, [])
         if not ph or bad is not None:
             symbols = bad[1] if bad else []
-            raise self.error("invalid_phonemes", f"<phoneme ph=\"{ph}\">: voice {voice.name} "
+            raise self.error("invalid_phonemes", f"<phoneme ph=\"{shown}\">: voice "
+                             f"{voice.name} "
                              + (f"has no phoneme {', '.join(map(repr, symbols))}" if symbols
                                 else "needs phonemes in ph"), "phoneme", offset,
                              attribute="ph", symbols=symbols, position=bad[0] if bad else 0)
+        # One <phoneme> is one word, spoken within one segment: it cannot be cut.
+        count = symbol_count(ph, voice)
+        if count > MAX_SEGMENT_PHONEMES:
+            raise self.error("invalid_phonemes", f"<phoneme ph=\"{shown}\"> has {count} "
+                             f"phoneme symbols; one word has at most {MAX_SEGMENT_PHONEMES} "
+                             "(a segment's bound)", "phoneme", offset, attribute="ph",
+                             limit=MAX_SEGMENT_PHONEMES)
 
     def leaf(self, frame: _Frame) -> None:
         """A ``say-as``, ``sub`` or ``phoneme``: what it says, in place of its content."""

@@ -202,7 +202,11 @@ def phonemes_or_422(value: object, voice: Voice, max_chars: int,
     except InvalidPhonemes as exc:
         extra = {"item": exc.segment} if isinstance(value, list) else {}
         if exc.position >= 0:
-            extra.update(position=exc.position, symbols=exc.symbols)
+            extra["position"] = exc.position
+        if exc.symbols:
+            extra["symbols"] = exc.symbols
+        if exc.limit:
+            extra["limit"] = exc.limit
         raise ApiError(422, "invalid_phonemes", str(exc), field=field, **extra) from None
     except NoSpeakableText:
         raise ApiError(422, "no_speakable_text", "the phonemes say nothing",
