@@ -29,8 +29,9 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
+from array import array
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from models.errors import BreakTooLong, InvalidPhonemes, NoSpeakableText
 from models.espeak import phonemize
@@ -418,8 +419,55 @@ def iter_segments(text: str, voice: str,
 def iter_run_segments(runs: Iterable[TextRun], voice: str,
                       lexicon: Mapping[str, str] | None = None) -> Iterator[Segment]:
     """:func:`iter_segments` for input already cut into runs (SSML, ``models.ssml.parse``):
-    each run's own voice and rate go with its segments."""
-    yield from _segments_of(runs, get_voice(voice), lexicon, "the SSML")
+    each run's own voice and rate go with its segments. Break tags in a run's text end a
+    segment and pause, as in plain text."""
+    pieces = (piece for run in runs for piece in _split_at_breaks(run))
+    yield from _segments_of(pieces, get_voice(voice), lexicon, "the SSML")
+
+
+def _split_at_breaks(run: TextRun) -> Iterator[TextRun]:
+    """``run`` cut at its break tags: each piece pauses for its tag, the last as the run did."""
+    if "[" not in run.text:
+        yield run
+        return
+    chunks = _parse_breaks_at(run.text)
+    for n, (at, chunk, pause_ms) in enumerate(chunks):
+        yield replace(run, text=chunk,
+                      pause_ms=run.pause_ms if n == len(chunks) - 1 else pause_ms,
+                      offset=run.offset + at,
+                      sources=None if run.sources is None
+                      else run.sources.part(at, at + len(chunk)))
+
+
+class SourceSpans:
+    """Where each character of a run's text came from in the submitted input: ``spans[i]``
+    is ``(start, end)``. Two arrays of 32-bit ints, 8 bytes a character, rather than a tuple
+    a character (about 120 bytes): an SSML book chapter has hundreds of thousands."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self, starts: array | None = None, ends: array | None = None) -> None:
+        self.starts = starts if starts is not None else array("i")
+        self.ends = ends if ends is not None else array("i")
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return self.starts[index], self.ends[index]
+
+    def add_each(self, offset: int, count: int) -> None:
+        """``count`` characters, each its own character of the input from ``offset`` on."""
+        self.starts.extend(range(offset, offset + count))
+        self.ends.extend(range(offset + 1, offset + count + 1))
+
+    def add_span(self, start: int, end: int, count: int) -> None:
+        """``count`` characters, all read from the input's ``start:end``."""
+        self.starts.extend(array("i", (start,)) * count)
+        self.ends.extend(array("i", (end,)) * count)
+
+    def part(self, start: int, end: int) -> SourceSpans:
+        return SourceSpans(self.starts[start:end], self.ends[start:end])
 
 
 @dataclass
@@ -430,9 +478,9 @@ class TextRun:
     breaks, paragraphs, sentences, voices and rates. ``pause_ms`` is the silence after the
     run. ``voice`` (a voice name) and ``rate`` (a multiple of the job's speed) say how it is
     spoken; None and 1.0 are the job's own. ``fixed`` maps placeholder characters in ``text``
-    to phonemes spoken as given (SSML ``<phoneme>``), ``surfaces`` to the text they show.
-    Where each character came from in the submitted input: ``offset`` + its index, or
-    ``sources[i]`` (a span) when given.
+    to phonemes spoken as given (SSML ``<phoneme>``), ``surfaces`` to the text they show;
+    both hold this run's placeholders only. Where each character came from in the submitted
+    input: ``offset`` + its index, or ``sources[i]`` (a span) when given.
     """
 
     text: str
@@ -440,7 +488,7 @@ class TextRun:
     voice: str | None = None
     rate: float = 1.0
     offset: int = 0
-    sources: list[tuple[int, int]] | None = None
+    sources: SourceSpans | None = None
     fixed: dict[str, str] = field(default_factory=dict)
     surfaces: dict[str, str] = field(default_factory=dict)
 
