@@ -285,8 +285,27 @@ def _word_spans(text: str, phonemes: str, language: str, voice: Voice,
         return _espeak_word_phonemes(word, voice.name)
 
     spans = align_words(words, phonemes, say)
-    return tuple(WordSpan(_unmark(word, marked), span[0], span[1], *source)
-                 for word, span, source in zip(words, spans, sources, strict=True) if span)
+    if language != "zh":  # English words are split at spaces: punctuation is on them
+        return tuple(WordSpan(_unmark(word, marked), span[0], span[1], *source)
+                     for word, span, source in zip(words, spans, sources, strict=True)
+                     if span)
+    # jieba makes punctuation a word of its own, which says nothing: it goes onto the word
+    # before it (an opening mark onto the word after), so captions keep the text's
+    # punctuation as English ones do.
+    kept: list[list] = []
+    opening = ""
+    for word, span, source in zip(words, spans, sources, strict=True):
+        shown = _unmark(word, marked)
+        if span:
+            kept.append([opening + shown, span[0], span[1], *source])
+            opening = ""
+        elif shown.strip() and not any(char.isalnum() for char in shown):
+            mark_text = shown.strip()
+            if not kept or all(unicodedata.category(c) in ("Ps", "Pi") for c in mark_text):
+                opening += mark_text
+            else:
+                kept[-1][0] += mark_text
+    return tuple(WordSpan(*word) for word in kept)
 
 
 def _unmark(text: str, marked: Marked | None) -> str:
