@@ -67,9 +67,9 @@ from models.voices import PIPER, Voice, get_voice
 
 SPEED_MIN, SPEED_MAX = 0.5, 2.0
 # The longest SSML document parsed, in characters: a long book chapter (about 150,000
-# words). Parsing is linear, about 1 s and 100 MB at the cap (docs/benchmarks.md); past it
-# the text is refused (413 on the API), not parsed. A job's text has a smaller bound of its
-# own (the setting `max_text_chars`).
+# words). Parsing takes time and memory linear in the document (tests/unit/test_ssml.py);
+# past the cap the text is refused (413 on the API), not parsed. A job's text has a smaller
+# bound of its own (the setting `max_text_chars`).
 MAX_SSML_CHARS = 1_000_000
 # Placeholder characters one run may give <phoneme> elements; the rest of the private-use
 # block is left to lexicon words (models.lexicon.mark). A run that would need more ends
