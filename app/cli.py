@@ -541,32 +541,64 @@ def _http():
 
 
 def _api_error(resp) -> str:
+    """The API's error as one line, and the names the server says it would take (`valid`:
+    the voices, the formats) on a second."""
     try:
         err = resp.json()["error"]
-        return f"{resp.status_code} {err['code']}: {err['message']}"
+        line = f"{resp.status_code} {err['code']}: {err['message']}"
     except Exception:
         return f"{resp.status_code} {resp.text[:200]}"
+    if err.get("valid"):
+        line += f"\nvalid: {', '.join(map(str, err['valid']))}"
+    return line
 
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 _SERVER_HELP = ("The farm's URL [env VOXFARM_SERVER; default: the farm in --var's farm.json, "
                 f"else {DEFAULT_SERVER}].")
-_VAR_HELP = "Where `voxfarm up` wrote farm.json [env VOXFARM_VAR; default: var]."
+_VAR_HELP = ("Where `voxfarm up` wrote farm.json [env VOXFARM_VAR; default: var]. Given, its "
+             "farm must be running.")
 
 
-def _find_server(flag: str | None, var_dir: str) -> tuple[str, str]:
+def _var_given(ctx: click.Context) -> bool:
+    """Whether the user named the var dir (--var, or VOXFARM_VAR): its farm is the one meant."""
+    from app.settings import Settings
+
+    return (ctx.get_parameter_source("var_dir") != click.core.ParameterSource.DEFAULT
+            or _settings().var_dir != Settings().var_dir)
+
+
+def _find_server(flag: str | None, var_dir: str, var_given: bool = False) -> tuple[str, str]:
     """The farm to talk to, and how it was found: the flag, VOXFARM_SERVER, the state file
-    of a running `voxfarm up`, or the default."""
+    of a running `voxfarm up`, or the default.
+
+    A farm found by any way but the flag or the state file is named on stderr, before
+    anything is sent: a default that reaches another farm on this host must not pass
+    unnoticed. A var dir the user named (`var_given`), or whose farm.json a farm that
+    stopped left, means that farm: if it is not running, that is an error, never the
+    default."""
     from app import farmstate
 
     if flag:
         return flag.rstrip("/"), "--server"
     if _settings().server_url:
-        return _settings().server_url.rstrip("/"), "VOXFARM_SERVER"
+        server = _settings().server_url.rstrip("/")
+        click.echo(f"using {server} (from VOXFARM_SERVER)", err=True)
+        return server, "VOXFARM_SERVER"
     running = farmstate.live_state(var_dir)
     if running is not None:
         return running.web_url, str(farmstate.state_path(var_dir))
+    path = farmstate.state_path(var_dir)
+    stale = farmstate.read_state(var_dir)
+    if var_given or stale is not None:
+        why = (f"{path} is left from a farm that stopped (pid {stale.pid})"
+               if stale is not None else f"there is no {path}")
+        raise click.ClickException(
+            f"no farm runs from {var_dir}: {why}. Start it with `voxfarm up --var {var_dir}` "
+            "(or `make run`), or name a running farm with --server / VOXFARM_SERVER")
+    click.echo(f"using {DEFAULT_SERVER} (the default: no {path} here, no --server, no "
+               "VOXFARM_SERVER)", err=True)
     return DEFAULT_SERVER, "the default"
 
 
@@ -580,21 +612,70 @@ def _reaching(server: str, found_by: str, var_dir: str):
     try:
         yield
     except (requests.ConnectionError, requests.Timeout) as exc:
-        stale = farmstate.read_state(var_dir)
         if found_by == str(farmstate.state_path(var_dir)):
             # Its `voxfarm up` runs: the web is still starting, or went down on its own.
+            running = farmstate.read_state(var_dir)
             raise click.ClickException(
-                f"the farm in {found_by} (pid {stale.pid if stale else '?'}) does not answer "
-                f"at {server}: still starting? Try again in a moment, or see its log") from None
-        if found_by == "the default" and stale is not None:
-            why = (f"{farmstate.state_path(var_dir)} is left from a farm that stopped "
-                   f"(pid {stale.pid})")
-        else:
-            kind = "timed out" if isinstance(exc, requests.Timeout) else "nothing answers"
-            why = f"{kind} at {server} (from {found_by})"
+                f"the farm in {found_by} (pid {running.pid if running else '?'}) does not "
+                f"answer at {server}: still starting? Try again in a moment, or see its "
+                "log") from None
+        kind = "timed out" if isinstance(exc, requests.Timeout) else "nothing answers"
         raise click.ClickException(
-            f"no farm is running: {why}. Start one with `make run` (or `voxfarm up`), or "
-            "point --server / VOXFARM_SERVER at a running farm") from None
+            f"no farm is running: {kind} at {server} (from {found_by}). Start one with "
+            "`make run` (or `voxfarm up`), or point --server / VOXFARM_SERVER at a running "
+            "farm") from None
+
+
+def _eta(seconds: float | None) -> str:
+    if not seconds:
+        return ""
+    seconds = round(seconds)
+    return f"ETA {seconds // 60}:{seconds % 60:02d}" if seconds >= 60 else f"ETA {seconds} s"
+
+
+class Progress:
+    """What `say` and `book render` show while the farm works: on a terminal a bar (position,
+    percent and the caller's note, whose one estimate is the farm's: click's own ETA is off);
+    elsewhere (a log, a pipe) a plain line at the start, every `EVERY_S` seconds and at the
+    end, so a script's output is never silent for minutes."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, total: int, label: str = "segments") -> None:
+        self.label, self.total, self.done, self.note = label, max(1, total), 0, ""
+        self.terminal = sys.stdout.isatty()
+        self._bar = None
+        self._printed, self._printed_at = "", 0.0
+        if self.terminal:
+            self._bar = click.progressbar(length=self.total, label=label, show_eta=False,
+                                          show_pos=True, item_show_func=lambda _: self.note)
+            self._bar.__enter__()
+
+    def update(self, done: int, total: int | None = None, note: str = "") -> None:
+        if total:
+            self.total = total
+        self.note = note
+        if self._bar is not None:
+            self._bar.length = self.total
+            self._bar.update(done - self.done, note)
+        elif time.monotonic() - self._printed_at >= self.EVERY_S:
+            self._line(done)
+        self.done = done
+
+    def _text(self, done: int) -> str:
+        return f"{self.label} {done}/{self.total}" + (f", {self.note}" if self.note else "")
+
+    def _line(self, done: int) -> None:
+        self._printed = self._text(done)
+        click.echo(self._printed)
+        self._printed_at = time.monotonic()
+
+    def close(self) -> None:
+        """End the display; off a terminal, with the last figures unless just printed."""
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+        elif self._printed != self._text(self.done):
+            self._line(self.done)
 
 
 @main.command()
@@ -602,16 +683,39 @@ def _reaching(server: str, found_by: str, var_dir: str):
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Output file; the extension picks the format (wav, flac, mp3, ogg).")
 @click.option("--voice", default=None,
-              help="A name from GET /v1/voices (default: the farm's default voice).")
+              help="A name from GET /v1/audio/voices (default: the farm's default voice).")
 @click.option("--speed", default=1.0, show_default=True, type=float)
 @click.option("--server", default=None, help=_SERVER_HELP)
 @click.option("--var", "var_dir", default=lambda: _settings().var_dir, help=_VAR_HELP)
-def say(text: str, output: str, voice: str, speed: float, server: str | None,
-        var_dir: str) -> None:
+@click.pass_context
+def say(ctx: click.Context, text: str, output: str, voice: str, speed: float,
+        server: str | None, var_dir: str) -> None:
     """Synthesize TEXT through a running farm and write it to OUTPUT."""
-    server, found_by = _find_server(server, var_dir)
+    server, found_by = _find_server(server, var_dir, _var_given(ctx))
     with _reaching(server, found_by, var_dir):
         _say(text, output, voice, speed, server)
+
+
+# What `say` adds to a refusal of its text's length: the way a long text goes in.
+_TOO_LONG_FOR_SAY = ("\na text this long goes in as a book: save it as a .txt file and run "
+                     "`voxfarm book render FILE.txt -o DIR`")
+
+
+def _say_refused(resp, output: str) -> click.ClickException:
+    """A refused `say`, in the terms of its command line: the file name's extension, not a
+    `format` field the user never typed; a text too long pointed at `book render`."""
+    try:
+        err = resp.json()["error"]
+    except Exception:
+        err = {}
+    if err.get("field") == "format" and err.get("valid"):
+        extensions = ", ".join(f".{f}" for f in err["valid"])
+        return click.ClickException(
+            f"cannot write {Path(output).name!r}: the extension of -o picks the format, and "
+            f"the farm writes {extensions}")
+    if err.get("code") in ("text_too_long", "request_too_large"):
+        return click.ClickException(_api_error(resp) + _TOO_LONG_FOR_SAY)
+    return click.ClickException(_api_error(resp))
 
 
 def _say(text: str, output: str, voice: str, speed: float, server: str) -> None:
@@ -621,14 +725,17 @@ def _say(text: str, output: str, voice: str, speed: float, server: str) -> None:
     body = {"text": text, "speed": speed, "format": fmt, **({"voice": voice} if voice else {})}
     resp = _http().post(f"{server}/v1/jobs", json=body, timeout=60)
     if resp.status_code != 202:
-        raise click.ClickException(_api_error(resp))
+        raise _say_refused(resp, output)
     job = resp.json()
-    after, pcm, rate = -1, [], 22050
-    with click.progressbar(length=job["segments"]["total"], label="segments") as bar:
+    after, pcm, rate, segments = -1, [], 22050, 0
+    total = job["segments"]["total"]
+    progress = Progress(total)
+    try:
         while True:
             r = _http().get(f"{server}/v1/jobs/{job['id']}/chunks",
                              params={"after": after, "wait": 30}, timeout=90)
             if r.status_code == 204:
+                progress.update(segments)
                 continue
             if r.status_code != 200:
                 raise click.ClickException(_api_error(r))
@@ -637,10 +744,14 @@ def _say(text: str, output: str, voice: str, speed: float, server: str) -> None:
                 with wave.open(io.BytesIO(base64.b64decode(c["audio"]))) as w:
                     pcm.append(w.readframes(w.getnframes()))
                     rate = w.getframerate()
-            bar.update(len(page["chunks"]))
+            # Chunks are windows of segments: a segment is done with its last window.
+            segments += sum(c["segment_end"] for c in page["chunks"])
+            progress.update(segments)
             after = page["next_after"]
             if page["end"]:
                 break
+    finally:
+        progress.close()
     if page["state"] != "done":
         raise click.ClickException(f"job {job['id']} ended {page['state']}")
     if fmt == "wav":
@@ -671,19 +782,21 @@ def book() -> None:
 @click.option("-o", "--output", "out_dir", required=True,
               type=click.Path(file_okay=False), help="Folder for the audiobook files.")
 @click.option("--voice", default=None,
-              help="A name from GET /v1/voices (default: the farm's default voice).")
+              help="A name from GET /v1/audio/voices (default: the farm's default voice).")
 @click.option("--speed", default=1.0, show_default=True, type=float)
 @click.option("--formats", default="m4b,chapters", show_default=True,
               help="Any of m4b, mp3, chapters (comma separated).")
 @click.option("--server", default=None, help=_SERVER_HELP)
 @click.option("--var", "var_dir", default=lambda: _settings().var_dir, help=_VAR_HELP)
-def book_render(file: str, out_dir: str, voice: str, speed: float, formats: str,
-                server: str | None, var_dir: str) -> None:
-    """Render FILE (.epub, .txt, .md, .html) into OUTPUT: an M4B with chapters, chapter MP3s
-    and a manifest. The farm keeps rendering after a Ctrl-C; the same command again resumes
-    the same book (its id comes from the content, voice and speed) and downloads it when
-    done; with other --formats it reuses the rendered audio and only packages it anew."""
-    server, found_by = _find_server(server, var_dir)
+@click.pass_context
+def book_render(ctx: click.Context, file: str, out_dir: str, voice: str, speed: float,
+                formats: str, server: str | None, var_dir: str) -> None:
+    """Render FILE (.epub, .txt, .md, .html) into OUTPUT: an M4B with chapters, chapter MP3s,
+    their captions and a manifest. The farm keeps rendering after a Ctrl-C; the same command
+    again resumes the same book (its id comes from the content, voice and speed) and
+    downloads it when done; with other --formats it reuses the rendered audio and only
+    packages it anew."""
+    server, found_by = _find_server(server, var_dir, _var_given(ctx))
     with _reaching(server, found_by, var_dir):
         _book_render(file, out_dir, voice, speed, formats, server)
 
@@ -727,35 +840,41 @@ def _book_render(file: str, out_dir: str, voice: str, speed: float, formats: str
     _download_book(server, bk, Path(out_dir), formats)
 
 
+def book_progress_note(bk: dict) -> str:
+    """What the progress shows beside the segments: the state, the chapters whose every
+    segment is done (a chapter not yet planned has none to count), and the farm's one
+    estimate of the time left."""
+    chapters = bk["chapters"]
+    finished = sum(0 < c["segments"]["total"] == c["segments"]["done"] for c in chapters)
+    eta = _eta(bk.get("eta_s")) if bk["state"] in ("queued", "preparing", "rendering") else ""
+    return ", ".join(x for x in (bk["state"], f"chapters done {finished}/{len(chapters)}", eta)
+                     if x)
+
+
 def _watch_book(server: str, bk: dict) -> dict:
 
-    total = max(1, bk["segments"]["total"])
-    with click.progressbar(length=total, label="segments", show_pos=True,
-                           item_show_func=lambda x: x) as bar:
-        shown = 0
+    progress = Progress(bk["segments"]["total"])
+    try:
         while True:
             r = _http().get(f"{server}/v1/books/{bk['id']}", timeout=30)
             if r.status_code != 200:
                 raise click.ClickException(_api_error(r))
             bk = r.json()
-            if bk["segments"]["total"] and bar.length != bk["segments"]["total"]:
-                bar.length = bk["segments"]["total"]
-            chapters = bk["chapters"]
-            finished = sum(c["segments"]["done"] == c["segments"]["total"] for c in chapters)
-            eta = f", ETA {bk['eta_s']:.0f} s" if bk.get("eta_s") else ""
-            bar.current_item = (f"{bk['state']}, chapters {finished}/{len(chapters)}{eta}")
-            bar.update(bk["segments"]["done"] - shown)
-            shown = bk["segments"]["done"]
+            progress.update(bk["segments"]["done"], bk["segments"]["total"],
+                            book_progress_note(bk))
             if bk["state"] in ("done", "failed", "canceled"):
                 return bk
             time.sleep(1.0)
+    finally:
+        progress.close()
 
 
 def _download_book(server: str, bk: dict, out: Path, formats: str) -> None:
     """Download the formats asked for under the names the book's manifest gives them (the
-    names the API's downloads carry too), and a manifest.json listing exactly those files."""
+    names the API's downloads carry too), the captions that time the audio downloaded (the
+    book's with the M4B or MP3, each chapter's with its MP3), and a manifest.json listing
+    exactly those files."""
     import json
-
 
     asked = {f.strip().lower() for f in formats.split(",") if f.strip()}
     out.mkdir(parents=True, exist_ok=True)
@@ -776,17 +895,29 @@ def _download_book(server: str, bk: dict, out: Path, formats: str) -> None:
             tmp.replace(dest)
         click.echo(f"wrote {dest}")
 
+    def fetch_captions(entry: dict, wanted: bool) -> None:
+        # The links lead into the farm: the folder's manifest names files, not URLs.
+        links = entry.pop("captions_links", None) or {}
+        if wanted and entry.get("captions"):
+            for fmt, name in entry["captions"].items():
+                fetch(links[fmt], name)
+        else:  # not downloaded: the manifest names only what is in the folder
+            entry.pop("captions", None)
+
     files = {fmt: name for fmt, name in manifest.get("files", {}).items() if fmt in asked}
     for fmt, name in files.items():
         fetch(bk["links"][fmt], name)
     manifest["files"] = files
     manifest["formats"] = [f for f in manifest.get("formats", []) if f in asked]
+    fetch_captions(manifest, bool(files))
     for ch in manifest["chapters"]:
-        if "chapters" in asked and ch.get("file") and ch.get("audio"):
+        chapter_file = "chapters" in asked and ch.get("file") and ch.get("audio")
+        if chapter_file:
             fetch(ch["audio"], ch["file"])
-        else:  # not downloaded: the manifest names only what is in the folder
+        else:
             ch.pop("file", None)
         ch.pop("audio", None)  # a link into the farm, not a file here
+        fetch_captions(ch, bool(chapter_file))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
     click.echo(f"wrote {out / 'manifest.json'}")
 
