@@ -122,14 +122,15 @@ def test_readyz_and_stats_see_the_book_pool(server):
     # batch), the book pool's too.
     assert ready["workers"] == {"acoustic": 1, "vocoder": 1, "acoustic_lead": 1,
                                 "vocoder_lead": 1, "acoustic_batch": 1, "vocoder_batch": 1,
-                                "book": 1}
+                                "book": 1, "acoustic_cpu": 1, "vocoder_cpu": 1, "quality": 0}
     assert ready["warnings"] == []
     resp = requests.get(f"{server}/v1/stats", timeout=10)
     assert resp.status_code == 200, resp.text
     queues = resp.json()["queues"]
     # Every pool's queues: the canary's quality pool too (it is not started here).
     assert set(queues) == {"acoustic", "acoustic_lead", "acoustic_batch", "vocoder",
-                           "vocoder_lead", "vocoder_batch", "book", "quality"}
+                           "vocoder_lead", "vocoder_batch", "book", "quality", "acoustic_cpu",
+                           "vocoder_cpu"}
     assert queues["quality"] == {"depth": 0, "workers": 0, "pool": "quality"}
     assert queues["book"] == {"depth": 0, "workers": 1, "pool": "book"}
     assert queues["acoustic_batch"] == {"depth": 0, "workers": 1, "pool": "acoustic"}
