@@ -517,7 +517,13 @@ def flower(port: int, address: str, no_auth: bool, var_dir: str,
     # Flower's own metrics are in-process; a pool's multiprocess directory is not its own.
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     os.environ.pop("FLOWER_BASIC_AUTH", None)
-    if not no_auth:
+    os.environ.pop("FLOWER_UNAUTHENTICATED_API", None)
+    if no_auth:
+        # Without auth Flower serves its pages but answers its API (/api/queues/length, the
+        # documented way to read queue lengths) with 401 unless told the API is open too;
+        # --no-auth, loopback only, means the whole of Flower is.
+        os.environ["FLOWER_UNAUTHENTICATED_API"] = "true"
+    else:
         # Through Flower's environment option, so the password is not on the command line.
         os.environ["FLOWER_BASIC_AUTH"] = f"{user}:{password}"
     click.echo(f"Flower on http://{_url_host(address)}:{port}, broker "
