@@ -143,18 +143,36 @@ class Supervisor:
     from 1 s to 30 s and falls back to 1 s once the child has stayed up 30 s, so a child that
     cannot start costs a line every 30 s, not a busy loop.
 
+    With a `log_dir` each child's whole output (Celery's banner, every log line, gunicorn's
+    access lines) goes to `<log_dir>/<name>.log` (the previous `up`'s moved to `.log.1`), and
+    only its warnings and errors reach the terminal, prefixed with its name: a JSON log line
+    at WARNING or above, or a plain line on its stderr (a traceback, a refusal before its
+    logging starts). Without one, all of it reaches the terminal.
+
     Threads: `run()`, `stop()` and `kill()` run in `up`'s main thread, as do the signal
-    handlers that set `run()`'s event and call `kill()`; one daemon thread per child copies
-    its output to stdout, each line prefixed with the child's name. They share only stdout.
+    handlers that set `run()`'s event and call `kill()`; two daemon threads per child copy
+    its stdout and stderr; `up` waits for readiness in one more. They share the terminal,
+    written under one lock (`echo`), and each child's log file, under the child's.
     """
 
     FIRST_BACKOFF_S = 1.0
     MAX_BACKOFF_S = 30.0
     STEADY_S = 30.0
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], log_dir: Path | None = None) -> None:
         self.env = env
         self.children: dict[str, Child] = {}
+        self.log_dir = log_dir
+        self._logs: dict[str, tuple[io.BufferedWriter, threading.Lock]] = {}
+        self._out = threading.Lock()
+
+    def echo(self, line: str, err: bool = False) -> None:
+        """A line of `up`'s own on the terminal, never in the middle of a child's."""
+        with self._out:
+            click.echo(line, err=err)
+
+    def log_path(self, name: str) -> Path | None:
+        return self.log_dir / f"{name}.log" if self.log_dir else None
 
     def start(self, name: str, args: list[str], *, last: bool = False,
               proc: subprocess.Popen | None = None) -> None:
@@ -165,16 +183,37 @@ class Supervisor:
     def _spawn(self, child: Child, proc: subprocess.Popen | None = None) -> None:
         if proc is None:
             proc = subprocess.Popen(child.args, env=self.env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
-            threading.Thread(target=self._pump, args=(child.name, proc), daemon=True).start()
+            log = self._log(child.name)
+            for stream, is_stderr in ((proc.stdout, False), (proc.stderr, True)):
+                threading.Thread(target=self._pump, args=(child.name, stream, is_stderr, log),
+                                 daemon=True).start()
         child.proc, child.started_at, child.restart_at = proc, time.monotonic(), None
 
-    @staticmethod
-    def _pump(name: str, proc: subprocess.Popen) -> None:
-        for line in iter(proc.stdout.readline, b""):
-            sys.stdout.write(f"{name:>9} | {line.decode(errors='replace')}")
-            sys.stdout.flush()
+    def _log(self, name: str) -> tuple[io.BufferedWriter, threading.Lock] | None:
+        """The child's log file, opened once for all its runs (the last `up`'s kept as .1)."""
+        path = self.log_path(name)
+        if path is None:
+            return None
+        if name not in self._logs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists():
+                path.replace(path.with_name(path.name + ".1"))
+            self._logs[name] = open(path, "ab", buffering=0), threading.Lock()
+        return self._logs[name]
+
+    def _pump(self, name: str, stream, is_stderr: bool,
+              log: tuple[io.BufferedWriter, threading.Lock] | None) -> None:
+        for line in iter(stream.readline, b""):
+            if log is not None:
+                with log[1]:
+                    log[0].write(line)
+            text = line.decode(errors="replace")
+            if log is None or worth_showing(text, is_stderr):
+                with self._out:
+                    sys.stdout.write(f"{name:>9} | {text}")
+                    sys.stdout.flush()
 
     def run(self, stopping: threading.Event) -> None:
         """Watch the children until `stopping` is set, restarting those that exit."""
@@ -183,7 +222,7 @@ class Supervisor:
             for child in self.children.values():
                 if child.restart_at is not None:
                     if now >= child.restart_at:
-                        click.echo(f"restarting {child.name}", err=True)
+                        self.echo(f"restarting {child.name}", err=True)
                         self._spawn(child)
                 elif child.proc.poll() is not None:
                     self._died(child, now)
@@ -193,8 +232,10 @@ class Supervisor:
         ran_s = now - child.started_at
         if ran_s >= self.STEADY_S:
             child.backoff_s = self.FIRST_BACKOFF_S
-        click.echo(f"{child.name} exited ({_exit_status(child.proc.returncode)}) after "
-                   f"{ran_s:.0f} s; restarting it in {child.backoff_s:g} s", err=True)
+        log = self.log_path(child.name)
+        self.echo(f"{child.name} exited ({_exit_status(child.proc.returncode)}) after "
+                  f"{ran_s:.0f} s; restarting it in {child.backoff_s:g} s"
+                  + (f" (its log: {log})" if log else ""), err=True)
         child.restart_at = now + child.backoff_s
         child.backoff_s = min(2 * child.backoff_s, self.MAX_BACKOFF_S)
 
@@ -219,6 +260,26 @@ class Supervisor:
         for child in self.children.values():
             if child.restart_at is None:
                 _signal_group(child.proc, signal.SIGKILL)
+
+
+_LOUD_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
+
+
+def worth_showing(line: str, is_stderr: bool) -> bool:
+    """Whether a child's output line belongs on `up`'s terminal: a JSON log record at WARNING
+    or above, or a plain line on stderr (a traceback, a message before its logging starts).
+    Banners, INFO records and access lines stay in its log file."""
+    text = line.strip()
+    if not text:
+        return False
+    if text.startswith("{"):
+        import json
+
+        try:
+            return json.loads(text).get("level") in _LOUD_LEVELS
+        except (ValueError, AttributeError):
+            pass
+    return is_stderr
 
 
 def _settings():
@@ -376,8 +437,10 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     commands = {name: runnable(expand(command, env)) + extra_args.get(name, [])
                 for name, command in procfile.items()}
 
-    sup = Supervisor(env)
+    log_dir = Path(var_dir) / "log"  # as the user named it: the lines below show it
+    sup = Supervisor(env, var / "log")
     stopping = threading.Event()
+    started = time.monotonic()
 
     def on_signal(signum, _frame) -> None:
         if stopping.is_set():
@@ -395,23 +458,64 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
             sup.start("redis", redis_server.command(), last=True, proc=redis_server.proc)
             bound = (f"at most {redis_server.maxmemory / 2**30:.1f} GiB"
                      if redis_server.maxmemory else "no memory bound")
-            click.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis, {bound})")
+            sup.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis, {bound})")
+        sup.echo(f"starting the web and {len(pools)} worker pools"
+                 + (" and Flower" if with_flower else "") + f"; their logs: {log_dir}/")
         for name, args in commands.items():
             sup.start(name, args)
         web_url = f"http://{_url_host(host)}:{port}"
         flower_url = f"http://{_url_host(host)}:{flower_port}" if with_flower else ""
-        state_file = farmstate.write_state(
-            var, farmstate.new_state(web_url, redis_url, metrics, flower_url))
-        click.echo(f"voxfarm on {web_url}  (Ctrl-C stops everything; where it listens: "
-                   f"{state_file})")
-        click.echo(_access_line(redis_url, host))
-        if flower_url:
-            click.echo(f"Flower on {flower_url}")
+        # Written now, not at readiness: a client that finds it early says "still starting"
+        # instead of trying the default farm.
+        farmstate.write_state(var, farmstate.new_state(web_url, redis_url, metrics,
+                                                       flower_url))
+        threading.Thread(target=_announce_when_ready, name="voxfarm-ready", daemon=True,
+                         args=(sup, stopping, started, web_url, bool(settings.tls_cert),
+                               log_dir, lambda: [_access_line(redis_url, host)] + (
+                                   [f"Flower on {flower_url}"] if flower_url else []))
+                         ).start()
         sup.run(stopping)
     finally:
         farmstate.remove_state(var)
         sup.stop()
         click.echo("voxfarm stopped")
+
+
+# How long `up` waits for readiness before it says what is missing (and waits on): a first
+# start compiles the models, which on two busy cores takes well over a minute.
+READY_PATIENCE_S = 180.0
+
+
+def _announce_when_ready(sup: Supervisor, stopping: threading.Event, started: float,
+                         web_url: str, tls: bool, log_dir: Path, then) -> None:
+    """Print `up`'s one line once the farm serves: gunicorn answers and /readyz is 200, i.e.
+    every interactive pool has a live worker, which a model pool becomes only once its
+    models are loaded and have answered (workers/main.py). Then the lines `then()` gives."""
+    import requests
+
+    probe = web_url.replace("http://", "https://", 1) if tls else web_url
+    if tls:  # loopback, to a certificate made for the farm's public name
+        import urllib3
+
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+    waiting, said = "the web does not answer yet", False
+    while not stopping.is_set():
+        try:
+            resp = requests.get(f"{probe}/readyz", timeout=5, verify=not tls)
+            if resp.status_code == 200:
+                sup.echo(f"voxfarm ready on {web_url} after {time.monotonic() - started:.1f} s "
+                         f"(Ctrl-C stops it; logs in {log_dir}/)")
+                for line in then():
+                    sup.echo(line)
+                return
+            waiting = "; ".join(resp.json().get("missing") or []) or f"HTTP {resp.status_code}"
+        except (requests.RequestException, ValueError):
+            pass
+        if not said and time.monotonic() - started > READY_PATIENCE_S:
+            sup.echo(f"not ready after {READY_PATIENCE_S:.0f} s: {waiting}; still waiting "
+                     f"(logs in {log_dir}/)", err=True)
+            said = True
+        stopping.wait(0.25)
 
 
 # -- voxfarm worker / flower ---------------------------------------------------------------

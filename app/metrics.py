@@ -123,6 +123,13 @@ SEGMENTS_REROUTED = Counter(
     "voxfarm_segments_rerouted_total",
     "Segment stages a worker short of GPU memory did not run, by where they went.",
     ["stage", "reason", "to"])
+# A model pool's processes that have loaded their models and run them once (the warm-up
+# before a pool reports itself live, tasks/runtime.py): the pool's concurrency once it can
+# serve at full speed. livesum: a dead process leaves the sum.
+MODELS_WARM = Gauge(
+    "voxfarm_model_processes_warm",
+    "Pool processes whose models are loaded and have answered their warm-up call.",
+    multiprocess_mode="livesum")
 # Segments that gave way after their first window to listeners waiting for their first
 # audio (tasks/segments.py, VOXFARM_VOCODER_YIELD): the rest went to the vocoder lead queue.
 VOCODER_YIELDS = Counter(
