@@ -752,12 +752,13 @@ class Progress:
     EVERY_S = 5.0
 
     def __init__(self, total: int, label: str = "segments") -> None:
-        self.label, self.total, self.done, self.note = label, max(1, total), 0, ""
+        # total 0: not known yet (a book before its chapters are split)
+        self.label, self.total, self.done, self.note = label, total, 0, ""
         self.terminal = sys.stdout.isatty()
         self._bar = None
-        self._printed, self._printed_at = "", 0.0
+        self._printed, self._printed_at = "", None
         if self.terminal:
-            self._bar = click.progressbar(length=self.total, label=label, show_eta=False,
+            self._bar = click.progressbar(length=max(1, total), label=label, show_eta=False,
                                           show_pos=True, item_show_func=lambda _: self.note)
             self._bar.__enter__()
 
@@ -766,14 +767,15 @@ class Progress:
             self.total = total
         self.note = note
         if self._bar is not None:
-            self._bar.length = self.total
+            self._bar.length = max(1, self.total)
             self._bar.update(done - self.done, note)
-        elif time.monotonic() - self._printed_at >= self.EVERY_S:
+        elif self._printed_at is None or time.monotonic() - self._printed_at >= self.EVERY_S:
             self._line(done)
         self.done = done
 
     def _text(self, done: int) -> str:
-        return f"{self.label} {done}/{self.total}" + (f", {self.note}" if self.note else "")
+        return (f"{self.label} {done}/{self.total or '?'}"
+                + (f", {self.note}" if self.note else ""))
 
     def _line(self, done: int) -> None:
         self._printed = self._text(done)
@@ -954,11 +956,11 @@ def book_progress_note(bk: dict) -> str:
     """What the progress shows beside the segments: the state, the chapters whose every
     segment is done (a chapter not yet planned has none to count), and the farm's one
     estimate of the time left."""
-    chapters = bk["chapters"]
+    chapters = bk["chapters"]  # none listed until the book is split
     finished = sum(0 < c["segments"]["total"] == c["segments"]["done"] for c in chapters)
     eta = _eta(bk.get("eta_s")) if bk["state"] in ("queued", "preparing", "rendering") else ""
-    return ", ".join(x for x in (bk["state"], f"chapters done {finished}/{len(chapters)}", eta)
-                     if x)
+    done = f"chapters done {finished}/{len(chapters)}" if chapters else ""
+    return ", ".join(x for x in (bk["state"], done, eta) if x)
 
 
 def _watch_book(server: str, bk: dict) -> dict:
