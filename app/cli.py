@@ -205,12 +205,17 @@ class Supervisor:
 
     def _pump(self, name: str, stream, is_stderr: bool,
               log: tuple[io.BufferedWriter, threading.Lock] | None) -> None:
+        shown = False
         for line in iter(stream.readline, b""):
             if log is not None:
                 with log[1]:
                     log[0].write(line)
             text = line.decode(errors="replace")
-            if log is None or worth_showing(text, is_stderr):
+            # An indented line continues the record before it (a traceback's frames, a
+            # list a record printed over several lines): shown with it, or not at all.
+            continued = text[:1] in (" ", "\t") and text.strip()
+            shown = shown if continued else worth_showing(text, is_stderr)
+            if log is None or shown:
                 with self._out:
                     sys.stdout.write(f"{name:>9} | {text}")
                     sys.stdout.flush()
@@ -265,10 +270,16 @@ class Supervisor:
 _LOUD_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
 
 
+# Flower's records (tornado's format): "[W 261202 08:18:54 inspector:98] ...".
+_TORNADO_RECORD = re.compile(r"\[([DIWEC]) \d{6} ")
+
+
 def worth_showing(line: str, is_stderr: bool) -> bool:
-    """Whether a child's output line belongs on `up`'s terminal: a JSON log record at WARNING
-    or above, or a plain line on stderr (a traceback, a message before its logging starts).
-    Banners, INFO records and access lines stay in its log file."""
+    """Whether a child's output line belongs on `up`'s terminal: a log record at WARNING or
+    above (the farm's JSON lines, Flower's tornado lines), or another plain line on stderr (a
+    traceback, a message before its logging starts). Banners, INFO records and access lines
+    stay in its log file. (A line that continues the one before it, indented, follows that
+    one: `Supervisor._pump` decides.)"""
     text = line.strip()
     if not text:
         return False
@@ -279,6 +290,9 @@ def worth_showing(line: str, is_stderr: bool) -> bool:
             return json.loads(text).get("level") in _LOUD_LEVELS
         except (ValueError, AttributeError):
             pass
+    tornado = _TORNADO_RECORD.match(text)
+    if tornado:
+        return tornado[1] in "WEC"
     return is_stderr
 
 
