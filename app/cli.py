@@ -237,7 +237,7 @@ class Supervisor:
         ran_s = now - child.started_at
         if ran_s >= self.STEADY_S:
             child.backoff_s = self.FIRST_BACKOFF_S
-        log = self.log_path(child.name)
+        log = self.log_path(child.name) if child.name in self._logs else None
         self.echo(f"{child.name} exited ({_exit_status(child.proc.returncode)}) after "
                   f"{ran_s:.0f} s; restarting it in {child.backoff_s:g} s"
                   + (f" (its log: {log})" if log else ""), err=True)
