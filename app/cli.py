@@ -773,7 +773,8 @@ class Progress:
         self._printed, self._printed_at = "", None
         if self.terminal:
             self._bar = click.progressbar(length=max(1, total), label=label, show_eta=False,
-                                          show_pos=True, item_show_func=lambda _: self.note)
+                                          show_pos=bool(total),
+                                          item_show_func=lambda _: self.note)
             self._bar.__enter__()
 
     def update(self, done: int, total: int | None = None, note: str = "") -> None:
@@ -781,7 +782,7 @@ class Progress:
             self.total = total
         self.note = note
         if self._bar is not None:
-            self._bar.length = max(1, self.total)
+            self._bar.length, self._bar.show_pos = max(1, self.total), bool(self.total)
             self._bar.update(done - self.done, note)
         elif self._printed_at is None or time.monotonic() - self._printed_at >= self.EVERY_S:
             self._line(done)
