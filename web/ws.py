@@ -27,7 +27,9 @@ the words that start in it (times in seconds on the job's timeline, like `start_
 
 A bad message gets an error event and the socket stays open. A message past the hard size
 limit closes it with 1009 (Message Too Big) before it is read into memory in full. When the
-client goes away, every job it started that is still rendering is canceled.
+client goes away, every job it started that is still rendering is canceled. The socket's jobs
+are listened to (app/listeners.py): from its submission to its end each holds a listener
+lease, so a web process that dies with the socket open leaves nothing rendering for long.
 
 One greenlet per socket: while a job streams, client messages are read between short waits
 on the job's event stream, so both directions stay responsive without a thread per socket.
@@ -51,7 +53,7 @@ from models.voices import get_voice
 from web.errors import ApiError
 from web.helpers import check_unicode, farm, lexicon_or_422, parse, voice_or_422
 from web.schemas import SocketMessage
-from web.synthesis import ChunkFollower, submit_text
+from web.synthesis import CLIENT_LEFT, ChunkFollower, submit_text
 
 log = logging.getLogger("voxfarm.web")
 
@@ -162,12 +164,13 @@ class Session:
             return
         try:
             job = submit_text(self.farm, text, self.voice, self.speed, "wav",
-                              entry="websocket", lexicon=self.lexicon)
+                              entry="websocket", lexicon=self.lexicon, listened=True)
         except ApiError as err:
             if err.code == "no_speakable_text":
                 return  # punctuation or a pause tag alone: nothing to say, nothing wrong
             raise
         self.started.append(job["id"])
+        self.farm.listeners.hold(job["id"])  # until its audio is sent, or the socket closes
         self.jobs.append(job)
         self.send({"type": "job.started", "job_id": job["id"], "segments": job["total"],
                    "sample_rate": job["sample_rate"], "text": text})
@@ -192,6 +195,7 @@ class Session:
             self.send({"type": "segment.done", "job_id": follower.job_id, "index": chunk.index})
         if follower.ended:
             self.current = None
+            self.farm.listeners.release(follower.job_id)
             self.sent_jobs += 1
             if follower.outcome == "done":
                 job = self.farm.jobs.get(follower.job_id) or {}
@@ -215,9 +219,13 @@ class Session:
         return self.current is not None or bool(self.jobs)
 
     def cleanup(self) -> None:
+        # Let go first: that needs no Redis, and a lease not renewed lapses into a cancel.
+        for job_id in [*(j["id"] for j in self.jobs), *([self.current.job_id]
+                                                        if self.current else [])]:
+            self.farm.listeners.release(job_id)
         for job_id in self.started:
             if self.farm.jobs.state(job_id) not in JOB_FINAL:
-                self.farm.jobs.cancel(job_id)
+                self.farm.jobs.cancel(job_id, CLIENT_LEFT)
 
     # -- the loop ----------------------------------------------------------------------------
 
