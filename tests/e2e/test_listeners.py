@@ -104,21 +104,33 @@ def test_a_listener_that_waits_long_keeps_its_job(farm3, web):
     wait_until(lambda: state_of(farm3, job_id) == "canceled", 15, "not canceled on leaving")
 
 
+def tickets_lapsed(tf) -> bool:
+    """No admission ticket counts any more: admitted jobs count by their queued segments."""
+    return not tf.farm.redis.zrangebyscore(tf.farm.keys.admitting, time.time(), "+inf")
+
+
+TWO_SENTENCES = ("Nobody will hear the first of these sentences. Nor will anyone hear the "
+                 "second one that follows it.")
+
+
 def test_a_restarted_web_cancels_the_streams_it_lost_and_takes_new_work(farm3, tmp_path):
     # Before: a stopped web's stream jobs stayed queued and counted, so the restarted farm
-    # refused new work (here 3 waiting + 3 new > the bound of 5) until the pools had
+    # refused new work (here 5 segments waiting against a bound of 5) until the pools had
     # rendered audio for clients that were gone.
     procs: list = []
     with gunicorn_server(farm3.env, tmp_path / "old.log", procs=procs) as old:
         before = job_ids(farm3.farm)
-        stream = open_request(old, "/v1/audio/speech", SPEECH)
+        stream = open_request(old, "/v1/audio/speech", {**SPEECH, "input": TWO_SENTENCES})
         stream_job = new_job(farm3, before)
+        wait_until(lambda: tickets_lapsed(farm3), 10, "the admission ticket never lapsed")
         ws = wsclient.connect(ws_url(old))
         events_until(ws, "ready")
-        ws.send(json.dumps({"text": "Nobody hears this either.", "flush": True}))
+        ws.send(json.dumps({"text": TWO_SENTENCES, "flush": True}))
         ws_job = events_until(ws, "job.started")[-1]["job_id"]
+        wait_until(lambda: tickets_lapsed(farm3), 10, "the admission ticket never lapsed")
         rest = requests.post(f"{old}/v1/jobs", json={"text": "A polled job stays."},
                              timeout=30).json()
+        assert farm3.farm.live_depth("acoustic") == 5  # 2 + 2 + 1: the farm is full
         os.killpg(procs[0].pid, signal.SIGKILL)  # the web dies with its streams open
         procs[0].wait()
     stream.close()
@@ -127,6 +139,7 @@ def test_a_restarted_web_cancels_the_streams_it_lost_and_takes_new_work(farm3, t
     with gunicorn_server(farm3.env, tmp_path / "new.log") as new:
         wait_until(lambda: all(lease_of(farm3, j) < time.time() for j in streamed), 30,
                    "the dead web's leases never lapsed")
+        wait_until(lambda: tickets_lapsed(farm3), 10, "the admission ticket never lapsed")
         resp = requests.post(f"{new}/v1/jobs", json={"phonemes": ["ə"] * 3}, timeout=30)
         assert resp.status_code == 202, resp.text
         for job_id in streamed:
