@@ -12,8 +12,14 @@ Layout (beside app/keys.py's, same prefix):
                                     max_active (0: the farm's defaults)
     {p}:apikey:{id}:rate:{m} string requests in minute m (expires after it)
     {p}:apikey:{id}:active   set    job and book ids of this key that may still be running
+    {p}:apikey:{id}:pending  zset   places taken for work not created yet -> when they lapse
 
 Auth is on as soon as one unrevoked key exists; with none the farm stays open, and says so.
+
+The running-work quota is taken before the work exists: `slot()` counts the key's work and
+takes a place in one Lua call, so a burst of requests cannot all see room that the others
+are taking; the place becomes the work's id once it is created, and is given back if the
+request is refused later (overload, nothing speakable) or lapses if its web process dies.
 """
 
 from __future__ import annotations
@@ -22,13 +28,54 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections.abc import Callable, Iterable
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import redis
 
 PREFIX = "vf_"
 _ID_BYTES, _SECRET_BYTES = 4, 32
+NAME_MAX_CHARS = 100
+# Characters a key's name may not hold: control characters (a newline would forge a line of
+# `voxfarm keys list`), format characters (a right-to-left override reorders what follows)
+# and line or paragraph separators.
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+# A place taken for work that is not created yet counts this long at most: longer than any
+# submission takes (a job's segments are all queued within `publish_grace_s`, 30 s), short
+# enough that a web process killed mid-way does not hold its key's place for long.
+PENDING_S = 60
+
+# Revoke once: the first time stands (the audit trail), a repeat changes nothing.
+# KEYS: the key's record. ARGV: now. Returns the time it was revoked, 0 for an unknown key.
+_REVOKE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return '0' end
+local at = tonumber(redis.call('HGET', KEYS[1], 'revoked_at') or '0') or 0
+if at > 0 then return redis.call('HGET', KEYS[1], 'revoked_at') end
+redis.call('HSET', KEYS[1], 'revoked_at', ARGV[1])
+return ARGV[1]
+"""
+
+# Take a place for one more job or book if the key has one free, in one step.
+# KEYS: the key's active set, its pending zset. ARGV: the quota, now, the place's life, the
+# place's token. Returns 1 (taken) or 0 (full).
+_TAKE_PLACE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[2])
+local used = redis.call('SCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+if used >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[2], tonumber(ARGV[2]) + tonumber(ARGV[3]), ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+
+# The place's work exists: it counts by its id from now on. KEYS: the active set, the
+# pending zset. ARGV: the place's token, the work's id.
+_PLACE_USED = """
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('SADD', KEYS[1], ARGV[2])
+return 1
+"""
 
 
 @dataclass(frozen=True)
@@ -69,8 +116,32 @@ class LimitExceeded(Exception):
         self.refusal = refusal
 
 
+def check_name(name: str) -> str:
+    """A key's name as given, or ValueError: 1 to NAME_MAX_CHARS printable characters."""
+    if not name.strip():
+        raise ValueError("a key's name may not be empty")
+    if len(name) > NAME_MAX_CHARS:
+        raise ValueError(f"a key's name may have at most {NAME_MAX_CHARS} characters")
+    bad = next((c for c in name if unicodedata.category(c) in _UNPRINTABLE), None)
+    if bad is not None:
+        raise ValueError(f"a key's name may not hold control or format characters "
+                         f"(it has {ascii(bad)})")
+    return name
+
+
+def printable(name: str) -> str:
+    """`name` safe to print on one line: what `check_name` refuses is shown escaped (names
+    stored before it refused them included)."""
+    return "".join(ascii(c)[1:-1] if unicodedata.category(c) in _UNPRINTABLE else c
+                   for c in name)
+
+
 def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _is_key_id(key_id: str) -> bool:
+    return len(key_id) == 2 * _ID_BYTES and all(c in "0123456789abcdef" for c in key_id)
 
 
 def split_token(token: str) -> tuple[str, str] | None:
@@ -83,6 +154,25 @@ def split_token(token: str) -> tuple[str, str] | None:
     return key_id, secret
 
 
+class Slot:
+    """A place in a key's running-work quota, taken by `ApiKeys.slot`: `started(work_id)`
+    once the job or book exists; a place never started is given back."""
+
+    def __init__(self, registry: ApiKeys | None = None, key: ApiKey | None = None,
+                 token: str = "") -> None:
+        self.registry, self.key, self.token = registry, key, token
+        self.work_id = ""
+
+    def started(self, work_id: str) -> None:
+        self.work_id = work_id
+        if self.registry is not None and self.token:
+            self.registry._place_used(self.key, self.token, work_id)
+
+
+# For work without a key (the farm is open) or without a quota: nothing to hold.
+NO_SLOT = Slot()
+
+
 class ApiKeys:
     """The key registry in Redis: create, list, revoke, authenticate, limit."""
 
@@ -90,6 +180,9 @@ class ApiKeys:
                  max_active: int = 16, clock: Callable[[], float] = time.time) -> None:
         self.r, self.prefix, self.clock = r, prefix, clock
         self.default_rate, self.default_active = rate_per_min, max_active
+        self._revoke = r.register_script(_REVOKE)
+        self._take_place = r.register_script(_TAKE_PLACE)
+        self._use_place = r.register_script(_PLACE_USED)
 
     def _key(self, key_id: str, *rest: str) -> str:
         return ":".join((f"{self.prefix}:apikey:{key_id}", *rest))
@@ -102,7 +195,9 @@ class ApiKeys:
 
     def create(self, name: str, rate_per_min: int = 0, max_active: int = 0,
                admin: bool = False) -> tuple[ApiKey, str]:
-        """A new key: its record and the token, which is shown once and stored nowhere."""
+        """A new key: its record and the token, which is shown once and stored nowhere.
+        ValueError for a name with control characters (`check_name`)."""
+        check_name(name)
         key_id = secrets.token_hex(_ID_BYTES)
         secret = secrets.token_urlsafe(_SECRET_BYTES)
         key = ApiKey(key_id, name, self.clock(), 0.0, rate_per_min, max_active, admin)
@@ -129,11 +224,11 @@ class ApiKeys:
         return sorted(keys, key=lambda k: k.created_at)
 
     def revoke(self, key_id: str) -> bool:
-        """Revoke a key for good (its record stays, for the audit trail); False if unknown."""
-        if not self.r.exists(self._key(key_id)):
-            return False
-        self.r.hset(self._key(key_id), "revoked_at", self.clock())
-        return True
+        """Revoke a key for good (its record stays, for the audit trail); False if unknown.
+        Revoking it again changes nothing: the first time stands."""
+        if not _is_key_id(key_id):
+            return False  # what an operator typed may name another of the key's records
+        return float(self._revoke(keys=[self._key(key_id)], args=[repr(self.clock())])) > 0
 
     def enabled(self) -> bool:
         """Auth is on: at least one key exists that is not revoked."""
@@ -170,31 +265,48 @@ class ApiKeys:
         return Refusal("rate_limited", f"more than {limit} requests a minute for this key",
                        max(1, 60 - int(now % 60)))
 
-    def check_active(self, key: ApiKey, is_active: Callable[[Iterable[str]], list[bool]],
-                     retry_after_s: int = 5) -> Refusal | None:
-        """Refuse a new job or book while the key already has its quota of them running.
+    @contextmanager
+    def slot(self, key: ApiKey, is_active: Callable[[Iterable[str]], list[bool]],
+             retry_after_s: int = 5) -> Iterator[Slot]:
+        """A place for one more job or book of `key`, or LimitExceeded while it already has
+        its quota of them running. Counting and taking are one Lua call, so concurrent
+        requests never share a last place. The block calls `started(work_id)` once the work
+        exists; a place the block leaves without starting (a refusal, an error) is given
+        back.
 
-        `is_active` answers, for the key's remembered ids, which still run (the stores know);
-        finished ones are forgotten here, so the set never grows past the quota."""
+        `is_active` answers, for the key's remembered ids, which still run (the stores
+        know); when the quota looks full, finished ones are forgotten and the place is asked
+        for once more, so the set never grows past the quota."""
         quota = key.max_active or self.default_active
         if quota <= 0:
-            return None
-        active_key = self._key(key.id, "active")
-        ids = [i.decode() for i in self.r.smembers(active_key)]
-        if len(ids) < quota:
-            return None
-        running = is_active(ids)
-        finished = [i for i, on in zip(ids, running, strict=True) if not on]
-        if finished:
-            self.r.srem(active_key, *finished)
-        if len(ids) - len(finished) < quota:
-            return None
-        return Refusal("too_many_jobs",
-                       f"this key already has {quota} jobs or books running", retry_after_s)
+            yield NO_SLOT
+            return
+        token = secrets.token_hex(8)
+        if not self._take(key, quota, token):
+            active_key = self._key(key.id, "active")
+            ids = [i.decode() for i in self.r.smembers(active_key)]
+            finished = [i for i, on in zip(ids, is_active(ids), strict=True) if not on]
+            if finished:
+                self.r.srem(active_key, *finished)
+            if not finished or not self._take(key, quota, token):
+                raise LimitExceeded(Refusal(
+                    "too_many_jobs", f"this key already has {quota} jobs or books running",
+                    retry_after_s))
+        place = Slot(self, key, token)
+        try:
+            yield place
+        finally:
+            if not place.work_id:
+                self.r.zrem(self._key(key.id, "pending"), token)
 
-    def started(self, key: ApiKey, work_id: str) -> None:
-        """Remember a job or book of this key for the concurrency quota."""
-        self.r.sadd(self._key(key.id, "active"), work_id)
+    def _take(self, key: ApiKey, quota: int, token: str) -> bool:
+        return bool(self._take_place(
+            keys=[self._key(key.id, "active"), self._key(key.id, "pending")],
+            args=[quota, repr(self.clock()), PENDING_S, token]))
+
+    def _place_used(self, key: ApiKey, token: str, work_id: str) -> None:
+        self._use_place(keys=[self._key(key.id, "active"), self._key(key.id, "pending")],
+                        args=[token, work_id])
 
     def _record(self, key_id: str, rec: dict) -> ApiKey:
         def num(field: bytes) -> float:

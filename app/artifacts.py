@@ -8,8 +8,8 @@ Every write is atomic (a temporary file, then a rename), so a reader never sees 
 and a retried task that writes the same key replaces it: the count of files under a prefix is
 the count of distinct keys written, however many times each was written.
 
-`SealedStore` wraps a store so that every object is encrypted at rest (issue 11); the farm
-always builds one (a pass-through without keys: see app/farm.py).
+`SealedStore` wraps a store so that every object is encrypted at rest; the farm always
+builds one (a pass-through without keys: see app/farm.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -78,6 +78,11 @@ class ArtifactStore(ABC):
     def local_path(self, key: str) -> str | None:
         """A filesystem path for the object when the store has one (lets the web send files
         with sendfile); None for remote stores."""
+        return None
+
+    @property
+    def sealing_key_id(self) -> str | None:
+        """The at-rest key that seals what is written now (`SealedStore`); None: plaintext."""
         return None
 
     def sweep_abandoned(self, prefix: str, idle_s: float) -> int:
@@ -200,18 +205,28 @@ class SealedStore(ArtifactStore):
     object's key as its context), for a farm with `VOXFARM_AT_REST_KEYS`.
 
     Reads give the plaintext, or raise `Refused` (a KeyError: the object counts as missing)
-    when it does not authenticate, so a tampered segment or book file is never played.
-    `open` authenticates the whole object before it hands out its first byte, then streams
-    it (a record at a time, authenticated again). `local_path` is None for a sealed object:
-    its bytes on disk are not the audio, so the web streams it through `open`.
+    when it does not authenticate, so a tampered segment or book file is never played, and
+    `KeyUnavailable` (not a KeyError: the object is intact) when it was sealed with a key the
+    ring lacks. `open` authenticates the whole object before it hands out its first byte,
+    then streams it (a record at a time, authenticated again). `local_path` is None for a
+    sealed object: its bytes on disk are not the audio, so the web streams it through `open`.
 
-    With a pass-through sealer (no keys) objects are written as they are, and one found
-    sealed (written while the farm had keys) is refused, not read as audio.
+    An object written in plaintext (before the farm had keys) is read as it is when
+    `plaintext_ok(key)` says its owner predates the keys (the farm asks the book's record:
+    app/books.py), else refused, so a sealed book's file cannot be swapped for a plaintext
+    one. With a pass-through sealer (no keys) objects are written as they are, and one found
+    sealed (written while the farm had keys) raises `KeyUnavailable`, never read as audio.
     """
 
-    def __init__(self, inner: ArtifactStore, sealer: Sealer) -> None:
+    def __init__(self, inner: ArtifactStore, sealer: Sealer,
+                 plaintext_ok: Callable[[str], bool] | None = None) -> None:
         self.inner = inner
         self.sealer = sealer
+        self.plaintext_ok = plaintext_ok or (lambda key: False)
+
+    @property
+    def sealing_key_id(self) -> str | None:
+        return self.sealer.sealing_key_id
 
     @property
     def root(self) -> Path:
@@ -245,16 +260,22 @@ class SealedStore(ArtifactStore):
             finally:
                 scratch.discard()
 
+    def _plain(self, key: str, head: bytes) -> bool:
+        """Whether an object that starts with `head` is read as it is: one not sealed, by a
+        farm without keys, or by one with keys for an owner written before them."""
+        return not head.startswith(FILE_MAGIC) and (not self.sealer.enabled
+                                                    or self.plaintext_ok(key))
+
     def get(self, key: str) -> bytes:
         data = self.inner.get(key)
-        if not (self.sealer.enabled or data.startswith(FILE_MAGIC)):
+        if self._plain(key, data[:len(FILE_MAGIC)]):
             return data
         return b"".join(open_records(self.sealer, io.BytesIO(data), key))
 
     def open(self, key: str) -> BinaryIO:
         raw = self.inner.open(key)
         try:
-            if not self.sealer.enabled and raw.read(len(FILE_MAGIC)) != FILE_MAGIC:
+            if self._plain(key, raw.read(len(FILE_MAGIC))):
                 raw.seek(0)
                 return raw
             raw.seek(0)
@@ -285,11 +306,9 @@ class SealedStore(ArtifactStore):
         return self.inner.delete_prefix(prefix)
 
     def local_path(self, key: str) -> str | None:
-        if self.sealer.enabled:
-            return None  # every object is sealed (one that is not is refused by `open`)
         path = self.inner.local_path(key)
-        return None if path is None or self._head(key, len(FILE_MAGIC)) == FILE_MAGIC \
-            else path
+        # Only a plaintext object is its own bytes on disk; `open` checks the others.
+        return path if path and self._plain(key, self._head(key, len(FILE_MAGIC))) else None
 
     def sweep_abandoned(self, prefix: str, idle_s: float) -> int:
         return self.inner.sweep_abandoned(prefix, idle_s)

@@ -206,7 +206,10 @@ class BookStore:
                   "voice": voice, "speed": speed, "formats": ",".join(formats),
                   "chapters": chapters, "words": words, "sample_rate": sample_rate,
                   "source_format": source_format, "total": 0, "done": 0, "audio_samples": 0,
-                  "cursor": 0, "feed_gen": 0, "created_at": time.time(), "owner": owner}
+                  "cursor": 0, "feed_gen": 0, "created_at": time.time(), "owner": owner,
+                  # The at-rest key sealing its files when it was made ("" for none): they
+                  # may be plaintext only if this is empty (`written_before_keys`).
+                  "sealed_by": self.store.sealing_key_id or ""}
         args = [x for k, v in fields.items() for x in (k, str(v))]
         created = bool(self._create(keys=self._keys(book_id), args=args))
         if created:
@@ -369,6 +372,16 @@ class BookStore:
                             "text": rec.get("error_text") or None}
         out["duration_s"] = float(rec["duration_s"]) if rec.get("duration_s") else None
         return out
+
+    def written_before_keys(self, key: str) -> bool:
+        """Whether store object `key` belongs to a book made while the farm had no at-rest
+        keys, whose files may then be plaintext (the sealed store asks, for an object that
+        is not sealed). An object of no book, or of a book made with keys, is not."""
+        parts = key.split("/")
+        if len(parts) < 3 or parts[0] != "books":
+            return False
+        exists, sealed_by = self.r.hmget(self.keys.book(parts[1]), "id", "sealed_by")
+        return exists is not None and not sealed_by
 
     def manifest(self, book_id: str) -> dict | None:
         try:

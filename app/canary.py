@@ -40,7 +40,7 @@ import redis
 
 from app.keys import Keys
 from app.settings import Settings
-from models.piper_voice import Inference
+from models.piper_voice import INFERENCE_RANGES, Inference
 
 log = logging.getLogger("voxfarm.canary")
 
@@ -78,7 +78,10 @@ class Version:
     note: str = ""
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "inference": self.inference.as_dict()})
+        # allow_nan=False: Redis's cjson cannot read Infinity or NaN (check_candidate keeps
+        # them out; this is the last guard before a store script).
+        return json.dumps({**asdict(self), "inference": self.inference.as_dict()},
+                          allow_nan=False)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> Version:
@@ -105,21 +108,38 @@ def share_point(job_id: str) -> float:
     return int(hashlib.sha256(job_id.encode()).hexdigest()[:13], 16) / float(1 << 52)
 
 
+def _range_error(name: str, value: float, lo: float, hi: float) -> str | None:
+    """The admin API's words for a value out of [lo, hi] (web/schemas.py `Range`), so the
+    CLI says what the API says; NaN and the infinities fail every bound."""
+    return None if lo <= value <= hi else f"'{name}' must be between {lo} and {hi}"
+
+
+def inference_error(name: str, value: float) -> str | None:
+    """Why override `name` cannot be `value` (outside INFERENCE_RANGES), or None."""
+    return _range_error(name, value, *INFERENCE_RANGES[name])
+
+
+def share_error(share: float) -> str | None:
+    """Why `share` cannot be a candidate's share of jobs, or None."""
+    return _range_error("share", share, 0.0, 1.0)
+
+
 def check_candidate(voice: str, file: str = "", inference: Inference | None = None) -> str:
-    """What an operator asks for, checked before it takes traffic: `voice` is a Piper voice,
-    `file` (if any) a readable Piper voice whose config parses and speaks at the voice's
-    sample rate (a job carries its voice's rate), and the overrides are positive. Returns
-    the voice's name (without a speaker). Raises CanaryError, UnknownVoice."""
+    """What an operator asks for, checked before it takes traffic: `voice` is a Piper voice
+    (a `:SPEAKER` it has is allowed: versions belong to the voice), `file` (if any) a
+    readable Piper voice whose config parses and speaks at the voice's sample rate (a job
+    carries its voice's rate), and the overrides are within INFERENCE_RANGES. Returns the
+    voice's name (without a speaker). Raises CanaryError, UnknownVoice, UnknownSpeaker."""
     from models.piper_voice import PiperConfig, VoiceFileError, config_path_for
     from models.voices import PIPER, get_voice
 
-    offered = get_voice(voice_key(voice))
+    offered = get_voice(get_voice(voice).voice_name)
     if offered.engine != PIPER:
         raise CanaryError(f"voice {offered.name} is an eSpeak voice: only Piper voices have "
                           "versions")
     for name, value in (inference or Inference()).as_dict().items():
-        if not value > 0:
-            raise CanaryError(f"{name} must be positive, got {value}")
+        if (error := inference_error(name, value)) is not None:
+            raise CanaryError(error)
     if file:
         path = Path(file)
         if not path.is_file():
@@ -264,19 +284,26 @@ def p99(samples: list[float]) -> float | None:
 # decision log. ARGV: voice, base version JSON (v1, live) used only when the voice has no
 # versions yet, candidate JSON without its id, share, now, note. Returns the candidate's id,
 # or "!" + the running candidate's id when there is one already.
+# Both records are read and written out (cjson refuses what it cannot serialise, such as an
+# infinity) before the first write: Redis keeps what a failing script wrote, and a failed
+# start must leave no version and use no id.
 _START = """
 local current = redis.call('HGET', KEYS[1], 'candidate')
 if current and current ~= '' then return '!' .. current end
-if redis.call('HLEN', KEYS[2]) == 0 then
-  local base = cjson.decode(ARGV[2])
-  base['id'] = 'v1'
-  redis.call('HSET', KEYS[2], 'v1', cjson.encode(base))
-  redis.call('HSET', KEYS[1], 'live', 'v1', 'seq', 1)
-end
-local id = 'v' .. redis.call('HINCRBY', KEYS[1], 'seq', 1)
+local fresh = redis.call('HLEN', KEYS[2]) == 0
+local seq = fresh and 1 or tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
+local id = 'v' .. (seq + 1)
+local base = cjson.decode(ARGV[2])
+base['id'] = 'v1'
 local rec = cjson.decode(ARGV[3])
 rec['id'] = id
-redis.call('HSET', KEYS[2], id, cjson.encode(rec))
+local base_json, rec_json = cjson.encode(base), cjson.encode(rec)
+if fresh then
+  redis.call('HSET', KEYS[2], 'v1', base_json)
+  redis.call('HSET', KEYS[1], 'live', 'v1')
+end
+redis.call('HSET', KEYS[1], 'seq', seq + 1)
+redis.call('HSET', KEYS[2], id, rec_json)
 redis.call('HSET', KEYS[1], 'candidate', id, 'share', ARGV[4])
 redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'ts', ARGV[5], 'action', 'start',
@@ -410,9 +437,10 @@ class Canary:
         """Make a new candidate version of `voice` (registering its current file as v1, live,
         the first time). Raises CanaryError when a candidate is running already."""
         name = voice_key(voice)
-        share = self.settings.canary_share if share is None else share
-        if not 0.0 <= share <= 1.0:
-            raise CanaryError(f"share {share} is not between 0 and 1")
+        # + 0.0: a share of -0.0 is kept (and shown) as 0.0.
+        share = (self.settings.canary_share if share is None else share) + 0.0
+        if (error := share_error(share)) is not None:
+            raise CanaryError(error)
         now = time.time()
         base = Version("v1", name, state=LIVE, created_at=now, note="the voice as offered")
         cand = Version("", name, file=file, inference=inference or Inference(),

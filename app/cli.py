@@ -222,9 +222,15 @@ class Supervisor:
 
 
 def _settings():
+    """The settings from the environment; one that does not parse (a malformed
+    VOXFARM_AT_REST_KEYS, a VOXFARM_JOB_TTL that is no number) stops the command with one
+    line naming the variable, not a traceback."""
     from app.settings import Settings
 
-    return Settings.from_env()
+    try:
+        return Settings.from_env()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _configured_redis_url() -> str:
@@ -316,7 +322,7 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     configured. A process that exits is restarted (the embedded Redis on the same port, with
     its data); Ctrl-C stops them all."""
     from app import farmstate
-    from app.embedded_redis import EmbeddedRedis
+    from app.embedded_redis import EmbeddedRedis, maxmemory_bytes
     from app.settings import Settings
 
     var = Path(var_dir).resolve()
@@ -362,7 +368,8 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     redis_url = _configured_redis_url()
     redis_server = None
     if not redis_url:
-        redis_server = EmbeddedRedis(var / "redis")
+        redis_server = EmbeddedRedis(var / "redis", maxmemory=maxmemory_bytes(
+            settings.embedded_redis_maxmemory))
         redis_url = env["VOXFARM_REDIS_URL"] = redis_server.url
     if settings.store_dir == Settings().store_dir:  # not configured: this farm's own
         env["VOXFARM_STORE"] = str(var / "store")
@@ -386,7 +393,9 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
             except RuntimeError as exc:
                 raise click.ClickException(str(exc)) from None
             sup.start("redis", redis_server.command(), last=True, proc=redis_server.proc)
-            click.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis)")
+            bound = (f"at most {redis_server.maxmemory / 2**30:.1f} GiB"
+                     if redis_server.maxmemory else "no memory bound")
+            click.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis, {bound})")
         for name, args in commands.items():
             sup.start(name, args)
         web_url = f"http://{_url_host(host)}:{port}"
@@ -442,6 +451,7 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
            name: str | None, metrics_port: int, metrics_addr: str,
            threads: int, work: str, nice: int, batch: int) -> None:
     """Run one worker pool on its queue."""
+    _settings()  # every option given on the command line: the settings are still checked
     # The book pool orchestrates (waits on Redis, the store, the broker): gevent, many
     # greenlets. It must patch before the worker opens a socket.
     pool = pool or ("gevent" if queue == "book" else "prefork")
@@ -838,6 +848,12 @@ _KEYS_VAR = click.option("--var", "var_dir", default=lambda: _settings().var_dir
 def keys_create(name: str, rate_per_min: int, max_active: int, admin: bool,
                 var_dir: str) -> None:
     """Make a key; its token is printed once and stored nowhere."""
+    from app.apikeys import check_name
+
+    try:
+        check_name(name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
     with _registry(var_dir) as registry:
         key, token = registry.create(name, rate_per_min, max_active, admin)
     click.echo(f"key {key.id} ({name}): {token}", err=True)
@@ -848,6 +864,8 @@ def keys_create(name: str, rate_per_min: int, max_active: int, admin: bool,
 @_KEYS_VAR
 def keys_list(var_dir: str) -> None:
     """Every key: id, name, created, revoked, limits (never a secret)."""
+    from app.apikeys import printable
+
     with _registry(var_dir) as registry:
         rows = registry.list()
     for k in rows:
@@ -855,7 +873,7 @@ def keys_list(var_dir: str) -> None:
         state = "revoked" if k.revoked else "live"
         state += " admin" if k.admin else ""
         click.echo(f"{k.id}  {state:<13}  {created}  rate={k.rate_per_min or 'default'}  "
-                   f"max_active={k.max_active or 'default'}  {k.name}")
+                   f"max_active={k.max_active or 'default'}  {printable(k.name)}")
     if not rows:
         click.echo("no keys: the API is open to whoever reaches it")
 
@@ -864,11 +882,15 @@ def keys_list(var_dir: str) -> None:
 @click.argument("key_id")
 @_KEYS_VAR
 def keys_revoke(key_id: str, var_dir: str) -> None:
-    """Revoke a key at once (its record stays, marked revoked)."""
+    """Revoke a key at once (its record stays, marked revoked; again: no change)."""
+    from app.apikeys import printable
+
     with _registry(var_dir) as registry:
         if not registry.revoke(key_id):
-            raise click.ClickException(f"no key {key_id}")
-    click.echo(f"revoked {key_id}")
+            raise click.ClickException(f"no key {printable(key_id)}")
+        key = registry.get(key_id)
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(key.revoked_at))
+    click.echo(f"revoked {key_id} (since {since} UTC)")
 
 
 @main.command("at-rest-key")

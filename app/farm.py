@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Sized
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 import redis
 from celery import Celery
 
 from app import queueing
-from app.apikeys import ApiKey, ApiKeys, LimitExceeded
+from app.apikeys import NO_SLOT, ApiKey, ApiKeys, Slot
 from app.artifacts import SealedStore, open_store
 from app.books import BookStore
 from app.broker import broker_queues
@@ -163,7 +164,8 @@ class Farm:
         # record by whoever sees the change first: a segment task or the web's cancel.
         self.job_observer = JobObserver(self.redis, self.keys)
         # Book files live in the artifact store; only their records are in Redis.
-        self.store = SealedStore(open_store(settings.store_dir), self.sealer)
+        self.store = SealedStore(open_store(settings.store_dir), self.sealer,
+                                 plaintext_ok=lambda key: self.books.written_before_keys(key))
         self.books = BookStore(self.redis, self.keys, self.store)
         self.apikeys = ApiKeys(self.redis, settings.key_prefix, settings.key_rate_per_min,
                                settings.key_max_active)
@@ -191,31 +193,30 @@ class Farm:
         count = len(segments) if isinstance(segments, Sized) else 1
         if count > cap:
             raise queueing.TooManySegments(cap)
-        self.check_quota(key)
-        tickets: list[str] = []
-        try:
-            job = queueing.submit(self.celery, self.jobs, segments,
-                                  admit=lambda: tickets.append(self._admit(count)),
-                                  voice=voice, speed=speed, fmt=fmt, chars=chars,
-                                  sample_rate=sample_rate, request_id=request_id,
-                                  owner=key.id if key else "",
-                                  version_for=self.canary.version_for, max_segments=cap,
-                                  lease_s=self.settings.stream_lease_s if listened else 0.0)
-        finally:
-            for ticket in tickets:
-                self._admitted(ticket)
-        if key:
-            self.apikeys.started(key, job["id"])
+        with self.work_slot(key) as slot:
+            tickets: list[str] = []
+            try:
+                job = queueing.submit(self.celery, self.jobs, segments,
+                                      admit=lambda: tickets.append(self._admit(count)),
+                                      voice=voice, speed=speed, fmt=fmt, chars=chars,
+                                      sample_rate=sample_rate, request_id=request_id,
+                                      owner=key.id if key else "",
+                                      version_for=self.canary.version_for, max_segments=cap,
+                                      lease_s=self.settings.stream_lease_s if listened else 0.0)
+            finally:
+                for ticket in tickets:
+                    self._admitted(ticket)
+            slot.started(job["id"])
         return job
 
-    def check_quota(self, key: ApiKey | None) -> None:
-        """Raise LimitExceeded when `key` has its quota of jobs and books still running."""
+    def work_slot(self, key: ApiKey | None) -> AbstractContextManager[Slot]:
+        """A place in `key`'s quota of jobs and books running at once (app/apikeys.py,
+        `ApiKeys.slot`): LimitExceeded when it has none free; the block calls
+        `started(work_id)`, and a refusal inside it gives the place back. Without a key
+        there is no quota."""
         if key is None:
-            return
-        refusal = self.apikeys.check_active(key, self._still_running,
-                                            self.settings.retry_after_s)
-        if refusal:
-            raise LimitExceeded(refusal)
+            return nullcontext(NO_SLOT)
+        return self.apikeys.slot(key, self._still_running, self.settings.retry_after_s)
 
     def _still_running(self, ids: Iterable[str]) -> list[bool]:
         running = []

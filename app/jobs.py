@@ -30,6 +30,10 @@ At rest each chunk's PCM is sealed (app/sealing.py), bound to its hash's key nam
 field, so a chunk copied to another place or another job fails to open. A chunk that fails
 to open is never played: a reader stops before it, as before a chunk not stored yet, and the
 job fails with the reason (from running or done alike: its audio cannot be delivered whole).
+A chunk sealed with a key this process lacks is not such a failure: the reader raises
+`KeyUnavailable` (the web's 503 names the key), the job keeps its state, and its audio reads
+again once the key is back. A chunk never sealed is read as it is when the job's record says
+it was made before the farm had keys (`sealed_by` empty), else refused like a tampered one.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import redis
 
 from app.celery_app import ACOUSTIC_QUEUE, VOCODER_QUEUE
 from app.keys import Keys
-from app.sealing import Sealer
+from app.sealing import MAGIC, Sealer
 from app.states import JOB_FINAL, JOB_LIVE, JobState, Transition, lua
 
 # Events streams are wake-up signals, not a log: a few hundred entries is plenty.
@@ -280,6 +284,9 @@ class JobStore:
             "cache_hits": 0, "cache_misses": 0, "request_id": request_id,
             # The API key that made it (web/auth.py): "" while the farm has no keys.
             "owner": owner,
+            # The at-rest key sealing when it was made ("" for none): its chunks may be
+            # plaintext only if this is empty (`_open_chunk`).
+            "sealed_by": self.sealer.sealing_key_id or "",
         }
         key = self.keys.job(job_id)
         with self.r.pipeline() as p:  # MULTI: the record never exists outside the set
@@ -506,10 +513,15 @@ class JobStore:
 
     def _open_chunk(self, job_id: str, name: str, sealed: bytes | None) -> bytes | None:
         """A stored chunk's PCM; None when it is missing or fails to open, which also fails
-        the job with the reason (a chunk that fails to open is never played)."""
+        the job with the reason (a chunk that fails to open is never played). Raises
+        KeyUnavailable, changing nothing, when it was sealed with a key the ring lacks."""
         if sealed is None:
             return None
-        pcm, reason = self.sealer.open_or_reason(sealed, self._chunk_context(job_id, name))
+        plaintext_ok = False
+        if self.sealer.enabled and not sealed.startswith(MAGIC):  # before keys, or forged?
+            exists, sealed_by = self.r.hmget(self.keys.job(job_id), "id", "sealed_by")
+            plaintext_ok = exists is not None and not sealed_by
+        pcm, reason = self.sealer.read(sealed, self._chunk_context(job_id, name), plaintext_ok)
         if pcm is None:
             self._move(job_id, (*JOB_LIVE, JobState.DONE), JobState.FAILED, "finished_at",
                        REFUSED_ERROR.format(name=name, reason=reason))

@@ -3,6 +3,14 @@
 The acoustic task writes here and hands the vocoder the key, so a mel never travels through
 the broker. Hit and miss counts are farm-wide counters in the stats hash.
 
+With API keys on, an entry belongs to one key: the cache key is the content's digest bound
+to the owner of the work (`scoped_key`), so a key's segment never finds features another key
+made, and no hit, per-job count or timing tells one key what another said. Whatever is
+keyed by the cache key (the hold count below, and any de-duplication of identical segments
+in flight) is scoped with it, so it cannot couple two keys either. The operator may share
+the cache farm-wide for public content (`VOXFARM_SHARE_FEATURE_CACHE`).
+The audio does not depend on the scope: the noise seed comes from the content's digest.
+
 Identical segments share one entry (a book says "Yes." many times), so an entry is dropped
 early only when no segment still needs it: each acoustic stage `hold`s the entry it hands
 on, each vocoder stage `release`s it, and a book's release drops the entry at zero (a book's
@@ -34,6 +42,15 @@ def mel_cache_key(model_id: str, phonemes: str, voice: str, speed: float) -> str
     """Stable digest of everything that decides the mel (speed rounded to what users send)."""
     material = "\x1f".join((model_id, voice, f"{speed:.3f}", phonemes))
     return hashlib.sha256(material.encode()).hexdigest()[:40]
+
+
+def scoped_key(digest: str, owner: str) -> str:
+    """The cache key of content `digest` for work of the API key `owner`: the digest itself
+    for work without an owner (the farm open, or the cache shared), else one that only this
+    owner's segments form."""
+    if not owner:
+        return digest
+    return hashlib.sha256(f"{owner}\x1f{digest}".encode()).hexdigest()[:40]
 
 
 _HOLD = """

@@ -19,6 +19,11 @@ Which code runs where (STYLE.md 18):
 Every wait has a bound: a call still running after `timeout_s` raises `OffloadTimeout` in
 the caller (the thread finishes its call in the background). Without gevent (tests, the
 Flask dev server, prefork workers) calls run inline.
+
+An exception the call raises reaches the caller as itself. It travels back as a value, not
+through gevent's own error path: that one serialises the traceback recursively, and an
+exception from deep recursion (a RecursionError's thousand frames) broke it, so the result
+was never set and the caller waited out its whole bound for a "busy".
 """
 
 from __future__ import annotations
@@ -54,8 +59,32 @@ def offload(pool: str, fn: Callable[..., T], *args: object, timeout_s: float | N
         _pools[pool] = ThreadPool(_SIZES[pool])
     import gevent
 
-    result = _pools[pool].spawn(fn, *args)
+    result = _pools[pool].spawn(_returning_errors, fn, args)
     try:
-        return result.get(timeout=timeout_s)
+        value = result.get(timeout=timeout_s)
     except gevent.Timeout:
         raise OffloadTimeout(f"{getattr(fn, '__name__', fn)} took over {timeout_s} s") from None
+    finally:
+        del result
+    if isinstance(value, _Raised):
+        try:
+            raise value.error
+        finally:
+            value = None  # the traceback holds this frame: no cycle through its locals
+    return value
+
+
+class _Raised:
+    """What a call offloaded raised, handed back as its value (see the module docstring)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _returning_errors(fn: Callable[..., T], args: tuple) -> T | _Raised:
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 (re-raised in the caller, as itself)
+        return _Raised(exc)

@@ -1,4 +1,4 @@
-"""Encryption at rest: AES-256-GCM blobs that name their key, so keys rotate (issue 11).
+"""Encryption at rest: AES-256-GCM blobs that name their key, so keys rotate.
 
 A keyring is the text of `VOXFARM_AT_REST_KEYS`: `id1:base64key1,id2:base64key2`, each key 32
 random bytes (:func:`generate_key` makes an entry). The first key seals; every key opens, so a
@@ -12,8 +12,16 @@ A sealed blob is::
 The header up to the nonce and the caller's `context` (the Redis key name, say) are the
 associated data: a blob copied under another key name, or given another key id, fails to
 open. :meth:`Sealer.open` answers None for anything it cannot authenticate (tampered, moved,
-sealed with a key no longer in the ring, or never sealed at all), which the caller treats as
-a cache miss and recomputes: a blob that fails is never played.
+sealed with a key no longer in the ring, or never sealed at all), which the mel cache treats
+as a miss and recomputes: a blob that fails is never played.
+
+What cannot be recomputed (job chunks, book files) is read with :meth:`Sealer.read`, which
+tells the two kinds of failure apart. A blob sealed with a key the ring lacks is intact: the
+operator dropped or mistyped the key, and the blob opens again once the key is back, so it
+raises :class:`KeyUnavailable` (the web answers 503 naming the key, and nothing changes
+state). A blob that fails to authenticate under a key the ring has is tampered, cut or moved:
+refused. And a blob that was never sealed is read as it is where its owner says it was
+written before the farm had keys (`plaintext_ok`), else refused.
 
 With no keys the sealer seals nothing and passes blobs through, so nothing changes by
 default, with one exception: a blob that carries the sealed header is refused (None), since
@@ -91,6 +99,35 @@ def generate_key(key_id: str | None = None) -> str:
     return f"{key_id}:{base64.b64encode(os.urandom(KEY_BYTES)).decode()}"
 
 
+class KeyUnavailable(Exception):
+    """A blob (or a sealed file) sealed with at-rest key `key_id`, which this process's
+    keyring lacks. Not tampering and not a missing object (deliberately no KeyError): the
+    bytes are intact and open again once the key is back in `VOXFARM_AT_REST_KEYS`, so a
+    reader must neither play it, nor count it as gone, nor fail what it belongs to."""
+
+    def __init__(self, key_id: str, context: str = "") -> None:
+        super().__init__(key_id, context)
+        self.key_id, self.context = key_id, context
+
+    def __str__(self) -> str:
+        return (f"sealed at rest with key '{self.key_id}', which VOXFARM_AT_REST_KEYS does not "
+                "hold; put the key back to read it")
+
+    def __reduce__(self):
+        # Pickled whole, as Refused is (Celery reports a task's failure with a copy).
+        return KeyUnavailable, (self.key_id, self.context)
+
+
+def sealed_key_id(blob: bytes) -> str | None:
+    """The key id in a sealed blob's header; None for a blob without the sealed header or
+    with one too short or malformed to name a key."""
+    if not blob.startswith(MAGIC) or len(blob) <= len(MAGIC):
+        return None
+    id_end = len(MAGIC) + 1 + blob[len(MAGIC)]
+    key_id = bytes(blob[len(MAGIC) + 1:id_end]).decode("ascii", "replace")
+    return key_id if len(blob) >= id_end and KEY_ID.fullmatch(key_id) else None
+
+
 class Sealer:
     """Seals and opens blobs with a keyring: the first key seals, all of them open."""
 
@@ -135,14 +172,19 @@ class Sealer:
             if self.enabled:
                 return self._refuse("", "not_sealed")
             return blob, ""
+        named = sealed_key_id(blob)
+        if named is None:  # a header too short or malformed to name a key
+            return self._refuse("", "unauthentic")
         if not self.enabled:
-            return self._refuse("", "no_keys")
+            return self._refuse(named, "no_keys")
         view = memoryview(blob)
-        id_end = len(MAGIC) + 1 + blob[len(MAGIC)] if len(blob) > len(MAGIC) else 0
+        id_end = len(MAGIC) + 1 + blob[len(MAGIC)]
         key_id = bytes(view[len(MAGIC) + 1:id_end])
         aead = self._aeads.get(key_id)
-        if aead is None or len(blob) < id_end + NONCE_BYTES + TAG_BYTES:
-            return self._refuse(key_id.decode("ascii", "replace"), "unknown_key")
+        if aead is None:
+            return self._refuse(named, "unknown_key")
+        if len(blob) < id_end + NONCE_BYTES + TAG_BYTES:
+            return self._refuse(named, "unauthentic")
         context = context.encode() if isinstance(context, str) else context
         nonce_end = id_end + NONCE_BYTES
         try:
@@ -150,6 +192,20 @@ class Sealer:
                                 bytes(view[:id_end]) + context), ""
         except InvalidTag:
             return self._refuse(key_id.decode(), "unauthentic")
+
+    def read(self, blob: bytes, context: bytes | str,
+             plaintext_ok: bool = False) -> tuple[bytes | None, str]:
+        """What a reader of data that cannot be recomputed calls: (plaintext, "") or (None,
+        why it was refused), as :meth:`open_or_reason`, except that a blob sealed with a key
+        the ring lacks raises :class:`KeyUnavailable`, and that with `plaintext_ok` (its
+        owner was written before the farm had keys) a blob never sealed is read as it is."""
+        if plaintext_ok and not blob.startswith(MAGIC):
+            return blob, ""
+        plaintext, reason = self.open_or_reason(blob, context)
+        if reason in ("unknown_key", "no_keys"):
+            name = context if isinstance(context, str) else context.decode("utf-8", "replace")
+            raise KeyUnavailable(sealed_key_id(blob) or "", name.replace("\x00", " "))
+        return plaintext, reason
 
     def _refuse(self, key_id: str, reason: str) -> tuple[None, str]:
         """Count a refused blob; warn once per (key id, reason), not once per blob: a
@@ -164,8 +220,12 @@ class Sealer:
             first = (key_id, reason) not in self._warned
             self._warned.add((key_id, reason))
         if first:
-            log.warning("at-rest blob refused (%s, key id %r); treated as a miss and "
-                        "recomputed; further ones are counted, not logged", reason, key_id,
+            # A cached mel that fails is recomputed; a chunk or book file is never played
+            # (and one whose key is missing waits for it): see the module docstring.
+            log.warning("at-rest blob refused (%s, key id %r)%s; further ones are counted, "
+                        "not logged", reason, key_id,
+                        " (the key is not in VOXFARM_AT_REST_KEYS)"
+                        if reason in ("unknown_key", "no_keys") else "",
                         extra={"key_id": key_id, "reason": reason})
         return None, reason
 
@@ -188,9 +248,10 @@ _LAST = 1 << 31
 
 
 class Refused(KeyError):
-    """A sealed file that does not open (tampered, truncated, an unknown key, not sealed);
-    `reason` is one of :meth:`Sealer.open`'s. A KeyError, since a store's reader treats it as
-    an object that is not there: it is never played."""
+    """A sealed file that does not open (tampered, truncated, moved, not sealed); `reason`
+    is one of :meth:`Sealer.open`'s. A KeyError, since a store's reader treats it as an
+    object that is not there: it is never played. (A file sealed with a key the ring lacks
+    raises :class:`KeyUnavailable` instead: it is intact.)"""
 
     def __init__(self, context: str, reason: str) -> None:
         super().__init__(context)
@@ -264,7 +325,8 @@ def seal_file(sealer: Sealer, plaintext: bytes, context: bytes | str) -> bytes:
 def open_records(sealer: Sealer, raw: BinaryIO, context: bytes | str) -> Iterator[bytes]:
     """The plaintext of a sealed file, a record at a time, each authenticated before it is
     yielded; raises :class:`Refused` at the first record that fails, or where the file ends
-    before its last record (or goes on after it)."""
+    before its last record (or goes on after it), and :class:`KeyUnavailable` at one sealed
+    with a key the ring lacks."""
     name = context if isinstance(context, str) else context.decode("utf-8", "replace")
     context = context.encode() if isinstance(context, str) else context
     if raw.read(len(FILE_MAGIC)) != FILE_MAGIC:
@@ -277,7 +339,10 @@ def open_records(sealer: Sealer, raw: BinaryIO, context: bytes | str) -> Iterato
         blob = raw.read(length) if len(header) == 4 else b""
         if len(header) < 4 or len(blob) < length:  # cut off before its last record
             raise Refused(name, sealer._refuse("", "unauthentic")[1])
-        plaintext, reason = sealer.open_or_reason(blob, _record_context(context, n, last))
+        try:
+            plaintext, reason = sealer.read(blob, _record_context(context, n, last))
+        except KeyUnavailable as exc:
+            raise KeyUnavailable(exc.key_id, name) from None
         if plaintext is None:
             raise Refused(name, reason)
         yield plaintext

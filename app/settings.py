@@ -148,6 +148,13 @@ class Settings:
     stream_lease_s: float = 15.0
 
     store_dir: str = field(default="var/store", metadata=_env("VOXFARM_STORE"))
+    # The bound on the embedded Redis's memory (`voxfarm up` without a Redis URL): a share of
+    # the machine's memory ("25%"), a size in Redis's units ("2gb"), or 0 for none. It keeps
+    # noeviction (it is the broker: a queued segment or a job record is never dropped), so
+    # past the bound writes are refused (503 store_full) until TTLs free memory. A quarter
+    # leaves the rest to the model pools and to the AOF rewrite's fork, which may copy what
+    # changes while it runs (docs/operations.md, "The embedded Redis's memory").
+    embedded_redis_maxmemory: str = "25%"
     # Where `voxfarm up` keeps the embedded Redis, the store and `farm.json` (the state file
     # that tells the client commands where the farm listens: app/farmstate.py).
     var_dir: str = field(default="var", metadata=_env("VOXFARM_VAR"))
@@ -202,6 +209,10 @@ class Settings:
     # With keys on, /metrics, /docs and /openapi.json need a key too (a Prometheus scrape
     # then sends one: `authorization: {credentials: ...}` in its scrape config).
     auth_ops: bool = False
+    # With keys on, cached features serve only the key whose work made them: a hit would tell
+    # one key what another said (a faster job, `mel_cache.hits`). True shares them across the
+    # farm, for deployments whose texts are all public (fewer model runs for repeated text).
+    share_feature_cache: bool = False
     # `voxfarm worker`: serve the pool's Prometheus metrics on this port (0: off), and torch
     # threads per process (0: the CLI's default, one).
     metrics_port: int = 0
@@ -234,6 +245,12 @@ class Settings:
     canary_max_failure_ratio: float = 0.01
 
     def __post_init__(self) -> None:
+        from app.embedded_redis import maxmemory_bytes
+
+        try:
+            maxmemory_bytes(self.embedded_redis_maxmemory)
+        except ValueError as exc:
+            raise ValueError(f"VOXFARM_EMBEDDED_REDIS_MAXMEMORY: {exc}") from None
         if self.at_rest_keys.strip():
             from app.sealing import parse_keyring
 

@@ -5,21 +5,50 @@ on a job's or a chapter's timeline). Cues group them the way subtitles are read:
 :data:`MAX_CUE_CHARS` characters (one line of a common subtitle style) and
 :data:`MAX_CUE_SECONDS`, broken early after a sentence's end, at a pause, or where a
 segment ends. A cue runs from its first word's start to its last word's end, and its text is
-the words as spoken (normalised: "twelve dollars", not "$12").
+the words as spoken (normalised: "twelve dollars", not "$12"), joined with a space, except
+between Chinese or Japanese words, which are written without one (:func:`join_words`).
+
+A word's text is the user's, so a file format's syntax in it is escaped, never obeyed: WebVTT
+escapes ``& < >``; SubRip has no escapes, so ``< > { }`` become their fullwidth forms
+(``＜ ＞ ｛ ｝``), which no player reads as markup (``<i>``, ``{\\an8}``) and which cannot
+make a cue timing line (``-->``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 MAX_CUE_CHARS = 42
 MAX_CUE_SECONDS = 6.0
 PAUSE_BREAK_S = 0.6  # a silence this long between two words starts a new cue
-_SENTENCE_END = (".", "!", "?", "…", ".\"", "!\"", "?\"", ".”", "!”", "?”")
+_SENTENCE_END = (".", "!", "?", "…", ".\"", "!\"", "?\"", ".”", "!”", "?”",
+                 "。", "！", "？", "。”", "！”", "？”", "。」", "！」", "？」")
+# Scripts written without spaces between words (Han, kana) and their punctuation (CJK
+# symbols, fullwidth forms).
+_UNSPACED = re.compile("[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+                       "\uff00-\uffef\U00020000-\U0003134f]")
+_SRT_ESCAPES = str.maketrans({"<": "＜", ">": "＞", "{": "｛", "}": "｝"})
 
 CAPTION_FORMATS = ("json", "srt", "vtt")
 CONTENT_TYPES = {"srt": "application/x-subrip; charset=utf-8", "vtt": "text/vtt; charset=utf-8",
                  "json": "application/json"}
+
+
+def join_words(words: Sequence[str]) -> str:
+    """Words as a line of text: a space between two words, unless one side is Chinese or
+    Japanese (or its punctuation) and the other no Latin letter or digit (``你好，世界！``,
+    ``说“你好”``; but ``去 Paris``)."""
+    line = ""
+    for word in words:
+        if line and word:
+            left, right = line[-1], word[0]
+            unspaced = _UNSPACED.match(left) or _UNSPACED.match(right)
+            latin = any(c.isalnum() and not _UNSPACED.match(c) for c in (left, right))
+            if not unspaced or latin:
+                line += " "
+        line += word
+    return line
 
 
 def cues(words: Iterable[dict]) -> list[dict]:
@@ -30,7 +59,7 @@ def cues(words: Iterable[dict]) -> list[dict]:
     def close() -> None:
         if current:
             out.append({"start": current[0]["start"], "end": current[-1]["end"],
-                        "text": " ".join(w["word"] for w in current)})
+                        "text": join_words([w["word"] for w in current])})
             current.clear()
 
     for word in words:
@@ -57,8 +86,10 @@ def _clock(seconds: float, separator: str) -> str:
 
 
 def srt(cue_list: Sequence[dict]) -> str:
-    """SubRip: numbered cues, ``HH:MM:SS,mmm --> HH:MM:SS,mmm``, blank line between."""
-    blocks = [f"{n}\n{_clock(c['start'], ',')} --> {_clock(c['end'], ',')}\n{c['text']}\n"
+    """SubRip: numbered cues, ``HH:MM:SS,mmm --> HH:MM:SS,mmm``, blank line between. A cue's
+    text has ``< > { }`` in their fullwidth forms (see the module docstring)."""
+    blocks = [f"{n}\n{_clock(c['start'], ',')} --> {_clock(c['end'], ',')}\n"
+              f"{c['text'].translate(_SRT_ESCAPES)}\n"
               for n, c in enumerate(cue_list, 1)]
     return "\n".join(blocks)
 

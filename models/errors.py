@@ -34,7 +34,7 @@ class UnknownSpeaker(SpeechError):
         self.voice = voice
         self.speaker = speaker
         self.valid: list[str] = list(valid or [])
-        shown = ", ".join(self.valid) if self.valid else "(one speaker only)"
+        shown = ", ".join(self.valid) if self.valid else "0 only (the voice has one speaker)"
         super().__init__(f"voice {voice!r} has no speaker {speaker!r}; speakers: {shown}")
 
     def __reduce__(self):  # keep the fields when the error crosses a process boundary
@@ -85,15 +85,19 @@ class InvalidLexicon(SpeechError):
 
 class InvalidPhonemes(SpeechError):
     """Phonemes given instead of text that the voice cannot say: ``segment`` is the item
-    (or 0 for one string), ``position`` the index of the first symbol the voice lacks."""
+    (or 0 for one string), ``position`` the index of the first symbol the voice lacks (or of
+    the word over the bound), ``limit`` the bound a segment or word is over (0 when that is
+    not the fault)."""
 
     def __init__(self, problem: str, segment: int = 0, position: int = -1,
-                 symbols: list[str] | None = None) -> None:
+                 symbols: list[str] | None = None, limit: int = 0) -> None:
         self.problem = problem
         self.segment = segment
         self.position = position
         self.symbols: list[str] = list(symbols or [])
+        self.limit = limit
         super().__init__(problem)
 
     def __reduce__(self):  # keep the fields when the error crosses a process boundary
-        return (type(self), (self.problem, self.segment, self.position, self.symbols))
+        return (type(self), (self.problem, self.segment, self.position, self.symbols,
+                             self.limit))

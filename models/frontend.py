@@ -29,8 +29,9 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
+from array import array
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from models.errors import BreakTooLong, InvalidPhonemes, NoSpeakableText
 from models.espeak import phonemize
@@ -112,6 +113,15 @@ def normalize(text: str, language: str) -> str:
 def phoneme_count(phonemes: str) -> int:
     """The measure :data:`MAX_SEGMENT_PHONEMES` bounds: mnemonic characters, whitespace excluded."""
     return sum(1 for char in phonemes if not char.isspace())
+
+
+def symbol_count(phonemes: str, voice: Voice) -> int:
+    """:func:`phoneme_count` of phonemes a client gives for ``voice``, as the voice is given
+    them: a neural voice gets them in NFD, where one precomposed letter (``ã``) is two or
+    three symbols, so they are counted that way."""
+    if voice.engine == PIPER:
+        phonemes = unicodedata.normalize("NFD", phonemes)
+    return phoneme_count(phonemes)
 
 
 def _words(text: str, language: str) -> list[str]:
@@ -275,8 +285,27 @@ def _word_spans(text: str, phonemes: str, language: str, voice: Voice,
         return _espeak_word_phonemes(word, voice.name)
 
     spans = align_words(words, phonemes, say)
-    return tuple(WordSpan(_unmark(word, marked), span[0], span[1], *source)
-                 for word, span, source in zip(words, spans, sources, strict=True) if span)
+    if language != "zh":  # English words are split at spaces: punctuation is on them
+        return tuple(WordSpan(_unmark(word, marked), span[0], span[1], *source)
+                     for word, span, source in zip(words, spans, sources, strict=True)
+                     if span)
+    # jieba makes punctuation a word of its own, which says nothing: it goes onto the word
+    # before it (an opening mark onto the word after), so captions keep the text's
+    # punctuation as English ones do.
+    kept: list[list] = []
+    opening = ""
+    for word, span, source in zip(words, spans, sources, strict=True):
+        shown = _unmark(word, marked)
+        if span:
+            kept.append([opening + shown, span[0], span[1], *source])
+            opening = ""
+        elif shown.strip() and not any(char.isalnum() for char in shown):
+            mark_text = shown.strip()
+            if not kept or all(unicodedata.category(c) in ("Ps", "Pi") for c in mark_text):
+                opening += mark_text
+            else:
+                kept[-1][0] += mark_text
+    return tuple(WordSpan(*word) for word in kept)
 
 
 def _unmark(text: str, marked: Marked | None) -> str:
@@ -364,6 +393,12 @@ def _bounded_g2p(text: str, language: str, voice: Voice,
     tokens = _words(text, language)
     if len(tokens) < 2:  # one enormous word: cut it into characters instead
         tokens = list(text)
+    if len(tokens) < 2:
+        # One character over the bound. Lexicon entries and SSML <phoneme> are checked to fit
+        # at the door, so this is a guard: halving a single character again would recurse
+        # until Python gives up. Its phonemes are cut instead; the first piece carries it.
+        parts = [part for part, _ in _cut_phonemes(phonemes, 0)]
+        return [(text if i == 0 else "", part) for i, part in enumerate(parts)]
     joiner = _JOINER[language] if len(tokens) != len(text) else ""
     middle = len(tokens) // 2
     halves = (joiner.join(tokens[:middle]).strip(), joiner.join(tokens[middle:]).strip())
@@ -403,8 +438,55 @@ def iter_segments(text: str, voice: str,
 def iter_run_segments(runs: Iterable[TextRun], voice: str,
                       lexicon: Mapping[str, str] | None = None) -> Iterator[Segment]:
     """:func:`iter_segments` for input already cut into runs (SSML, ``models.ssml.parse``):
-    each run's own voice and rate go with its segments."""
-    yield from _segments_of(runs, get_voice(voice), lexicon, "the SSML")
+    each run's own voice and rate go with its segments. Break tags in a run's text end a
+    segment and pause, as in plain text."""
+    pieces = (piece for run in runs for piece in _split_at_breaks(run))
+    yield from _segments_of(pieces, get_voice(voice), lexicon, "the SSML")
+
+
+def _split_at_breaks(run: TextRun) -> Iterator[TextRun]:
+    """``run`` cut at its break tags: each piece pauses for its tag, the last as the run did."""
+    if "[" not in run.text:
+        yield run
+        return
+    chunks = _parse_breaks_at(run.text)
+    for n, (at, chunk, pause_ms) in enumerate(chunks):
+        yield replace(run, text=chunk,
+                      pause_ms=run.pause_ms if n == len(chunks) - 1 else pause_ms,
+                      offset=run.offset + at,
+                      sources=None if run.sources is None
+                      else run.sources.part(at, at + len(chunk)))
+
+
+class SourceSpans:
+    """Where each character of a run's text came from in the submitted input: ``spans[i]``
+    is ``(start, end)``. Two arrays of 32-bit ints, 8 bytes a character, rather than a tuple
+    a character (about 120 bytes): an SSML book chapter has hundreds of thousands."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self, starts: array | None = None, ends: array | None = None) -> None:
+        self.starts = starts if starts is not None else array("i")
+        self.ends = ends if ends is not None else array("i")
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return self.starts[index], self.ends[index]
+
+    def add_each(self, offset: int, count: int) -> None:
+        """``count`` characters, each its own character of the input from ``offset`` on."""
+        self.starts.extend(range(offset, offset + count))
+        self.ends.extend(range(offset + 1, offset + count + 1))
+
+    def add_span(self, start: int, end: int, count: int) -> None:
+        """``count`` characters, all read from the input's ``start:end``."""
+        self.starts.extend(array("i", (start,)) * count)
+        self.ends.extend(array("i", (end,)) * count)
+
+    def part(self, start: int, end: int) -> SourceSpans:
+        return SourceSpans(self.starts[start:end], self.ends[start:end])
 
 
 @dataclass
@@ -415,9 +497,9 @@ class TextRun:
     breaks, paragraphs, sentences, voices and rates. ``pause_ms`` is the silence after the
     run. ``voice`` (a voice name) and ``rate`` (a multiple of the job's speed) say how it is
     spoken; None and 1.0 are the job's own. ``fixed`` maps placeholder characters in ``text``
-    to phonemes spoken as given (SSML ``<phoneme>``), ``surfaces`` to the text they show.
-    Where each character came from in the submitted input: ``offset`` + its index, or
-    ``sources[i]`` (a span) when given.
+    to phonemes spoken as given (SSML ``<phoneme>``), ``surfaces`` to the text they show;
+    both hold this run's placeholders only. Where each character came from in the submitted
+    input: ``offset`` + its index, or ``sources[i]`` (a span) when given.
     """
 
     text: str
@@ -425,7 +507,7 @@ class TextRun:
     voice: str | None = None
     rate: float = 1.0
     offset: int = 0
-    sources: list[tuple[int, int]] | None = None
+    sources: SourceSpans | None = None
     fixed: dict[str, str] = field(default_factory=dict)
     surfaces: dict[str, str] = field(default_factory=dict)
 
@@ -524,11 +606,13 @@ def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
     break) and, past :data:`MAX_SEGMENT_PHONEMES`, at spaces; or a list whose items are the
     segments, each a string or ``{"phonemes": str, "pause_ms": int}`` (what
     ``POST /v1/phonemize`` answers). Each space-separated group of a Piper segment is one
-    word for the timestamps, its text the phonemes themselves.
+    word for the timestamps, its text the phonemes themselves. The bound is counted as the
+    voice gets the phonemes (:func:`symbol_count`).
 
     Raises :class:`~models.errors.UnknownVoice`, and
     :class:`~models.errors.InvalidPhonemes` for a symbol the voice lacks, an item that says
-    nothing, a list item over the bound or a pause over :data:`MAX_BREAK_MS`.
+    nothing, a list item over the bound, a word of a string over the bound (no space to cut
+    it at) or a pause over :data:`MAX_BREAK_MS`.
     """
     spec = get_voice(voice)
     drafts: list[tuple[str, int, int]] = []  # (phonemes, pause_ms, offset in the string)
@@ -537,7 +621,7 @@ def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
         for piece in _PHONEME_SENTENCE_END.split(phonemes):
             at = phonemes.index(piece, position) if piece else position
             position = at + len(piece)
-            for part, part_at in _bounded_phonemes(piece, at):
+            for part, part_at in _cut_phonemes(piece, at, spec):
                 drafts.append((part, 0, part_at))
     else:
         for item_index, item in enumerate(phonemes):
@@ -549,11 +633,13 @@ def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
                 raise InvalidPhonemes(
                     "each item is a string of phonemes or {\"phonemes\": string, "
                     f"\"pause_ms\": 0-{MAX_BREAK_MS}}}", item_index)
-            if phoneme_count(text) > MAX_SEGMENT_PHONEMES:
-                raise InvalidPhonemes(f"item {item_index} has {phoneme_count(text)} phoneme "
-                                      f"symbols; a segment has at most {MAX_SEGMENT_PHONEMES}",
-                                      item_index)
+            count = symbol_count(text, spec)
+            if count > MAX_SEGMENT_PHONEMES:
+                raise InvalidPhonemes(f"item {item_index} has {count} phoneme symbols; a "
+                                      f"segment has at most {MAX_SEGMENT_PHONEMES}",
+                                      item_index, limit=MAX_SEGMENT_PHONEMES)
             drafts.append((text.strip(), pause, -1))
+
     segments: list[Segment] = []
     for item_index, (text, pause, at) in enumerate(drafts):
         bad = unsayable(text, spec)
@@ -581,19 +667,42 @@ def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
     return segments
 
 
-def _bounded_phonemes(text: str, at: int) -> list[tuple[str, int]]:
-    """``text`` cut at spaces into pieces within :data:`MAX_SEGMENT_PHONEMES`, with offsets."""
-    pieces: list[tuple[str, int]] = []
-    start: int | None = None
-    count = end = 0
+def _cut_phonemes(text: str, at: int, voice: Voice | None = None) -> list[tuple[str, int]]:
+    """``text`` cut at spaces into pieces within :data:`MAX_SEGMENT_PHONEMES`, with offsets
+    (from ``at``). With ``voice``, the phonemes are a client's, counted as the voice gets them
+    (:func:`symbol_count`), and a word over the bound is refused (there is no space to cut it
+    at, and cutting a word would put a seam in it); without, they are G2P's and a word over
+    the bound is cut where the bound falls."""
+    def count(word: str) -> int:
+        return symbol_count(word, voice) if voice is not None else phoneme_count(word)
+
+    words: list[tuple[int, int]] = []  # (start, end) in text
     for match in re.finditer(r"\S+", text):
-        if start is not None and count + phoneme_count(match.group()) > MAX_SEGMENT_PHONEMES:
-            pieces.append((text[start:end], at + start))
-            start, count = None, 0
-        if start is None:
+        size = count(match.group())
+        if size <= MAX_SEGMENT_PHONEMES:
+            words.append(match.span())
+        elif voice is not None:
+            raise InvalidPhonemes(
+                f"the word at character {at + match.start()} has {size} phoneme symbols and "
+                f"no space to cut it at; a segment has at most {MAX_SEGMENT_PHONEMES} (put "
+                "spaces between words)", 0, at + match.start(), limit=MAX_SEGMENT_PHONEMES)
+        else:
             start = match.start()
-        count += phoneme_count(match.group())
-        end = match.end()
-    if start is not None:
-        pieces.append((text[start:end], at + start))
+            while start < match.end():
+                words.append((start, min(start + MAX_SEGMENT_PHONEMES, match.end())))
+                start += MAX_SEGMENT_PHONEMES
+    pieces: list[tuple[str, int]] = []
+    first = last = -1
+    total = 0
+    for start, end in words:
+        size = count(text[start:end])
+        if first >= 0 and total + size > MAX_SEGMENT_PHONEMES:
+            pieces.append((text[first:last], at + first))
+            first, total = -1, 0
+        if first < 0:
+            first = start
+        total += size
+        last = end
+    if first >= 0:
+        pieces.append((text[first:last], at + first))
     return pieces

@@ -11,7 +11,12 @@ it for a neural voice (``{"Nguyen": "ŋwˈɪn"}``), eSpeak's phoneme mnemonics f
   logged and left out.
 
 Matching is on the submitted text, before normalisation: whole words, case-insensitive, the
-longest entry first, and a phrase's words separated by any whitespace. A matched word is
+longest entry first, and a phrase's words separated by any whitespace. Case-insensitive means
+one normalisation, :func:`fold`, for the entries' words and for the text alike: it maps each
+character to one character (its lower case, or its case fold where that is one character),
+so offsets into the text stay valid. ``ß`` stays ``ß`` (its case fold ``ss`` is two), so an
+entry with ``ß`` matches its own spelling (and ``ẞ``) but not ``ss``; the Turkish ``İ`` and
+``ı`` fold to ``i``, as ``I`` does, so ``Tim`` matches ``TİM`` and ``Tım`` too. A matched word is
 replaced by a placeholder character (:data:`PLACEHOLDERS`, a private-use block the frontend
 never meets otherwise), padded so every offset into the text stays valid; normalisation and
 segmentation leave placeholders alone, and G2P splices the entry's phonemes in where one
@@ -22,6 +27,7 @@ No torch here: the web validates lexicons before anything is queued.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -39,6 +45,9 @@ log = logging.getLogger(__name__)
 
 MAX_ENTRIES = 1000
 MAX_WORD_CHARS = 100
+# Counted as the voice is given them (NFD for a neural voice: one precomposed character may be
+# three symbols), and well under a segment's bound (models.frontend.MAX_SEGMENT_PHONEMES), so
+# one entry always fits in a segment.
 MAX_PHONEME_CHARS = 200
 # Private-use characters stand for lexicon words in the text between matching and G2P.
 PLACEHOLDER_BASE = 0xE000
@@ -78,9 +87,10 @@ def check_entry(word: object, phonemes: object, voice: Voice) -> tuple[str, str]
     if not word or not any(c.isalnum() for c in word) or len(word) > MAX_WORD_CHARS:
         raise InvalidLexicon(word, f"a word must have 1 to {MAX_WORD_CHARS} characters, "
                              "a letter or digit among them")
-    if not phonemes or len(phonemes) > MAX_PHONEME_CHARS:
+    given = unicodedata.normalize("NFD", phonemes) if voice.engine == PIPER else phonemes
+    if not phonemes or len(given) > MAX_PHONEME_CHARS:
         raise InvalidLexicon(word, f"the phonemes must have 1 to {MAX_PHONEME_CHARS} "
-                             "characters")
+                             "symbols (a precomposed letter with accents counts each)")
     if PLACEHOLDERS.search(word):
         raise InvalidLexicon(word, "private-use characters are not words")
     bad = unsayable(phonemes, voice)
@@ -145,6 +155,32 @@ def server_lexicon(voice: Voice) -> dict[str, str]:
     return entries
 
 
+# No letter past plane 1 has a case, so the fold table need not look further.
+_CASED_PLANES_END = 0x20000
+
+
+def _fold_char(char: str) -> str:
+    if char in "\u0130\u0131":  # Turkish dotted capital I, dotless small i
+        return "i"
+    lower = char.lower()
+    folded = lower.casefold()
+    return folded if len(folded) == 1 else lower
+
+
+@functools.cache
+def _fold_table() -> dict[int, str]:
+    return {code: folded for code in range(_CASED_PLANES_END)
+            if (folded := _fold_char(chr(code))) != chr(code)}
+
+
+def fold(text: str) -> str:
+    """``text`` in the one case lexicon matching compares (see the module docstring): one
+    character for each character of ``text``."""
+    if text.isascii():
+        return text.lower()
+    return text.translate(_fold_table())
+
+
 @dataclass
 class Marked:
     """Text with lexicon words replaced by placeholders.
@@ -170,18 +206,18 @@ def mark(text: str, entries: Mapping[str, str], keep: Mapping[str, str] | None =
     marked = Marked(text)
     if not entries:
         return marked
-    by_key = {" ".join(word.split()).casefold(): phonemes for word, phonemes in entries.items()}
+    by_key = {fold(" ".join(word.split())): phonemes for word, phonemes in entries.items()}
     words = sorted(by_key, key=len, reverse=True)
     pattern = re.compile(r"(?<!\w)(?:" + "|".join(
-        r"\s+".join(re.escape(part) for part in word.split()) for word in words) + r")(?!\w)",
-        re.IGNORECASE)
+        r"\s+".join(re.escape(part) for part in word.split()) for word in words) + r")(?!\w)")
     out = []
     placeholder_of: dict[tuple[str, str], str] = {}
     code = PLACEHOLDER_BASE
     at = 0
-    for match in pattern.finditer(text):
-        surface = match.group(0)
-        key = (" ".join(surface.split()).casefold(), surface)
+    # Matched on the folded text (same length), so a match's key is an entry's key exactly.
+    for match in pattern.finditer(fold(text)):
+        surface = text[match.start():match.end()]
+        key = (" ".join(match.group(0).split()), surface)
         char = placeholder_of.get(key)
         if char is None:
             while chr(code) in keep:  # SSML's placeholders count down from the top

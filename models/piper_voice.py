@@ -158,11 +158,22 @@ class PiperConfig:
         return index
 
 
+# The values a voice version may give each override (inclusive): what app/canary.py checks
+# and the admin API declares. The noise scales from 0 (the prior's mean, no noise) to 10,
+# well past speech (Piper's configs use 0.3 to 1; 5 turns to noise, which the canary drill
+# uses for a candidate the rule must roll back). length_scale from 5x faster to 5x slower
+# than the voice's pace, before a job's speed divides it. Beyond these a value is a typo
+# (1e308 would ask for years of audio a phoneme), never a voice.
+INFERENCE_RANGES: dict[str, tuple[float, float]] = {
+    "noise_scale": (0.0, 10.0), "length_scale": (0.2, 5.0), "noise_w": (0.0, 10.0)}
+
+
 @dataclass(frozen=True)
 class Inference:
     """Inference settings that override a voice config's (``None`` keeps the config's): what
-    a voice version may change without another file (app/canary.py). Changing them changes
-    what the acoustic half renders, so :attr:`tag` is part of its model id (and cache keys)."""
+    a voice version may change without another file (app/canary.py), each within
+    :data:`INFERENCE_RANGES`. Changing them changes what the acoustic half renders, so
+    :attr:`tag` is part of its model id (and cache keys)."""
 
     noise_scale: float | None = None
     length_scale: float | None = None

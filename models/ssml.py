@@ -32,22 +32,49 @@ No torch here: the web parses SSML before anything is queued.
 
 from __future__ import annotations
 
+import io
 import re
+import traceback
 import unicodedata
 from dataclasses import dataclass, field
 from xml.sax import SAXException
 from xml.sax.handler import ContentHandler
+from xml.sax.xmlreader import InputSource
 
 from defusedxml.common import DefusedXmlException
 from defusedxml.expatreader import DefusedExpatParser
 
 from models.errors import SpeechError, UnknownSpeaker, UnknownVoice
-from models.frontend import MAX_BREAK_MS, TextRun
+from models.frontend import (
+    _BREAK_TAG,
+    MAX_BREAK_MS,
+    MAX_SEGMENT_PHONEMES,
+    SourceSpans,
+    TextRun,
+    symbol_count,
+)
 from models.lexicon import PLACEHOLDER_BASE, PLACEHOLDER_COUNT, unsayable
-from models.text_en import _MONTHS, MAX_WORDED_DIGITS, cardinal, digits, ordinal_digits, year
+from models.text_en import (
+    _MONTHS,
+    MAX_WORDED_DIGITS,
+    cardinal,
+    digits,
+    ordinal_digits,
+    ordinal_suffix,
+    year,
+)
 from models.voices import PIPER, Voice, get_voice
 
 SPEED_MIN, SPEED_MAX = 0.5, 2.0
+# The longest SSML document parsed, in characters: a long book chapter (about 150,000
+# words). Parsing takes time and memory linear in the document (tests/unit/test_ssml.py);
+# past the cap the text is refused (413 on the API), not parsed. A job's text has a smaller
+# bound of its own (the setting `max_text_chars`).
+MAX_SSML_CHARS = 1_000_000
+# Placeholder characters one run may give <phoneme> elements; the rest of the private-use
+# block is left to lexicon words (models.lexicon.mark). A run that would need more ends
+# there (a segment boundary), and the next run counts from the top again.
+_PHONEMES_PER_RUN = PLACEHOLDER_COUNT // 2
 STRENGTH_MS = {"none": 0, "x-weak": 100, "weak": 250, "medium": 400, "strong": 750,
                "x-strong": 1200}
 RATE_LABELS = {"x-slow": 0.5, "slow": 0.75, "medium": 1.0, "default": 1.0, "fast": 1.25,
@@ -67,6 +94,8 @@ ATTRIBUTES = {
 }
 # Elements whose content is one piece of text, replaced by what they say.
 _LEAVES = frozenset({"say-as", "sub", "phoneme"})
+# Elements that are empty: no text, no elements inside.
+_EMPTY = frozenset({"break"})
 _TIME = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*")
 _RATE = re.compile(r"\s*([+-]?)(\d+(?:\.\d+)?)%\s*")
 _LETTER_NAMES = {
@@ -76,11 +105,14 @@ _LETTER_NAMES = {
     "v": "vee", "w": "double-you", "x": "ex", "y": "why", "z": "zee",
 }  # fmt: skip
 _CARDINAL = re.compile(r"([-+−]?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?")
-_ORDINAL = re.compile(r"(\d+)(?:st|nd|rd|th)?", re.IGNORECASE)
+_ORDINAL = re.compile(r"(\d+)(st|nd|rd|th)?", re.IGNORECASE)
 _PHONE = re.compile(r"\+?[\d\s().\-/]+")
 _MONTH_BY_NAME = {m.lower(): i for i, m in enumerate(_MONTHS, 1)} | {
     m[:3].lower(): i for i, m in enumerate(_MONTHS, 1)}
 _DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+_TOP_PLACEHOLDER = PLACEHOLDER_BASE + PLACEHOLDER_COUNT - 1
 
 
 class SsmlError(SpeechError):
@@ -136,25 +168,34 @@ class _Handler(ContentHandler):
         self.speed = speed
         self.stack: list[_Frame] = []
         self.runs: list[TextRun] = []
+        # The run being read: its text, where each character came from, and its <phoneme>
+        # placeholders. Each run gets its own (placeholders count from the top again), so
+        # what a run carries is its own: a document of N sentences is N runs, linear.
         self.text: list[str] = []
-        self.sources: list[tuple[int, int]] = []
+        self.sources = SourceSpans()
         self.fixed: dict[str, str] = {}
         self.surfaces: dict[str, str] = {}
-        self.next_placeholder = PLACEHOLDER_BASE + PLACEHOLDER_COUNT - 1
-        self._char_at: list[int] | None = None
+        self.next_placeholder = _TOP_PLACEHOLDER
+        self._at_byte = self._at_char = 0  # where char_offset counted to
 
     # -- positions ---------------------------------------------------------------------------
 
     def char_offset(self, byte_index: int) -> int:
-        """The user's character offset of a byte of the (maybe wrapped) document."""
-        if self._char_at is None:
-            table = []
-            for i, char in enumerate(self.source):
-                table.extend([i] * len(char.encode("utf-8")))
-            table.append(len(self.source))
-            self._char_at = table
-        index = self._char_at[min(max(byte_index, 0), len(self._char_at) - 1)]
-        return index - self.wrapped
+        """The user's character offset of a byte of the (maybe wrapped) document.
+
+        SAX events come in document order, so the count moves on from the last one: each
+        byte is decoded once, no table is kept (an error's place may go back: then it
+        counts from the start, once)."""
+        byte_index = min(max(byte_index, 0), len(self.encoded))
+        if len(self.encoded) == len(self.source):  # ASCII: a byte is a character
+            return byte_index - self.wrapped
+        while 0 < byte_index < len(self.encoded) and self.encoded[byte_index] & 0xC0 == 0x80:
+            byte_index -= 1  # inside a character: its first byte
+        if byte_index < self._at_byte:
+            self._at_byte = self._at_char = 0
+        self._at_char += len(self.encoded[self._at_byte:byte_index].decode("utf-8"))
+        self._at_byte = byte_index
+        return self._at_char - self.wrapped
 
     def here(self) -> int:
         return self.char_offset(self.parser._parser.CurrentByteIndex)
@@ -178,21 +219,36 @@ class _Handler(ContentHandler):
         if not self.text and not pause_ms:
             return
         voice = self.voice
+        text = "".join(self.text)
+        self.check_break_tags(text)
         self.runs.append(TextRun(
-            "".join(self.text), pause_ms,
-            voice=None if voice.name == self.request_voice.name else voice.name,
-            rate=self.rate, sources=list(self.sources), fixed=dict(self.fixed),
-            surfaces=dict(self.surfaces)))
-        self.text.clear()
-        self.sources.clear()
+            text, pause_ms, voice=None if voice.name == self.request_voice.name else voice.name,
+            rate=self.rate, sources=self.sources, fixed=self.fixed, surfaces=self.surfaces))
+        self.text = []
+        self.sources = SourceSpans()
+        self.fixed, self.surfaces = {}, {}
+        self.next_placeholder = _TOP_PLACEHOLDER
+
+    def check_break_tags(self, text: str) -> None:
+        """A ``[break]`` tag in the text works as in plain text (models.frontend): one over
+        the cap is refused here, with its place, like ``<break>``."""
+        if "[" not in text:
+            return
+        for match in _BREAK_TAG.finditer(text):
+            value, unit = match.group("value"), (match.group("unit") or "ms").lower()
+            if value is not None and float(value) * (1000 if unit == "s" else 1) > MAX_BREAK_MS:
+                shown = match.group(0) if len(match.group(0)) <= 40 else match.group(0)[:36]
+                raise self.error("invalid_break", f"{shown} is too long: a break lasts at most "
+                                 f"{MAX_BREAK_MS // 1000} s", None,
+                                 self.sources[match.start()][0], limit=MAX_BREAK_MS)
 
     def add(self, text: str, span: tuple[int, int] | None = None, offset: int = 0) -> None:
         """Text to speak: its characters from ``offset`` on, or all from ``span``."""
         self.text.append(text)
         if span is not None:
-            self.sources.extend([span] * len(text))
+            self.sources.add_span(span[0], span[1], len(text))
         else:
-            self.sources.extend((offset + i, offset + i + 1) for i in range(len(text)))
+            self.sources.add_each(offset, len(text))
 
     # -- SAX ---------------------------------------------------------------------------------
 
@@ -202,6 +258,10 @@ class _Handler(ContentHandler):
         if self.stack and self.stack[-1].name in _LEAVES:
             raise self.error("unsupported_ssml", f"<{self.stack[-1].name}> holds text only, "
                              f"not <{name}>", name, offset)
+        if self.stack and self.stack[-1].name in _EMPTY:
+            outer = self.stack[-1]
+            raise self.error("unsupported_ssml", f"<{outer.name}> is empty (<{outer.name} "
+                             f".../>): it cannot hold <{name}>", outer.name, outer.offset)
         if name not in ATTRIBUTES:
             raise self.error("unsupported_ssml", f"<{name}> is not in the supported SSML "
                              f"subset ({', '.join(f'<{n}>' for n in ATTRIBUTES)})", name, offset)
@@ -261,6 +321,14 @@ class _Handler(ContentHandler):
     def characters(self, content: str) -> None:
         offset = self.here()
         raw = self.source[offset + self.wrapped:offset + self.wrapped + len(content)]
+        if self.stack and self.stack[-1].name in _EMPTY:
+            if not content.strip():
+                return  # whitespace inside <break></break> says nothing
+            outer = self.stack[-1]
+            # Refused, not spoken or dropped: text inside a <break> is a mistake either way.
+            raise self.error("unsupported_ssml", f"<{outer.name}> is empty (<{outer.name} "
+                             f".../>): it cannot hold text ({content.strip()[:20]!r})",
+                             outer.name, outer.offset)
         if self.stack and self.stack[-1].name in _LEAVES:
             self.stack[-1].content.append((content, offset))
         elif raw.startswith("&"):  # an entity or character reference: all of it is the source
@@ -351,13 +419,22 @@ class _Handler(ContentHandler):
                              f"{voice.name} takes alphabet=\"{wanted}\"", "phoneme", offset,
                              attribute="alphabet", valid=[wanted])
         ph = attrs.get("ph", "").strip()
+        shown = ph if len(ph) <= 40 else ph[:36] + "..."
         bad = unsayable(ph, voice) if ph else (0, [])
         if not ph or bad is not None:
             symbols = bad[1] if bad else []
-            raise self.error("invalid_phonemes", f"<phoneme ph=\"{ph}\">: voice {voice.name} "
+            raise self.error("invalid_phonemes", f"<phoneme ph=\"{shown}\">: voice "
+                             f"{voice.name} "
                              + (f"has no phoneme {', '.join(map(repr, symbols))}" if symbols
                                 else "needs phonemes in ph"), "phoneme", offset,
                              attribute="ph", symbols=symbols, position=bad[0] if bad else 0)
+        # One <phoneme> is one word, spoken within one segment: it cannot be cut.
+        count = symbol_count(ph, voice)
+        if count > MAX_SEGMENT_PHONEMES:
+            raise self.error("invalid_phonemes", f"<phoneme ph=\"{shown}\"> has {count} "
+                             f"phoneme symbols; one word has at most {MAX_SEGMENT_PHONEMES} "
+                             "(a segment's bound)", "phoneme", offset, attribute="ph",
+                             limit=MAX_SEGMENT_PHONEMES)
 
     def leaf(self, frame: _Frame) -> None:
         """A ``say-as``, ``sub`` or ``phoneme``: what it says, in place of its content."""
@@ -370,6 +447,8 @@ class _Handler(ContentHandler):
         if frame.name == "sub":
             said = frame.attrs["alias"]
         elif frame.name == "phoneme":
+            if self.next_placeholder <= _TOP_PLACEHOLDER - _PHONEMES_PER_RUN:
+                self.close_run()  # this run has all the placeholders it may take
             char = chr(self.next_placeholder)
             self.next_placeholder -= 1
             ph = frame.attrs["ph"].strip()
@@ -406,6 +485,9 @@ def parse(text: str, voice: Voice, speed: float = 1.0) -> list[TextRun]:
     Raises:
         SsmlError: see the module docstring.
     """
+    if len(text) > MAX_SSML_CHARS:
+        raise SsmlError("text_too_long", f"the SSML has {len(text)} characters; the most "
+                        f"parsed is {MAX_SSML_CHARS}", extra={"limit": MAX_SSML_CHARS})
     wrapped = 0
     source = text
     if not _is_document(text):
@@ -415,16 +497,25 @@ def parse(text: str, voice: Voice, speed: float = 1.0) -> list[TextRun]:
     parser = DefusedExpatParser(forbid_dtd=True, forbid_entities=True, forbid_external=True)
     handler = _Handler(parser, source, voice, speed, wrapped)
     parser.setContentHandler(handler)
+    document = InputSource()
+    document.setByteStream(io.BytesIO(handler.encoded))
+    # The text is characters already: an XML declaration's encoding="ISO-8859-1" must not
+    # decode it again (it read "café" as "cafÃ©"). Given here, UTF-8 overrides it.
+    document.setEncoding("utf-8")
     try:
-        parser.feed(source.encode("utf-8"))
-        parser.close()
+        parser.parse(document)
     except DefusedXmlException as exc:
+        traceback.clear_frames(exc.__traceback__)  # see below
         doctype = text.find("<!DOCTYPE")
         raise located(source, wrapped, "invalid_ssml", f"forbidden markup: "
                       f"{type(exc).__name__} (no DTDs, entity declarations or external "
                       "references)", None, doctype if doctype >= 0 else handler.here()
                       ) from None
     except SAXException as exc:
+        # Its traceback holds the frame of expatreader's feed(), whose local holds the
+        # exception (and expat's, whose traceback holds that frame again): a cycle, and this
+        # frame (the document, the handler) hangs from it. The finished frames are emptied.
+        traceback.clear_frames(exc.__traceback__)
         index = getattr(parser._parser, "ErrorByteIndex", -1) if parser._parser else -1
         offset = handler.char_offset(index) if index >= 0 else 0
         # expat points into a tag (at its name); the tag's '<' is where a reader looks.
@@ -436,6 +527,14 @@ def parse(text: str, voice: Voice, speed: float = 1.0) -> list[TextRun]:
         element = handler.stack[-1].name if handler.stack else None
         raise located(source, wrapped, "invalid_ssml", f"the SSML is not well-formed XML: "
                       f"{message}", element, offset) from None
+    finally:
+        # The parser, expat and the handler point at each other: a cycle that only the
+        # garbage collector frees, holding the document and its tables (about 1 MB for
+        # 10,000 characters), for every request, refused ones included (their traceback
+        # holds the handler). Cut, they go when the call returns.
+        handler.parser = None
+        parser.setContentHandler(ContentHandler())
+        parser._parser = None
     handler.close_run()
     return handler.runs
 
@@ -468,7 +567,11 @@ def say_as(kind: str, content: str, fmt: str | None = None) -> str:
         match = _ORDINAL.fullmatch(text)
         if not match or len(match.group(1).lstrip("0")) > MAX_WORDED_DIGITS:
             raise ValueError("not an ordinal in digits (3, 3rd, 21st)")
-        return ordinal_digits(match.group(1))
+        number, suffix = match.group(1), match.group(2)
+        if suffix and suffix.lower() != ordinal_suffix(number):
+            raise ValueError(f"{number}{suffix} is no ordinal: {number} is "
+                             f"{number}{ordinal_suffix(number)}")
+        return ordinal_digits(number)
     if kind == "telephone":
         if not _PHONE.fullmatch(text) or not any(c.isdigit() for c in text):
             raise ValueError("a telephone number has digits, spaces, + ( ) . - / only")

@@ -106,6 +106,23 @@ def ordinal_digits(number: str) -> str:
     return ordinal(int(number))
 
 
+def ordinal_suffix(number: str) -> str:
+    """The ending an ordinal in digits takes: '1' -> 'st', '12' -> 'th', '22' -> 'nd'."""
+    last_two = int(number[-2:])
+    if 11 <= last_two <= 13:
+        return "th"
+    return {1: "st", 2: "nd", 3: "rd"}.get(last_two % 10, "th")
+
+
+def ordinal_or_as_written(number: str, suffix: str | None) -> str:
+    """An ordinal's words, if ``suffix`` is the one ``number`` takes (or there is none);
+    otherwise the number and the letters, as written ('1nd' -> 'one n d'): a wrong ending
+    is not silently made right, it may be no ordinal at all."""
+    if suffix is None or suffix.lower() == ordinal_suffix(number):
+        return ordinal_digits(number)
+    return f"{cardinal(number)} {' '.join(suffix)}"
+
+
 def year(number: int) -> str:
     """'1999' -> 'nineteen ninety-nine', '2005' -> 'two thousand five' (no British 'and')."""
     return num2words(number, to="year").replace(" and ", " ")
@@ -150,17 +167,18 @@ def _iso_date(match: re.Match[str]) -> str:
 
 def _month_day(match: re.Match[str]) -> str:
     month = _MONTH_BY_PREFIX[match.group("month")[:3].lower()]
-    day = int(match.group("day"))
     year_text = match.group("year")
-    spoken = f"{month} {ordinal(day)}"
+    spoken = f"{month} {ordinal_or_as_written(match.group('day'), match.group('suffix'))}"
     return f"{spoken}, {year(int(year_text))}" if year_text else spoken
 
 
 def _day_month(match: re.Match[str]) -> str:
     month = _MONTH_BY_PREFIX[match.group("month")[:3].lower()]
-    day = int(match.group("day"))
+    day, suffix = match.group("day"), match.group("suffix")
     year_text = match.group("year")
-    spoken = f"the {ordinal(day)} of {month}"
+    said = ordinal_or_as_written(day, suffix)
+    spoken = (f"the {said} of {month}" if suffix is None or said == ordinal_digits(day)
+              else f"{said} {'of ' if match.group('of') else ''}{month}")
     return f"{spoken}, {year(int(year_text))}" if year_text else spoken
 
 
@@ -186,7 +204,7 @@ def _percent(match: re.Match[str]) -> str:
 
 
 def _ordinal(match: re.Match[str]) -> str:
-    return ordinal_digits(match.group("number"))
+    return ordinal_or_as_written(match.group("number"), match.group("suffix"))
 
 
 def _year(match: re.Match[str]) -> str:
@@ -252,13 +270,13 @@ _RULES: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
         re.compile(
             r"\b"
             + _MONTH_NAME
-            + r"\s+(?P<day>\d{1,2})(?:st|nd|rd|th)?\b(?:,?\s+(?P<year>\d{4})\b)?"
+            + r"\s+(?P<day>\d{1,2})(?P<suffix>st|nd|rd|th)?\b(?:,?\s+(?P<year>\d{4})\b)?"
         ),
         _month_day,
     ),
     (
         re.compile(
-            r"\b(?P<day>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?"
+            r"\b(?P<day>\d{1,2})(?P<suffix>st|nd|rd|th)?\s+(?P<of>of\s+)?"
             + _MONTH_NAME
             + r"(?:,?\s+(?P<year>\d{4})\b)?"
         ),
@@ -273,7 +291,7 @@ _RULES: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
         _time,
     ),
     (re.compile(_SIGN + r"(?P<number>" + _NUMBER + r")\s?%"), _percent),
-    (re.compile(r"\b(?P<number>\d+)(?:st|nd|rd|th)\b", re.I), _ordinal),
+    (re.compile(r"\b(?P<number>\d+)(?P<suffix>st|nd|rd|th)\b", re.I), _ordinal),
     (re.compile(r"\b(?P<year>1\d\d0|20\d0)'?s\b"), _decade),
     (re.compile(r"\b(?P<cue>" + _YEAR_CUES + r")\s+(?P<year>1[1-9]\d\d|20\d\d)\b", re.I), _year),
     (

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -44,6 +45,8 @@ from models.piper_voice import Inference, PiperConfig, VoiceFileError, config_pa
 log = logging.getLogger(__name__)
 
 ESPEAK, PIPER = "espeak", "piper"
+# A speaker given by index: ASCII digits (int() would also take " 0", "+0" and "٠").
+_SPEAKER_INDEX = re.compile(r"[0-9]+")
 
 # espeak language-code prefix -> frontend language
 _LANGUAGE_PREFIXES = {"en": "en", "cmn": "zh"}
@@ -230,7 +233,8 @@ def _voices_by_name() -> dict[str, Voice]:
 
 def get_voice(name: str) -> Voice:
     """The voice called ``name`` (case-insensitive), ``NAME:SPEAKER`` for one speaker of a
-    multi-speaker voice.
+    multi-speaker voice (a name from its config, or an index from 0); ``NAME`` alone, and
+    ``NAME:0`` of a one-speaker voice, are speaker 0.
 
     Raises:
         UnknownVoice: no such voice (the error lists them all).
@@ -245,6 +249,10 @@ def get_voice(name: str) -> Voice:
         return voice
     original = name.strip().partition(":")[2]  # speaker names keep their case
     if voice.engine != PIPER or len(voice.speakers) < 2:
+        # One speaker: `NAME` is speaker 0, so `NAME:0` is that voice, the same in every
+        # entry point (and the same cache keys); any other speaker is not there.
+        if _SPEAKER_INDEX.fullmatch(original) and int(original) == 0:
+            return voice
         raise UnknownSpeaker(voice.name, original, valid=list(voice.speakers))
     try:
         index = piper_config(voice.model_path).speaker_id(original)

@@ -10,7 +10,10 @@ from app.settings import Settings
 
 # VOXFARM_BIND, VOXFARM_WEB_WORKERS, VOXFARM_LOG_LEVEL; --bind and --workers on the command
 # line (the Procfile's, `voxfarm up`'s) win over them.
-_settings = Settings.from_env()
+try:
+    _settings = Settings.from_env()
+except ValueError as exc:  # one line naming the variable (gunicorn would print a traceback)
+    raise SystemExit(f"voxfarm web: {exc}") from None
 bind = _settings.bind
 workers = _settings.web_workers
 worker_class = "gevent"

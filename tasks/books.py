@@ -88,6 +88,19 @@ class BookTask(FarmTask):
 # -- prepare ---------------------------------------------------------------------------------
 
 
+class ChapterUnreadable(Exception):
+    """The text frontend failed on a chapter. Its text is what failed, and it fails the same
+    way every time: the book fails at once, with the chapter and the reason, rather than
+    retrying (or waiting) in `preparing`."""
+
+    def __init__(self, chapter: int, text: str, problem: str) -> None:
+        self.chapter, self.text, self.problem = chapter, text, problem
+        super().__init__(f"chapter {chapter + 1}: {problem}")
+
+    def __reduce__(self):
+        return (type(self), (self.chapter, self.text, self.problem))
+
+
 def _plan(chapters: list[dict], voice: str, speed: float = 1.0
           ) -> list[tuple[str, list[dict]]]:
     from models import ssml
@@ -96,7 +109,7 @@ def _plan(chapters: list[dict], voice: str, speed: float = 1.0
     from models.voices import get_voice
 
     plan = []
-    for ch in chapters:
+    for n, ch in enumerate(chapters):
         try:
             if ssml.looks_like_ssml(ch["text"]):  # a JSON chapter in SSML, checked at upload
                 runs = ssml.parse(ch["text"], get_voice(voice), speed)
@@ -105,6 +118,8 @@ def _plan(chapters: list[dict], voice: str, speed: float = 1.0
                 segments = frontend(ch["text"], voice)
         except NoSpeakableText:
             continue  # a chapter of punctuation or symbols: nothing to hear, no marker
+        except Exception as exc:  # noqa: BLE001 (any failure here is the chapter's text's)
+            raise ChapterUnreadable(n, ch["text"], f"{type(exc).__name__}: {exc}") from None
         # SSML may give a segment its own voice and rate; the rest take the book's.
         plan.append((ch["title"], [{"index": s.index, "phonemes": s.phonemes, "text": s.text,
                                     "pause_ms": s.pause_ms,
@@ -155,9 +170,14 @@ def prepare(self: BookTask, book_id: str, **_: object) -> int:
     books.move(book_id, (BookState.QUEUED,), BookState.PREPARING, started_at=time.time())
     rec = books.get(book_id)
     book = json.loads(farm.store.get(prefix(book_id) + "book.json"))
-    with _marking_progress(farm, book_id):
-        plan = offload("frontend", _plan, book["chapters"], rec["voice"], rec["speed"],
-                       timeout_s=self.farm.settings.task_time_limit)
+    try:
+        with _marking_progress(farm, book_id):
+            plan = offload("frontend", _plan, book["chapters"], rec["voice"], rec["speed"],
+                           timeout_s=self.farm.settings.task_time_limit)
+    except ChapterUnreadable as exc:
+        log.warning("book %s failed in prepare: %s", book_id, exc)
+        books.fail(book_id, exc.chapter, exc.text, str(exc))
+        return 0
     if not plan:
         books.move(book_id, (BookState.PREPARING,), BookState.FAILED, finished_at=time.time(),
                    error="the book has nothing that can be spoken")

@@ -33,7 +33,7 @@ from app.celery_app import (
     VOCODER_QUEUE,
     VOCODER_TASK,
 )
-from app.melcache import mel_cache_key
+from app.melcache import mel_cache_key, scoped_key
 from app.queueing import continue_segment, hand_over, publish_again
 from app.states import JobState
 from models.errors import SpeechError
@@ -89,8 +89,22 @@ def install() -> None:
 
 
 def noise_seed(digest: str) -> int:
-    """A segment's noise seed, from its cache key (hex): 60 bits, as torch seeds take."""
+    """A segment's noise seed, from its content's digest (hex): 60 bits, as torch seeds
+    take. The same request renders the same audio whoever asks."""
     return int(digest[:15], 16)
+
+
+def cache_owner(farm, spec: dict) -> str:
+    """Whose features a segment may share (app/melcache.py, `scoped_key`): the API key that
+    made its job or book; "" for everyone's when there is none or the operator shares the
+    cache. Work that is gone shares nothing."""
+    if farm.settings.share_feature_cache:
+        return ""
+    if "book_id" in spec:
+        owner = farm.books.owner(spec["book_id"])
+    else:
+        owner = farm.jobs.owner(spec["job_id"])
+    return owner if owner is not None else f"gone:{spec.get('book_id') or spec['job_id']}"
 
 
 class SegmentTask(FarmTask):
@@ -156,8 +170,9 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
     voice = canary.voice_for(farm, spec)
     model = runtime.acoustic_for(voice)
     # The key names the model, so a hit is always this model's features; the speaker is part
-    # of the voice name ("NAME:SPEAKER").
-    digest = mel_cache_key(model.model_id, spec["phonemes"], spec["voice"], spec["speed"])
+    # of the voice name ("NAME:SPEAKER"). With API keys on it is the owner's alone.
+    content = mel_cache_key(model.model_id, spec["phonemes"], spec["voice"], spec["speed"])
+    digest = scoped_key(content, cache_owner(farm, spec))
     # The entry holds the timing beside the features, which the vocoder stage turns into word
     # timestamps, hit or miss: a neural voice's frames per phoneme id, eSpeak's word starts.
     timed = voice.engine == PIPER or hasattr(model, "synthesize_timed")
@@ -171,7 +186,7 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
         if voice.engine == PIPER:
             # The noise of the VITS prior and duration predictor comes from a generator
             # seeded by the key: the same request renders the same audio, hit or miss.
-            features, durations = _acoustic_piper(model, voice, spec, noise_seed(digest))
+            features, durations = _acoustic_piper(model, voice, spec, noise_seed(content))
         elif timed:
             features, durations = model.synthesize_timed(spec["phonemes"], spec["voice"],
                                                          spec["speed"])

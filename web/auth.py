@@ -1,11 +1,16 @@
 """API keys at the door: who may call, what each key may see, how much each may take.
 
 With no live key (`voxfarm keys create` makes one) the farm is open, as `make run` serves
-it on 127.0.0.1 and says in its log. Once a key exists, every route but the probes and the
-page needs one: `Authorization: Bearer <key>` (the OpenAI client's way) or `X-API-Key`,
-the WebSocket's at its handshake. `/metrics`, `/docs` and `/openapi.json` need one too when
-`VOXFARM_AUTH_OPS` is on. A key sees only its own jobs and books: another's answer exactly
-as an unknown id does (404), so ids cannot be probed. The admin routes need a key made with
+it on 127.0.0.1 and says in its log. Once a key exists, every route but the probes, the
+page and its static files needs one: `Authorization: Bearer <key>` (the OpenAI client's way)
+or `X-API-Key`, the WebSocket's at its handshake. A key in the query string is never read
+(URLs end up in logs and browser history). `/metrics`, `/docs` and `/openapi.json` need one
+too when `VOXFARM_AUTH_OPS` is on. A connection that outlives its request (the WebSocket)
+is checked again as it goes (`check_still_live`) and counts each job it submits against the
+key's rate (`count_request`), as each HTTP request is counted.
+
+A key sees only its own jobs and books: another's answer exactly as an unknown id does
+(404), so ids cannot be probed. The admin routes need a key made with
 `--admin`. Refusals: 401 (no key, or not a live one), 403 (an admin route, a key without
 admin), 429 with Retry-After (the key's requests a minute, or its jobs running at once).
 """
@@ -24,6 +29,10 @@ auth = Blueprint("auth", __name__)
 
 # Probes (a load balancer holds no key) and the page (it asks for a key itself).
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
+# The page's script and style sheet (by the route that serves them, not by a path prefix,
+# so no path trick reaches another route through it): public, and the page cannot load
+# without them.
+OPEN_ENDPOINTS = frozenset({"static"})
 OPS_PATHS = frozenset({"/metrics", "/docs", "/openapi.json"})
 # Managing the farm (voice versions, the canary: web/models_admin.py) needs an admin key.
 ADMIN_PREFIX = "/v1/admin/"
@@ -61,11 +70,41 @@ def owner_id() -> str:
     return key.id if key else ""
 
 
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, "unauthorized", message,
+                    headers={"WWW-Authenticate": 'Bearer realm="voxfarm"'})
+
+
+def count_request(registry: ApiKeys, key: ApiKey | None) -> None:
+    """Count one request of `key` against its rate: 429 with Retry-After past it."""
+    if key is None:
+        return
+    refusal = registry.take_request(key)
+    if refusal:
+        raise ApiError(429, refusal.code, refusal.message,
+                       headers={"Retry-After": refusal.retry_after_s},
+                       retry_after=refusal.retry_after_s)
+
+
+def check_still_live(registry: ApiKeys, key: ApiKey | None) -> None:
+    """For a connection that outlives its request: 401 once the key it came with was
+    revoked (or removed), or, for one that came in while the farm was open, once keys are
+    on."""
+    if key is None:
+        if keys_enabled(registry):
+            raise _unauthorized("API keys are on now: connect again with a key")
+        return
+    now = registry.get(key.id)
+    if now is None or now.revoked:
+        raise _unauthorized("the API key was revoked")
+
+
 @auth.before_app_request
 def _authenticate() -> None:
     path = request.path
     f = farm()
-    if path in OPEN_PATHS or (path in OPS_PATHS and not f.settings.auth_ops):
+    if (path in OPEN_PATHS or request.endpoint in OPEN_ENDPOINTS
+            or (path in OPS_PATHS and not f.settings.auth_ops)):
         return
     registry = f.apikeys
     if not keys_enabled(registry):
@@ -73,14 +112,9 @@ def _authenticate() -> None:
     token = presented_token(request)
     key = registry.authenticate(token) if token else None
     if key is None:
-        raise ApiError(401, "unauthorized",
-                       "an API key is required: send 'Authorization: Bearer <key>' or "
-                       "'X-API-Key: <key>'" if not token else "the API key is not valid",
-                       headers={"WWW-Authenticate": 'Bearer realm="voxfarm"'})
-    refusal = registry.take_request(key)
-    if refusal:
-        raise ApiError(429, refusal.code, refusal.message,
-                       headers={"Retry-After": refusal.retry_after_s})
+        raise _unauthorized("an API key is required: send 'Authorization: Bearer <key>' or "
+                            "'X-API-Key: <key>'" if not token else "the API key is not valid")
+    count_request(registry, key)
     g.voxfarm_key = key
     if path.startswith(ADMIN_PREFIX) and not key.admin:
         raise ApiError(403, "forbidden", "this key may not manage the farm; an admin key may "

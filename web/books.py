@@ -211,24 +211,26 @@ def create_book():
                           owner=owner_id())
     existing = f.books.get(book_id)
     if existing is None or existing["state"] == BookState.CANCELED:
-        f.check_quota(current_key())  # 429 past the key's work running at once
-        # Everything is valid: only now is anything written. Files first (content-addressed,
-        # so a concurrent identical submit writes the same bytes), then the record.
-        base = prefix(book_id)
-        f.store.put(base + "book.json", json.dumps(book.to_json(), ensure_ascii=False).encode())
-        if book.cover:
-            f.store.put(base + "cover", book.cover)
-        if source:
-            f.store.put(base + f"source.{source[1]}", source[0])
-        created = f.books.create(book_id, title=book.title, author=book.author,
-                                 voice=voice.name, speed=speed, formats=formats,
-                                 chapters=len(book.chapters), words=book.words,
-                                 sample_rate=voice.sample_rate,
-                                 source_format=book.source_format, owner=owner_id())
-        if created:
-            if current_key():
-                f.apikeys.started(current_key(), book_id)
-            send_prepare(f.celery, book_id)
+        # 429 past the key's work running at once; the place is the book's once created.
+        with f.work_slot(current_key()) as slot:
+            # Everything is valid: only now is anything written. Files first
+            # (content-addressed, so a concurrent identical submit writes the same bytes),
+            # then the record.
+            base = prefix(book_id)
+            f.store.put(base + "book.json",
+                        json.dumps(book.to_json(), ensure_ascii=False).encode())
+            if book.cover:
+                f.store.put(base + "cover", book.cover)
+            if source:
+                f.store.put(base + f"source.{source[1]}", source[0])
+            created = f.books.create(book_id, title=book.title, author=book.author,
+                                     voice=voice.name, speed=speed, formats=formats,
+                                     chapters=len(book.chapters), words=book.words,
+                                     sample_rate=voice.sample_rate,
+                                     source_format=book.source_format, owner=owner_id())
+            if created:
+                slot.started(book_id)
+                send_prepare(f.celery, book_id)
     else:
         created = False
         if f.books.add_formats(book_id, formats):

@@ -15,6 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from app.apikeys import LimitExceeded
 from app.offload import OffloadTimeout
+from app.sealing import KeyUnavailable
 
 log = logging.getLogger("voxfarm.web")
 
@@ -40,6 +41,13 @@ def limit_error(exc: LimitExceeded) -> ApiError:
     r = exc.refusal
     return ApiError(429, r.code, r.message, headers={"Retry-After": r.retry_after_s},
                     retry_after=r.retry_after_s)
+
+
+def store_full(exc: Exception) -> bool:
+    """Whether Redis refused a write for its maxmemory: a command's OOM error, or a Lua
+    script's (redis-py reports that one as a plain ResponseError)."""
+    return isinstance(exc, redis.OutOfMemoryError) or (
+        isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc))
 
 
 def error_response(err: ApiError):
@@ -68,10 +76,30 @@ def register_error_handlers(app: Flask, retry_after_s: int) -> None:
     @app.errorhandler(redis.RedisError)
     @app.errorhandler(OperationalError)
     def _redis(exc: Exception):
+        if store_full(exc):
+            # Its maxmemory reached under noeviction (the embedded Redis's bound, or a
+            # production broker's): the write was refused whole, and TTLs free memory.
+            log.warning("Redis is full (maxmemory): %s", exc)
+            return error_response(ApiError(
+                503, "store_full", "the job store is full; older jobs' audio expires to make "
+                "room: try again shortly", headers={"Retry-After": retry_after_s}))
         log.warning("Redis unavailable: %s", exc)
         return error_response(ApiError(503, "redis_unavailable",
                                        "the job store is unreachable; try again shortly",
                                        headers={"Retry-After": retry_after_s}))
+
+    @app.errorhandler(KeyUnavailable)
+    def _key_unavailable(exc: KeyUnavailable):
+        # An operator's gap, not the client's and not lost data: the job or book keeps its
+        # state, and what it holds reads again once the key is back (app/sealing.py).
+        log.error("at-rest key %r is not in VOXFARM_AT_REST_KEYS; %s cannot be read",
+                  exc.key_id, exc.context or "a sealed object")
+        return error_response(ApiError(
+            503, "key_unavailable", f"what was asked for is sealed at rest with key "
+            f"'{exc.key_id}', which this server's VOXFARM_AT_REST_KEYS lacks; nothing was "
+            "changed, and it reads again once the key is back",
+            headers={"Retry-After": retry_after_s},
+            key_id=exc.key_id))
 
     @app.errorhandler(LimitExceeded)
     def _limit(exc: LimitExceeded):

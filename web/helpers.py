@@ -17,6 +17,7 @@ from flask import Request, current_app
 from pydantic import BaseModel, ValidationError
 
 from app.farm import Farm
+from app.offload import offload
 from app.settings import Settings
 from models.errors import (
     BreakTooLong,
@@ -28,7 +29,7 @@ from models.errors import (
 )
 from models.frontend import Segment, TextRun, phoneme_segments
 from models.lexicon import check_lexicon
-from models.ssml import SsmlError, looks_like_ssml
+from models.ssml import MAX_SSML_CHARS, SsmlError, looks_like_ssml
 from models.ssml import parse as parse_ssml
 from models.voices import Voice, get_voice
 from web.errors import ApiError
@@ -202,7 +203,11 @@ def phonemes_or_422(value: object, voice: Voice, max_chars: int,
     except InvalidPhonemes as exc:
         extra = {"item": exc.segment} if isinstance(value, list) else {}
         if exc.position >= 0:
-            extra.update(position=exc.position, symbols=exc.symbols)
+            extra["position"] = exc.position
+        if exc.symbols:
+            extra["symbols"] = exc.symbols
+        if exc.limit:
+            extra["limit"] = exc.limit
         raise ApiError(422, "invalid_phonemes", str(exc), field=field, **extra) from None
     except NoSpeakableText:
         raise ApiError(422, "no_speakable_text", "the phonemes say nothing",
@@ -213,11 +218,20 @@ def ssml_or_422(text: str, text_type: str | None, voice: Voice, speed: float,
                 field: str = "text") -> list[TextRun] | None:
     """The runs of `text` if it is SSML (`text_type` "ssml", or no `text_type` and a
     `<speak>` root), None for plain text; a 422 naming the element and where it starts for
-    markup the farm refuses (models/ssml.py). `text_type` is checked (schemas.TextType)."""
+    markup the farm refuses (models/ssml.py), a 413 past `MAX_SSML_CHARS`. `text_type` is
+    checked (schemas.TextType).
+
+    The parse is CPU work in proportion to the text (a book chapter: up to a second), so it
+    runs in the frontend thread like the rest of the frontend (app/offload.py), never on
+    the hub."""
     if text_type == "text" or (text_type is None and not looks_like_ssml(text)):
         return None
+    if len(text) > MAX_SSML_CHARS:
+        raise ApiError(413, "text_too_long", f"'{field}' is SSML of {len(text)} characters; "
+                       f"the most parsed is {MAX_SSML_CHARS}", field=field,
+                       limit=MAX_SSML_CHARS)
     try:
-        return parse_ssml(text, voice, speed)
+        return offload("frontend", parse_ssml, text, voice, speed)
     except SsmlError as exc:
         extra = {"element": exc.element} if exc.element else {}
         raise ApiError(422, exc.code, str(exc), field=field, **extra, line=exc.line,

@@ -7,6 +7,12 @@ one. The id is bound for the request's log lines and for the task messages it pu
 
 `/metrics` serves the web's process metrics (every gunicorn worker's, in multiprocess mode)
 plus the farm's queue depth and live workers, read from Redis at scrape time.
+
+Every label the web records from a request takes a value from a closed set, so no client can
+add series (each one costs every scrape, and the process's memory, for good): the method is
+one of HTTP's own or `other`, the route is the rule's template (never the path) or
+`<unmatched>`, the status is the one the app chose, the entry point one of
+`metrics.JOB_ENTRIES`.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from web.helpers import farm
 observability = Blueprint("observability", __name__)
 
 _ENVIRON_KEY = "HTTP_" + tracing.REQUEST_ID_HEADER.upper().replace("-", "_")
+# The methods a metric names; any other (a client may send any token) is "other".
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 # Every entry point's series exists from the web's start, at 0 (a rate over a series that
 # appears only with its first job misses that job).
@@ -44,13 +52,13 @@ def _finish(resp: Response) -> Response:
     if request_id:
         resp.headers[tracing.REQUEST_ID_HEADER] = request_id
     started = g.get("voxfarm_started")
-    # A 404 for an unknown path has no rule: one label for all of them, so a scanner
-    # cannot blow up the number of series.
+    # A 404 for an unknown path (or a 405) has no rule: one label for all of them, so a
+    # scanner cannot blow up the number of series; nor can made-up methods.
     route = request.url_rule.rule if request.url_rule else "<unmatched>"
-    metrics.HTTP_REQUESTS.labels(request.method, route, str(resp.status_code)).inc()
+    method = request.method if request.method in HTTP_METHODS else "other"
+    metrics.HTTP_REQUESTS.labels(method, route, str(resp.status_code)).inc()
     if started is not None:
-        metrics.HTTP_LATENCY.labels(request.method, route).observe(
-            time.perf_counter() - started)
+        metrics.HTTP_LATENCY.labels(method, route).observe(time.perf_counter() - started)
     # Submitted jobs are counted where every entry point submits them (web/synthesis.py).
     if request.endpoint == "api.cancel_job" and resp.status_code == 200:
         _observe_job((request.view_args or {}).get("job_id"))

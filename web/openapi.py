@@ -87,8 +87,10 @@ def _header(description: str = "") -> dict:
 
 
 _RETRY_AFTER = {"Retry-After": _header("seconds to wait before trying again")}
-_UNAVAILABLE = _error("the job store is unreachable (`redis_unavailable`) or the farm is busy "
-                      "(`overloaded`); come back after `Retry-After`", _RETRY_AFTER)
+_UNAVAILABLE = _error("the job store is unreachable (`redis_unavailable`) or full "
+                      "(`store_full`), the farm is busy (`overloaded`), or the audio asked for "
+                      "is sealed with an at-rest key the server lacks (`key_unavailable`); "
+                      "come back after `Retry-After`", _RETRY_AFTER)
 _BAD_JSON = _error("the body is not a JSON object (`invalid_json`)")
 _TOO_LARGE = _error("the body or the text is too long (`request_too_large`, `text_too_long`), "
                     "or the job would have more segments than one job may "

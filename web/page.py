@@ -4,12 +4,18 @@ Plain HTML, CSS and JavaScript served by this app (no framework, nothing from a 
 page plays `/v1/jobs/{id}/stream?format=wav` in an `<audio>` element, so playback starts with
 the first segment while the rest renders; it lists the jobs it started with their progress,
 and shows the book section when the server has the books API.
+
+With API keys on, the page (and its static files) stay open and the page asks for a key,
+which it keeps for the tab (sessionStorage) and sends as a header with every call. An
+`<audio src>` cannot send a header, so the page then fetches the stream itself (MP3, fed to
+a MediaSource as it arrives) and plays that; downloads go through a fetch as well.
 """
 
 from __future__ import annotations
 
 from flask import Blueprint, current_app, render_template
 
+from web.auth import keys_enabled
 from web.helpers import farm
 from web.schemas import SPEED_MAX, SPEED_MIN
 
@@ -18,9 +24,12 @@ page = Blueprint("page", __name__)
 
 @page.get("/")
 def index():
-    settings = farm().settings
+    f = farm()
+    settings = f.settings
     # The book section shows only where the books API is served (it lands separately).
     books = any(rule.rule == "/v1/books" for rule in current_app.url_map.iter_rules())
+    # Whether the page should ask for a key before its first call (a 401 would say so too,
+    # but as an error in the browser's console).
     return render_template("index.html", default_voice=settings.default_voice,
                            max_chars=settings.max_text_chars, speed_min=SPEED_MIN,
-                           speed_max=SPEED_MAX, books=books)
+                           speed_max=SPEED_MAX, books=books, keys=keys_enabled(f.apikeys))

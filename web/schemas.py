@@ -44,6 +44,7 @@ from models.encode import CONTENT_TYPES as AUDIO_CONTENT_TYPES
 from models.frontend import MAX_BREAK_MS
 from models.lexicon import MAX_ENTRIES as LEXICON_MAX_ENTRIES
 from models.lexicon import MAX_PHONEME_CHARS as LEXICON_MAX_PHONEMES
+from models.piper_voice import INFERENCE_RANGES  # what a voice version may override
 from models.ssml import SPEED_MAX, SPEED_MIN  # the speeds the farm renders
 from models.voices import ESPEAK, PIPER
 
@@ -629,10 +630,10 @@ class CanaryRequest(RequestModel):
 
     file: str = Field("", description="a Piper .onnx on the workers' disk (its .onnx.json "
                       "beside it); empty: the voice's own file")
-    noise_scale: Annotated[float, Field(gt=0)] | None = None
-    length_scale: Annotated[float, Field(gt=0)] | None = None
-    noise_w: Annotated[float, Field(gt=0)] | None = None
-    share: Annotated[float, Field(ge=0, le=1)] | None = Field(
+    noise_scale: Annotated[float, Range(*INFERENCE_RANGES["noise_scale"])] | None = None
+    length_scale: Annotated[float, Range(*INFERENCE_RANGES["length_scale"])] | None = None
+    noise_w: Annotated[float, Range(*INFERENCE_RANGES["noise_w"])] | None = None
+    share: Annotated[float, Range(0.0, 1.0)] | None = Field(
         None, description="share of new interactive jobs (default VOXFARM_CANARY_SHARE)")
     note: str = ""
     null_is_unset: ClassVar = frozenset({"noise_scale", "length_scale", "noise_w", "share"})

@@ -23,6 +23,7 @@ from app.farm import Farm, GpuMemoryExhausted, Overloaded
 from app.jobs import Chunk
 from app.offload import offload
 from app.queueing import TooManySegments, Unavailable
+from app.sealing import KeyUnavailable
 from app.states import JOB_FINAL, JobState
 from models.errors import BreakTooLong, NoSpeakableText
 from models.frontend import Segment, TextRun, iter_run_segments, iter_segments
@@ -128,7 +129,8 @@ class ChunkFollower:
     `poll(wait_s)` returns the next run of chunks (possibly empty after `wait_s`); `ended`
     turns true once the last chunk was returned, the job was canceled or failed, or it
     stalled past `STREAM_IDLE_S`; `outcome` then says which ("done", "canceled", "failed",
-    "expired", "stalled").
+    "expired", "stalled", or "key_unavailable": a chunk sealed with an at-rest key this
+    process lacks).
 
     Iterating it (`for chunk in follower`) waits for each run in turn. With
     `listener_gone` (a check that the client is no longer connected: `web.streams.
@@ -169,6 +171,12 @@ class ChunkFollower:
             if time.monotonic() - self._last_progress >= self.idle_s:
                 raise
             time.sleep(max(0.1, min(1.0, wait_s)))
+            return []
+        except KeyUnavailable as exc:
+            # A chunk sealed with a key this web lacks (an operator's gap): the stream ends
+            # where it is, and the job keeps its state.
+            log.error("stream of job %s ends early: %s", self.job_id, exc)
+            self._end("key_unavailable")
             return []
         if job is None:
             self._end("expired")

@@ -31,6 +31,12 @@ client goes away, every job it started that is still rendering is canceled. The 
 are listened to (app/listeners.py): from its submission to its end each holds a listener
 lease, so a web process that dies with the socket open leaves nothing rendering for long.
 
+The API key of the handshake is checked again before each message is handled and at least
+every KEY_CHECK_S while the socket is open: once it is revoked, the socket gets an
+`unauthorized` error event and closes with 1008 (Policy Violation), and its jobs are
+canceled. Each job the socket submits counts against the key's requests a minute, as an
+HTTP request does (past it: a `rate_limited` error event, nothing submitted).
+
 One greenlet per socket: while a job streams, client messages are read between short waits
 on the job's event stream, so both directions stay responsive without a thread per socket.
 """
@@ -40,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections import deque
 
 import redis
@@ -47,13 +54,15 @@ from flask import Blueprint
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
+from app.apikeys import ApiKey
 from app.farm import Farm
 from app.states import JOB_FINAL
 from models.voices import get_voice
+from web.auth import check_still_live, count_request, current_key
 from web.errors import ApiError
 from web.helpers import check_unicode, farm, lexicon_or_422, parse, voice_or_422
 from web.schemas import SocketMessage
-from web.synthesis import CLIENT_LEFT, ChunkFollower, submit_text
+from web.synthesis import ChunkFollower, submit_text
 
 log = logging.getLogger("voxfarm.web")
 
@@ -66,9 +75,14 @@ MAX_MESSAGE_BYTES = 128 * 1024
 HARD_MESSAGE_BYTES = 1024 * 1024
 # Binary frames carry at most this much audio, so a long segment arrives as several frames.
 AUDIO_FRAME_BYTES = 32 * 1024
+# The reason (`error`) of a socket's job canceled because the socket closed before its end.
+SOCKET_CLOSED = "canceled: its WebSocket closed before the audio was sent"
 # While a job streams, the socket looks for client messages at least this often.
 READ_EVERY_S = 0.2
 PING_INTERVAL_S = 25
+# An open socket looks at its API key again at least this often (and before every message):
+# a revoked key's socket closes within this long, idle or streaming.
+KEY_CHECK_S = 2.0
 # A finished sentence: end punctuation (Latin or CJK) and then whitespace, or CJK end
 # punctuation alone (Chinese puts no space after it).
 _SENTENCE_BOUNDARY = re.compile(r"[.!?…][\"'”’)\]]*\s+|[。！？；][\"'”’」』）)]*")
@@ -87,7 +101,7 @@ def error_event(err: ApiError, **extra) -> dict:
 class Session:
     """One socket's state: the text buffer, the jobs in order, the job being sent."""
 
-    def __init__(self, ws, farm: Farm) -> None:
+    def __init__(self, ws, farm: Farm, key: ApiKey | None = None) -> None:
         self.ws = ws
         self.farm = farm
         self.buffer = ""
@@ -99,6 +113,8 @@ class Session:
         self.started: list[str] = []  # every job id this socket submitted
         self.flush_marks: deque[int] = deque()  # jobs left to send before each "flushed"
         self.sent_jobs = 0
+        self.key = key  # the handshake's; None while the farm is open
+        self.key_checked = time.monotonic()
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -162,6 +178,7 @@ class Session:
     def submit(self, text: str) -> None:
         if not text.strip():
             return
+        count_request(self.farm.apikeys, self.key)  # each job counts, as a request does
         try:
             job = submit_text(self.farm, text, self.voice, self.speed, "wav",
                               entry="websocket", lexicon=self.lexicon, listened=True)
@@ -218,6 +235,14 @@ class Session:
     def busy(self) -> bool:
         return self.current is not None or bool(self.jobs)
 
+    def check_key(self) -> None:
+        """Raise KeyRevoked once the handshake's key is no longer live."""
+        try:
+            check_still_live(self.farm.apikeys, self.key)
+        except ApiError as err:
+            raise KeyRevoked(err) from None
+        self.key_checked = time.monotonic()
+
     def cleanup(self) -> None:
         # Let go first: that needs no Redis, and a lease not renewed lapses into a cancel.
         for job_id in [*(j["id"] for j in self.jobs), *([self.current.job_id]
@@ -225,7 +250,7 @@ class Session:
             self.farm.listeners.release(job_id)
         for job_id in self.started:
             if self.farm.jobs.state(job_id) not in JOB_FINAL:
-                self.farm.jobs.cancel(job_id, CLIENT_LEFT)
+                self.farm.jobs.cancel(job_id, SOCKET_CLOSED)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -235,9 +260,11 @@ class Session:
         self.send({"type": "ready", "sample_rate": rate, "encoding": "pcm_s16le",
                    "channels": 1, "voice": self.voice, "max_message_bytes": MAX_MESSAGE_BYTES})
         while True:
-            # Busy: take what the client sent meanwhile without waiting; idle: wait for it.
-            raw = self.ws.receive(timeout=0 if self.busy else None)
+            # Busy: take what the client sent meanwhile without waiting; idle: wait for it
+            # (up to the next look at the key).
+            raw = self.ws.receive(timeout=0 if self.busy else KEY_CHECK_S)
             while raw is not None:
+                self.check_key()
                 try:
                     self.handle(raw)
                 except ApiError as err:
@@ -245,22 +272,27 @@ class Session:
                 raw = self.ws.receive(timeout=0)
             if not self.ws.connected:
                 return
+            if time.monotonic() - self.key_checked >= KEY_CHECK_S:
+                self.check_key()
             if self.busy:
                 self.step()
 
 
 @sock.route("/v1/ws", bp=ws_bp)
 def websocket(ws) -> None:
-    serve(ws, farm())
+    serve(ws, farm(), current_key())
 
 
-def serve(ws, f: Farm) -> None:
-    """One socket's session, however it ends; nothing escapes to the server."""
-    session = Session(ws, f)
+def serve(ws, f: Farm, key: ApiKey | None = None) -> None:
+    """One socket's session, however it ends; nothing escapes to the server. `key`: the
+    API key of the handshake (None while the farm is open)."""
+    session = Session(ws, f, key)
     try:
         session.run()
     except ConnectionClosed:
         pass
+    except KeyRevoked as revoked:
+        _close_with(ws, revoked.error, 1008)
     except OSError as exc:
         # The client stopped reading (a send timed out) or vanished (reset, broken pipe):
         # an ordinary end of a socket, not a server fault.
@@ -280,10 +312,19 @@ def serve(ws, f: Farm) -> None:
             log.warning("could not cancel the jobs of a closed socket", exc_info=True)
 
 
-def _close_with(ws, err: ApiError) -> None:
-    """Last words on a socket that cannot go on: the error event, then close 1011."""
+class KeyRevoked(Exception):
+    """The socket's API key is no longer live: the socket closes (1008)."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _close_with(ws, err: ApiError, code: int = 1011) -> None:
+    """Last words on a socket that cannot go on: the error event, then close with `code`
+    (1011 Internal Error by default)."""
     try:
         ws.send(json.dumps(error_event(err)))
-        ws.close(reason=1011, message=err.code)
-    except ConnectionClosed:
+        ws.close(reason=code, message=err.code)
+    except (ConnectionClosed, OSError):  # the client is gone already
         pass

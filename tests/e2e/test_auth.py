@@ -6,14 +6,19 @@ and its rate and running-work limits answer 429 with Retry-After. Probes stay op
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import json
+import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 import simple_websocket
 
-from tests.helpers import gunicorn_server, running_farm, wait_until
-from tests.wsclient import Client
+from tests.helpers import gunicorn_server, job_ids, running_farm, wait_until
+from tests.wsclient import Client, ConnectionClosed
 
 pytestmark = pytest.mark.e2e
 
@@ -166,3 +171,152 @@ def test_a_revoked_key_is_refused_at_once(keyed):
     assert requests.get(f"{base}/v1/voices", headers=bearer(token),
                         timeout=10).status_code == 401
     assert time.monotonic() - started < 5
+
+
+# -- what a hostile probe found ----------------------------------------------------------------
+
+
+def ws_events(ws, until, timeout_s: float = 30) -> list[dict]:
+    """JSON events (audio frames skipped) until `until(events)` holds; ConnectionClosed
+    propagates."""
+    events: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    while not until(events):
+        assert time.monotonic() < deadline, f"not there yet; got {events[-5:]}"
+        raw = ws.receive(timeout=max(0.1, deadline - time.monotonic()))
+        if isinstance(raw, str):
+            events.append(json.loads(raw))
+    return events
+
+
+def closed_with(ws, timeout_s: float = 10) -> tuple[int, list[dict]]:
+    """Read until the server closes the socket: (close code, the events before it)."""
+    events: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    with pytest.raises(ConnectionClosed) as closed:
+        while time.monotonic() < deadline:
+            raw = ws.receive(timeout=0.5)
+            if isinstance(raw, str):
+                events.append(json.loads(raw))
+    return closed.value.reason, events
+
+
+def jobs_of(tf, key_id: str) -> set[str]:
+    return {j for j in job_ids(tf.farm) if tf.farm.jobs.owner(j) == key_id}
+
+
+def test_static_files_are_open_and_reach_nothing_else(keyed):
+    _, base, _, _ = keyed
+    for path, kind in (("/static/voxfarm.js", "javascript"), ("/static/voxfarm.css", "css")):
+        resp = requests.get(f"{base}{path}", timeout=10)
+        assert resp.status_code == 200 and kind in resp.headers["Content-Type"], path
+    page = requests.get(f"{base}/", timeout=10)  # it asks for a key before any call
+    assert page.status_code == 200 and 'data-keys="1"' in page.text
+    # The static route is open, not a path prefix: a trick through it reaches no API route.
+    host, port = base.removeprefix("http://").split(":")
+    for path in ("/static/../v1/voices", "/static/%2e%2e/v1/voices", "/static//v1/voices",
+                 "/static/nope.js"):
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+        assert resp.status in (401, 404) and b'"voices"' not in body, (path, resp.status)
+    assert requests.post(f"{base}/static/voxfarm.js", timeout=10).status_code == 401
+
+
+def test_a_revoked_keys_open_websockets_close_and_submit_nothing(keyed):
+    tf, base, _, _ = keyed
+    key, token = tf.farm.apikeys.create("tenant ws")
+    url = base.replace("http", "ws") + "/v1/ws"
+    talking = Client.connect(url, headers=bearer(token))
+    idle = Client.connect(url, headers=bearer(token))
+    try:
+        for ws in (talking, idle):
+            ws_events(ws, lambda ev: any(e["type"] == "ready" for e in ev))
+        talking.send(json.dumps({"text": "Before the revoke.", "flush": True}))
+        ws_events(talking, lambda ev: any(e["type"] == "flushed" for e in ev), 120)
+        before = jobs_of(tf, key.id)
+        assert len(before) == 1
+        tf.farm.apikeys.revoke(key.id)
+        try:
+            for n in range(3):
+                talking.send(json.dumps({"text": f"After the revoke, text {n}.",
+                                         "flush": True}))
+        except ConnectionClosed:
+            pass  # the socket's own look at the key came first
+        code, events = closed_with(talking)
+        assert code == 1008
+        assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["unauthorized"]
+        assert not [e for e in events if e["type"] == "job.started"]
+        # A socket that says nothing closes too, within the key's look-again interval.
+        code, events = closed_with(idle)
+        assert code == 1008 and events[-1]["error"]["code"] == "unauthorized"
+        assert jobs_of(tf, key.id) == before
+    finally:
+        for ws in (talking, idle):
+            with contextlib.suppress(ConnectionClosed):  # closed by the server already
+                ws.close()
+
+
+def test_each_job_on_a_websocket_counts_against_the_keys_rate(keyed):
+    tf, base, _, _ = keyed
+    # The budget is per minute: start with time left in this one.
+    wait_until(lambda: time.time() % 60 < 45, 20, "the minute's end")
+    key, token = tf.farm.apikeys.create("tenant ws rate", rate_per_min=3)
+    ws = Client.connect(base.replace("http", "ws") + "/v1/ws", headers=bearer(token))
+    try:  # the handshake is request 1; jobs 2 and 3 fit; the other eight do not
+        ws_events(ws, lambda ev: any(e["type"] == "ready" for e in ev))
+        for n in range(10):
+            ws.send(json.dumps({"text": f"Job {n} on one socket.", "flush": True}))
+        events = ws_events(ws, lambda ev: sum(e["type"] in ("job.started", "error")
+                                              for e in ev) >= 10, 60)
+    finally:
+        ws.close()
+    outcomes = [e["type"] if e["type"] == "job.started" else e["error"]["code"]
+                for e in events if e["type"] in ("job.started", "error")]
+    assert outcomes == ["job.started"] * 2 + ["rate_limited"] * 8, outcomes
+    refused = next(e for e in events if e["type"] == "error")
+    assert 0 < refused["error"]["retry_after"] <= 60
+    assert len(jobs_of(tf, key.id)) == 2
+
+
+def test_a_burst_cannot_beat_the_running_work_quota(keyed):
+    tf, base, _, _ = keyed
+    key, token = tf.farm.apikeys.create("tenant burst", max_active=2)
+    # A request refused after its place was taken (nothing speakable) gives the place back.
+    for _ in range(3):
+        refused = submit(base, bearer(token), "!!! ... ???")
+        assert refused.status_code == 422, refused.text
+    long_text = " ".join([TEXT] * 8)
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda _: submit(base, bearer(token), long_text), range(12)))
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [202] * 2 + [429] * 10, codes
+    assert {r.json()["error"]["code"] for r in answers if r.status_code == 429} \
+        == {"too_many_jobs"}
+    accepted = [r.json()["id"] for r in answers if r.status_code == 202]
+    assert jobs_of(tf, key.id) == set(accepted)
+    for job_id in accepted:  # canceled work no longer counts
+        assert requests.delete(f"{base}/v1/jobs/{job_id}", headers=bearer(token),
+                               timeout=10).status_code == 200
+    assert submit(base, bearer(token)).status_code == 202
+
+
+def test_one_keys_text_is_no_cache_hit_for_another(keyed):
+    _, base, token_a, token_b = keyed
+    pin = "".join(random.choice("0123456789") for _ in range(4))
+    secret = f"My bank PIN is {' '.join(pin)}."
+
+    def cache_of(token: str) -> dict:
+        resp = submit(base, bearer(token), secret)
+        assert resp.status_code == 202, resp.text
+        job_id = resp.json()["id"]
+        wait_done(base, job_id, bearer(token))
+        job = requests.get(f"{base}/v1/jobs/{job_id}", headers=bearer(token), timeout=10)
+        return job.json()["mel_cache"]
+
+    alice = cache_of(token_a)
+    assert alice["hits"] == 0 and alice["misses"] >= 1
+    assert cache_of(token_b) == {"hits": 0, "misses": alice["misses"]}  # Bob learns nothing
+    assert cache_of(token_a) == {"hits": alice["misses"], "misses": 0}  # Alice's own: cached

@@ -156,3 +156,39 @@ def test_a_websocket_client_that_stopped_reading_is_logged_at_info(farm, caplog)
     assert records and all(r.levelno == logging.INFO for r in records), \
         [(r.levelname, r.getMessage()) for r in records]
     assert any("stopped reading" in r.getMessage() for r in records)
+
+
+# -- no request can add metric series ----------------------------------------------------------
+
+
+def http_series(server: str) -> list[tuple[str, dict]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = requests.get(f"{server}/metrics", timeout=10).text
+    return [(s.name, s.labels) for family in text_string_to_metric_families(body)
+            if family.name.startswith("voxfarm_http_")
+            for s in family.samples]
+
+
+def test_made_up_methods_and_paths_add_no_metric_series(server):
+    requests.get(f"{server}/v1/voices", timeout=10)
+    # Once, so the closed set's own series exist before the count.
+    requests.request("M0A0B0C0D0E0F0A0B", f"{server}/v1/voices", timeout=10)
+    requests.request("M0A0B0C0D0E0F0A0C", f"{server}/nowhere-0", timeout=10)
+    before = http_series(server)
+    for n in range(1, 41):
+        method = f"M{n}A2B3C4D5E6F7A8B"
+        for path in ("/v1/voices", f"/v1/jobs/{n}", f"/nowhere-{n}", f"/static/x{n}.js"):
+            resp = requests.request(method, f"{server}{path}", timeout=10)
+            assert 400 <= resp.status_code < 500, (method, path, resp.status_code)
+    after = http_series(server)
+    methods = {labels["method"] for _, labels in after if "method" in labels}
+    assert methods <= {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"}
+    routes = {labels["route"] for _, labels in after if "route" in labels}
+    assert not [r for r in routes if "nowhere" in r or r.startswith("/v1/jobs/") and
+                "<" not in r], routes
+    # Other tests may be running: the series may grow by what they do, never by the 160
+    # requests' made-up methods and paths (each would add a counter and 17 histogram series).
+    added = {(name, tuple(sorted(labels.items()))) for name, labels in after} - \
+        {(name, tuple(sorted(labels.items()))) for name, labels in before}
+    assert not [a for a in added if dict(a[1]).get("method") == "other"], added

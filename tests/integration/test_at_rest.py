@@ -1,8 +1,10 @@
-"""Encryption at rest (issue 11), end to end: the Flask app (test client) over real Redis, a
-real artifact store and real acoustic, vocoder and book workers, all with
-VOXFARM_AT_REST_KEYS set. No run of the audio a client hears is stored in plaintext; a job
-sealed under key A is still served once the ring is `B,A`; a tampered cached mel is a miss
-and recomputed; a tampered chunk, segment file or M4B is never played."""
+"""Encryption at rest, end to end: the Flask app (test client) over real Redis, a real
+artifact store and real acoustic, vocoder and book workers, all with VOXFARM_AT_REST_KEYS
+set. No run of the audio a client hears is stored in plaintext; a job sealed under key A is
+still served once the ring is `B,A`; with A gone its job and book answer 503 naming A and
+keep their state, and serve again once A is back; a tampered cached mel is a miss and
+recomputed; a tampered chunk, segment file or M4B is never played; a job made before the
+farm had keys is still served."""
 
 from __future__ import annotations
 
@@ -232,6 +234,9 @@ def test_rotation_keeps_serving_what_the_old_key_sealed(sealed_farm, client):
     from web import create_app
 
     job, pcm = job_pcm(client, TEXT)
+    # A book sealed with A (the module's book: made by the first test, else here).
+    book = wait_book(client, client.post("/v1/books", json=BOOK).get_json()["id"],
+                     timeout_s=240)
     # The ring becomes B,A: workers restart with it; the web is a new one with it.
     for w in list(sealed_farm.workers):
         w.stop()
@@ -254,11 +259,39 @@ def test_rotation_keeps_serving_what_the_old_key_sealed(sealed_farm, client):
     r = redis.Redis.from_url(sealed_farm.settings.redis_url)
     assert all(c.startswith(MAGIC + b"\x01B") for c in r.hvals(rotated.keys.chunks(new["id"])))
 
-    # Once A is dropped its job is never played: it fails, with the reason.
+    # A restarted without A (dropped too early, or mistyped): what A sealed is intact, so
+    # it is neither played nor failed nor called expired: 503 naming A, state untouched.
     retired = sealed_farm_with(sealed_farm, KEY_B)
     bclient = create_app(retired.settings, retired).test_client()
-    gone = bclient.get(f"/v1/jobs/{job['id']}/audio?format=wav")
-    assert gone.status_code in (409, 410)
-    rec = bclient.get(f"/v1/jobs/{job['id']}").get_json()
-    assert rec["state"] == "failed" and "unknown_key" in rec["error"], rec
+    for path in (f"/v1/jobs/{job['id']}/audio?format=wav",
+                 f"/v1/jobs/{job['id']}/chunks?after=-1&wait=0", book["links"]["m4b"],
+                 f"/v1/books/{book['id']}/chapters/0/audio"):
+        missing = bclient.get(path)
+        assert missing.status_code == 503, (path, missing.status_code, missing.data[:200])
+        err = missing.get_json()["error"]
+        assert (err["code"], err["key_id"]) == ("key_unavailable", "A"), err
+        assert "'A'" in err["message"] and missing.headers["Retry-After"]
+    assert bclient.get(f"/v1/jobs/{job['id']}").get_json()["state"] == "done"
+    assert bclient.get(f"/v1/books/{book['id']}").get_json()["state"] == "done"
+
+    # A back behind B: the same audio again.
+    back = create_app(rotated.settings, rotated).test_client()
+    again = back.get(f"/v1/jobs/{job['id']}/audio?format=wav")
+    assert again.status_code == 200 and np.array_equal(wav_pcm(again.data), pcm)
+    m4b = back.get(book["links"]["m4b"])
+    assert m4b.status_code == 200 and m4b.data[4:12] == b"ftypM4B "
     assert base64.b64decode(KEY_A.split(":")[1]) not in b"".join(redis_values(r))
+
+
+def test_a_job_made_before_the_farm_had_keys_is_still_served(sealed_farm, client):
+    # What a keyless farm's web and vocoder wrote: a plaintext job (the stores' own calls).
+    plain = sealed_farm_with(sealed_farm, "").jobs
+    pcm = (np.sin(np.arange(22050) * 0.05) * 8000).astype("<i2").tobytes()
+    job = plain.create(total=2, voice="en-us", speed=1.0, fmt="wav", chars=5,
+                       sample_rate=22050)
+    plain.store_chunk(job["id"], 0, pcm[:20000])
+    plain.store_chunk(job["id"], 1, pcm[20000:])
+    resp = client.get(f"/v1/jobs/{job['id']}/audio?format=wav")
+    assert resp.status_code == 200, resp.get_json()
+    assert wav_pcm(resp.data).tobytes() == pcm
+    assert client.get(f"/v1/jobs/{job['id']}").get_json()["state"] == "done"

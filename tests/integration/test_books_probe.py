@@ -99,3 +99,32 @@ def test_the_same_book_rendered_twice_gives_identical_audio(probe_farm):
     assert len(first) == len(second) >= 12
     differing = [i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b]
     assert differing == []
+
+
+def test_a_book_whose_chapter_fails_in_prepare_ends_failed_with_the_reason(probe_farm):
+    # A book stored before the web checked it (the web now refuses this chapter at upload):
+    # its second chapter's <phoneme> says more than a segment may. Before: the frontend
+    # recursed to a RecursionError that never reached the task, and the book sat in
+    # `preparing` with no error, its prepare resent every few minutes.
+    import json
+    import uuid
+
+    from app.books import prefix
+    from app.queueing import send_prepare
+
+    farm = probe_farm.farm
+    book_id = uuid.uuid4().hex[:24]
+    bad = f'<speak>Say <phoneme alphabet="ipa" ph="{"ə" * 450}">this</phoneme>.</speak>'
+    chapters = [{"title": "One", "text": "A first chapter that reads well."},
+                {"title": "Two", "text": bad}]
+    farm.store.put(prefix(book_id) + "book.json", json.dumps(
+        {"title": "Stored", "author": "", "language": None, "cover_mime": None,
+         "source_format": "json", "chapters": chapters}, ensure_ascii=False).encode())
+    assert farm.books.create(book_id, title="Stored", author="", voice="en_us-joe-medium",
+                             speed=1.0, formats=("m4b",), chapters=2, words=12,
+                             sample_rate=22050, source_format="json")
+    send_prepare(farm.celery, book_id)
+    book = wait_book(app_client(probe_farm), book_id, states=("failed",), timeout_s=60)
+    assert book["error"]["chapter"] == 1
+    assert "chapter 2" in book["error"]["message"]
+    assert "450 phoneme symbols" in book["error"]["message"]

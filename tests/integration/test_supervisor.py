@@ -19,7 +19,7 @@ import redis
 import requests
 
 from app import cli
-from app.embedded_redis import free_port
+from app.embedded_redis import free_port, maxmemory_bytes
 from tests.e2e.test_two_farms import clean_env, farm_up, free_run, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -137,6 +137,11 @@ def test_up_runs_the_procfiles_lines(farm):
     redis_address = farm.state["redis_url"].split("//")[1].split("/")[0]
     assert any(a[0].endswith(f"redis-server {redis_address}") for a in running), running
     assert len(running) == len(expected) + 1  # and nothing else
+    # Its memory is bounded (a quarter of the machine's by default) and it never evicts.
+    config = redis.Redis.from_url(farm.state["redis_url"]).config_get("maxmemory*")
+    assert int(config["maxmemory"]) == maxmemory_bytes("25%") > 0, config
+    assert config["maxmemory-policy"] == "noeviction"
+    assert "GiB)" in farm.log.read_text()  # `up` says the bound
     # No keys yet: the log says the API is open, and to whom.
     assert "no API keys: the API is open to this machine only" in farm.log.read_text()
 

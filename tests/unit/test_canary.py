@@ -29,6 +29,7 @@ from app.canary import (
 from app.keys import Keys
 from app.queueing import SegmentSpec
 from app.settings import Settings
+from models.errors import UnknownSpeaker
 from models.piper_voice import Inference
 from models.quality import signal_checks, word_errors
 from tests.helpers import with_db
@@ -202,8 +203,52 @@ def test_a_candidate_must_be_a_piper_voice_at_the_same_rate(tmp_path):
         check_candidate("en-us")
     with pytest.raises(CanaryError, match="no such voice file"):
         check_candidate(VOICE, str(tmp_path / "missing.onnx"))
-    with pytest.raises(CanaryError, match="must be positive"):
+    with pytest.raises(CanaryError, match="'length_scale' must be between 0.2 and 5.0"):
         check_candidate(VOICE, inference=Inference(length_scale=0))
+    with pytest.raises(UnknownSpeaker):
+        check_candidate(f"{VOICE}:1")  # a speaker the voice lacks is no voice of it
+
+
+@pytest.mark.parametrize("overrides, refused", [
+    ({"noise_scale": math.inf}, "noise_scale"),
+    ({"noise_scale": math.nan}, "noise_scale"),
+    ({"noise_w": -math.inf}, "noise_w"),
+    ({"length_scale": 1e308}, "length_scale"),
+    ({"length_scale": 0.1}, "length_scale"),
+    ({"noise_scale": 10.5}, "noise_scale"),
+])
+def test_overrides_outside_their_ranges_are_refused(overrides, refused):
+    with pytest.raises(CanaryError, match=f"'{refused}' must be between"):
+        check_candidate(VOICE, inference=Inference(**overrides))
+    # The edges are in: no noise at all, and the range's ends.
+    check_candidate(VOICE, inference=Inference(noise_scale=0.0, length_scale=5.0, noise_w=10))
+
+
+def prefixed_keys(r: redis.Redis, prefix: str) -> list[bytes]:
+    return sorted(r.scan_iter(f"{prefix}:*"))
+
+
+def test_a_refused_start_writes_nothing_and_uses_no_version_id(canary):
+    for share in (math.inf, math.nan, -0.5, 1.5):
+        with pytest.raises(CanaryError, match="'share' must be between 0.0 and 1.0"):
+            canary.start(VOICE, share=share)
+    assert prefixed_keys(canary.r, canary.keys.prefix) == []
+    # Whatever reaches the store script unchecked fails before its first write.
+    with pytest.raises(ValueError):
+        canary.start(VOICE, inference=Inference(noise_scale=math.inf))
+    # And the script itself reads both records before its first write (Redis keeps what a
+    # failing script wrote): a record cjson cannot read leaves no v1 and no id used.
+    k = canary.keys
+    with pytest.raises(redis.ResponseError):
+        canary._start(keys=[k.voice(VOICE), k.voice_versions(VOICE), k.versioned_voices,
+                            k.voice_decisions(VOICE)],
+                      args=[VOICE, '{"id": "v1"}', '{"inference": {"noise_scale": Infinity}}',
+                            "0.5", "0", "[]", 10])
+    assert prefixed_keys(canary.r, canary.keys.prefix) == []
+    # -0.0 is kept, and shown, as 0.0; the first version ids are v1 and v2.
+    assert canary.start(VOICE, share=-0.0).id == "v2"
+    assert canary.state(VOICE) == ("v1", "v2", 0.0)
+    assert str(canary.state(VOICE)[2]) == "0.0"
 
 
 # -- the admin API ----------------------------------------------------------------------------
@@ -244,3 +289,62 @@ def test_the_admin_api_starts_lists_promotes_and_rolls_back(redis_url, tmp_path)
     assert [d["action"] for d in rolled["decisions"]] == ["start", "promote", "start",
                                                            "rollback"]
     assert [v["state"] for v in rolled["versions"]] == ["retired", "live", "retired"]
+
+
+def test_the_admin_api_refuses_absurd_values_with_422_and_writes_nothing(redis_url, tmp_path):
+    from web import create_app
+
+    prefix = f"canary-api-{uuid.uuid4().hex[:8]}"
+    settings = Settings().with_(redis_url=with_db(redis_url, 4), store_dir=str(tmp_path),
+                                key_prefix=prefix)
+    client = create_app(settings).test_client()
+    r = redis.Redis.from_url(settings.redis_url)
+    base = f"/v1/admin/voices/{VOICE}"
+    # Raw bodies: 1e309 and Infinity parse as infinity, NaN as NaN.
+    for body, field in [('{"noise_scale": 1e309}', "noise_scale"),
+                        ('{"noise_scale": Infinity}', "noise_scale"),
+                        ('{"noise_w": NaN}', "noise_w"),
+                        ('{"length_scale": 1e308}', "length_scale"),
+                        ('{"length_scale": -0.0}', "length_scale"),
+                        ('{"noise_scale": 11}', "noise_scale"),
+                        ('{"share": 1e309}', "share"),
+                        ('{"share": -Infinity}', "share")]:
+        resp = client.post(f"{base}/canary", data=body, content_type="application/json")
+        assert resp.status_code == 422, (body, resp.status_code, resp.get_json())
+        err = resp.get_json()["error"]
+        assert (err["code"], err["field"]) == ("out_of_range", field), (body, err)
+        assert prefixed_keys(r, prefix) == [], f"{body} wrote to Redis"
+    assert client.get(f"{base}/versions").get_json()["versions"] == []
+
+    resp = client.post(f"{base}/canary", data='{"share": -0.0, "noise_scale": 0}',
+                       content_type="application/json")
+    assert resp.status_code == 201, resp.get_json()
+    assert b"-0.0" not in resp.data
+    started = resp.get_json()
+    assert (started["live"], started["candidate"], started["share"]) == ("v1", "v2", 0.0)
+    assert started["versions"][1]["inference"] == {"noise_scale": 0.0}
+
+
+def test_the_cli_prints_the_apis_message_and_writes_nothing(redis_url):
+    from click.testing import CliRunner
+
+    from app.cli import main
+
+    prefix = f"canary-cli-{uuid.uuid4().hex[:8]}"
+    env = {"VOXFARM_REDIS_URL": with_db(redis_url, 4), "VOXFARM_KEY_PREFIX": prefix}
+    r = redis.Redis.from_url(env["VOXFARM_REDIS_URL"])
+    runner = CliRunner()
+    for args, message in [(["--noise-scale", "inf"], "'noise_scale' must be between 0.0 and 10.0"),
+                          (["--noise-scale", "1e309"], "'noise_scale' must be between 0.0 and "
+                                                       "10.0"),
+                          (["--noise-w", "nan"], "'noise_w' must be between 0.0 and 10.0"),
+                          (["--length-scale", "1e308"], "'length_scale' must be between 0.2 "
+                                                        "and 5.0"),
+                          (["--share", "inf"], "'share' must be between 0.0 and 1.0")]:
+        result = runner.invoke(main, ["models", "canary", VOICE, *args], env=env)
+        assert result.exit_code == 1, (args, result.output)
+        assert result.output == f"Error: {message}\n", (args, result.output)
+        assert prefixed_keys(r, prefix) == [], f"{args} wrote to Redis"
+    result = runner.invoke(main, ["models", "canary", VOICE, "--share", "-0.0"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "candidate v2" in result.output and "takes 0% of new jobs" in result.output

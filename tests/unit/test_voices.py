@@ -63,6 +63,36 @@ def test_a_one_speaker_voice_has_no_named_speakers() -> None:
         get_voice("en-us:1")  # eSpeak voices have no speakers
 
 
+@pytest.mark.parametrize("name, voice", [("en_us-joe-medium:0", "en_us-joe-medium"),
+                                         ("EN_US-joe-medium:00", "en_us-joe-medium"),
+                                         ("en-us:0", "en-us"), ("en-us+f3:0", "en-us+f3")])
+def test_a_one_speaker_voice_is_speaker_0(name: str, voice: str) -> None:
+    # `NAME` alone is speaker 0, so `NAME:0` is the same voice (the same name in the job,
+    # the same cache keys); no other speaker is.
+    assert get_voice(name) == get_voice(voice)
+    for other in ("1", "-0", " 0", "+0", "0.0", "\u0660"):
+        with pytest.raises(UnknownSpeaker, match="speakers: 0 only"):
+            get_voice(f"{voice}:{other}")
+
+
+def test_name_0_is_accepted_wherever_the_api_takes_a_voice(redis_url, tmp_path) -> None:
+    from app.settings import Settings
+    from tests.helpers import with_db
+    from web import create_app
+
+    client = create_app(Settings().with_(redis_url=with_db(redis_url, 6),
+                                         store_dir=str(tmp_path))).test_client()
+    for body in ({"text": "Hello there.", "voice": "en_us-joe-medium:0"},
+                 {"text": '<speak><voice name="en_us-joe-medium:0">Hello.</voice></speak>'}):
+        resp = client.post("/v1/phonemize", json=body)
+        assert resp.status_code == 200, resp.get_json()
+    resp = client.post("/v1/phonemize", json={"text": "Hi.", "voice": "en_us-joe-medium:1"})
+    assert resp.status_code == 422
+    err = resp.get_json()["error"]
+    assert (err["code"], err["field"]) == ("unknown_speaker", "voice"), err
+    assert "0 only" in err["message"]
+
+
 def test_voices_dir_adds_voices_and_leaves_out_broken_ones(tmp_path, caplog) -> None:
     import shutil
 

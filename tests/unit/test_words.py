@@ -3,6 +3,8 @@ from in the submitted text, durations to seconds, and captions."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from models import captions
@@ -170,7 +172,7 @@ def test_cues_break_at_sentences_pauses_and_length() -> None:
 def test_srt_and_vtt_text() -> None:
     srt = captions.render(WORDS, "srt")
     assert srt.startswith("1\n00:00:00,100 --> 00:00:01,000\nCaptions come fast.\n\n2\n")
-    assert "4\n01:01:01,000 --> 01:01:01,250\n<b>&\n" in srt
+    assert "4\n01:01:01,000 --> 01:01:01,250\n＜b＞&\n" in srt
     vtt = captions.render(WORDS, "vtt")
     assert vtt.startswith("WEBVTT\n\n00:00:00.100 --> 00:00:01.000\nCaptions come fast.\n")
     assert "01:01:01.000 --> 01:01:01.250\n&lt;b&gt;&amp;\n" in vtt
@@ -193,3 +195,33 @@ def test_espeak_segments_have_word_spans() -> None:
     [segment] = prepare("It was in the house.", "en-us")
     assert [(w.word, segment.phonemes[w.start:w.end]) for w in segment.words] == [
         ("It", "It"), ("was", "wVz"), ("in", "In"), ("the", "D@2"), ("house.", "h'aUs")]
+
+
+def test_srt_cue_text_can_forge_neither_a_timing_line_nor_markup() -> None:
+    # Before: SRT cues kept a word's raw "-->" and "<i>" (VTT escaped them): a word could
+    # end a cue's text early with a timing line of its own, or italicise the rest.
+    words = [{"word": w, "start": i * 0.3, "end": i * 0.3 + 0.2, "segment": 0}
+             for i, w in enumerate(["Go-->now", "00:00:09,000", "-->", "00:00:10,000",
+                                    "<i>here</i>", "{\\an8}fine", "</font>"])]
+    srt = captions.render(words, "srt")
+    blocks = [block.splitlines() for block in srt.strip().split("\n\n")]
+    assert len(blocks) == len(captions.cues(words)) == 2
+    timing = r"\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}"
+    assert all(len(block) == 3 and re.fullmatch(timing, block[1]) for block in blocks)
+    text = [block[2] for block in blocks]
+    assert text == ["Go--＞now 00:00:09,000 --＞ 00:00:10,000",
+                    "＜i＞here＜/i＞ ｛\\an8｝fine ＜/font＞"]
+    assert not any(c in line for line in text for c in "<>{}")
+    vtt = captions.render(words, "vtt")
+    assert "--&gt;" in vtt and "&lt;i&gt;" in vtt and vtt.count("-->") == len(blocks)
+
+
+def test_chinese_words_join_without_spaces_and_keep_their_punctuation() -> None:
+    # Before: "你好 世界 我们 今天 去 银行": spaces between words, the punctuation gone.
+    segments = prepare("你好，世界！我们今天去银行。", "cmn")
+    words = [{"word": w.word, "start": i * 0.3, "end": i * 0.3 + 0.2, "segment": s.index}
+             for s in segments for i, w in enumerate(s.words)]
+    assert [c["text"] for c in captions.cues(words)] == ["你好，世界！", "我们今天去银行。"]
+    [segment] = prepare("他说“你好”，然后去 Paris 了。", "cmn")
+    assert captions.join_words([w.word for w in segment.words]) == "他说“你好”，然后去 Paris 了。"
+    assert captions.join_words(["Hello,", "world."]) == "Hello, world."

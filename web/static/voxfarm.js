@@ -1,5 +1,11 @@
 // The voxfarm page: speak text through the stream endpoint, follow jobs, upload books.
 // Plain browser JavaScript; everything it calls is this server's own API.
+//
+// With API keys on, the page asks for a key and keeps it for the tab (sessionStorage: gone
+// when the tab closes, never shared with other tabs), and sends it as a header with every
+// call: never in a URL, where the farm would not read it anyway. Audio then cannot be an
+// `<audio src>` (the element sends no header): the page fetches the stream with the header
+// and feeds it to a MediaSource as it arrives, and fetches downloads the same way.
 "use strict";
 
 (() => {
@@ -17,8 +23,66 @@
     }
   }
 
+  // -- the API key --------------------------------------------------------------------------
+
+  const KEY_ITEM = "voxfarm.apiKey";
+  let memoryKey = ""; // where the key lives if the browser keeps no sessionStorage
+
+  function apiKey() {
+    try {
+      return sessionStorage.getItem(KEY_ITEM) || "";
+    } catch (e) { // storage disabled: the key lives as long as the page
+      return memoryKey;
+    }
+  }
+
+  function setKey(key) {
+    memoryKey = key;
+    try {
+      if (key) sessionStorage.setItem(KEY_ITEM, key);
+      else sessionStorage.removeItem(KEY_ITEM);
+    } catch (e) { /* kept in memory only */ }
+    showKey();
+  }
+
+  function withKey(headers) {
+    const key = apiKey();
+    return key ? { ...headers, Authorization: `Bearer ${key}` } : headers;
+  }
+
+  function keysOn() {
+    return document.querySelector("main").dataset.keys === "1";
+  }
+
+  function showKey(why) {
+    const key = apiKey();
+    const section = $("key-section");
+    section.hidden = !key && !keysOn() && !why;
+    $("key-form").hidden = Boolean(key);
+    $("key-set").hidden = !key;
+    if (why) $("key-why").textContent = why;
+  }
+
+  function askForKey(message) {
+    // A key the farm refused is no use any more; a missing one is asked for.
+    const why = apiKey() ? `The key was refused: ${message}` : message;
+    setKey("");
+    showKey(why || "This farm needs an API key.");
+    $("api-key").focus();
+  }
+
+  async function useKey(event) {
+    event.preventDefault();
+    const key = $("api-key").value.trim();
+    if (!key) return;
+    setKey(key);
+    $("api-key").value = "";
+    clearError();
+    await loadVoices();
+  }
+
   async function api(method, url, body, isForm) {
-    const opts = { method, headers: { Accept: "application/json" } };
+    const opts = { method, headers: withKey({ Accept: "application/json" }) };
     if (body !== undefined) {
       if (isForm) {
         opts.body = body;
@@ -35,8 +99,30 @@
     }
     const type = resp.headers.get("Content-Type") || "";
     const data = type.startsWith("application/json") ? await resp.json() : null;
-    if (!resp.ok) throw new ApiError(resp.status, (data && data.error) || {});
+    if (!resp.ok) {
+      const err = new ApiError(resp.status, (data && data.error) || {});
+      if (resp.status === 401) askForKey(err.message);
+      throw err;
+    }
     return { data, resp };
+  }
+
+  async function fetchWithKey(url, signal) {
+    // A non-JSON resource (audio) fetched with the key; errors as the API's.
+    let resp;
+    try {
+      resp = await fetch(url, { headers: withKey({}), signal });
+    } catch (e) {
+      if (e.name === "AbortError") throw e;
+      throw new ApiError(0, { code: "network", message: "The server could not be reached." });
+    }
+    if (!resp.ok) {
+      const data = await resp.json().catch(() => null);
+      const err = new ApiError(resp.status, (data && data.error) || {});
+      if (resp.status === 401) askForKey(err.message);
+      throw err;
+    }
+    return resp;
   }
 
   function showError(err) {
@@ -57,6 +143,7 @@
   async function loadVoices() {
     const select = $("voice");
     const preferred = document.querySelector("main").dataset.defaultVoice;
+    if (keysOn() && !apiKey()) return; // asked for first; loaded once a key is given
     try {
       const { data } = await api("GET", "/v1/voices");
       select.textContent = "";
@@ -99,12 +186,41 @@
     }
   }
 
+  // The stream being fetched with a key, if any: its abort handle and its object URL.
+  let keyed = null;
+
   function play(job) {
     const player = $("player");
-    // The stream starts with the first segment while later ones still render.
-    player.src = `/v1/jobs/${encodeURIComponent(job.id)}/stream?format=wav`;
+    const stream = `/v1/jobs/${encodeURIComponent(job.id)}/stream`;
+    if (keyed) {
+      keyed.abort.abort();
+      URL.revokeObjectURL(keyed.url);
+      keyed = null;
+    }
     player.dataset.jobId = job.id;
     $("now").textContent = `Playing job ${job.id.slice(0, 8)}…`;
+    // The stream starts with the first segment while later ones still render.
+    if (!apiKey()) {
+      player.src = `${stream}?format=wav`;
+      start(player);
+    } else if (window.MediaSource && MediaSource.isTypeSupported("audio/mpeg")) {
+      player.src = streamWithKey(`${stream}?format=mp3`);
+      start(player);
+    } else { // no MediaSource for MP3: the whole file, then play
+      const abort = new AbortController();
+      keyed = { abort, url: "" };
+      fetchWithKey(`${stream}?format=wav`, abort.signal)
+        .then((resp) => resp.blob())
+        .then((blob) => {
+          keyed.url = URL.createObjectURL(blob);
+          player.src = keyed.url;
+          start(player);
+        })
+        .catch((err) => { if (err.name !== "AbortError") showError(err); });
+    }
+  }
+
+  function start(player) {
     player.play().catch((err) => {
       if (err.name === "NotAllowedError") {
         $("now").textContent = "Press play on the player to listen.";
@@ -112,6 +228,70 @@
         showError({ message: `The audio could not be played: ${err.message}` });
       }
     });
+  }
+
+  // Seconds of audio already played that a keyed stream keeps buffered (for a seek back);
+  // older audio is let go, so a long job fits the browser's buffer.
+  const KEEP_PLAYED_S = 60;
+
+  function streamWithKey(url) {
+    // The job's MP3 stream, fetched with the key and appended to a MediaSource chunk by
+    // chunk: playback starts with the first segment, as with a plain `<audio src>`.
+    const source = new MediaSource();
+    const abort = new AbortController();
+    keyed = { abort, url: URL.createObjectURL(source) };
+    source.addEventListener("sourceopen", async () => {
+      const buffer = source.addSourceBuffer("audio/mpeg");
+      buffer.mode = "sequence";
+      try {
+        const resp = await fetchWithKey(url, abort.signal);
+        const reader = resp.body.getReader();
+        for (;;) {
+          const { done, value } = await reader.read();
+          if (done) break;
+          await append(buffer, value);
+        }
+        if (source.readyState === "open") source.endOfStream(); // the duration is known
+      } catch (err) {
+        if (err.name === "AbortError") return;
+        if (source.readyState === "open") source.endOfStream("network");
+        showError(err);
+      }
+    }, { once: true });
+    return keyed.url;
+  }
+
+  function settled(buffer) {
+    return new Promise((resolve, reject) => {
+      const done = () => { buffer.removeEventListener("error", failed); resolve(); };
+      const failed = () => {
+        buffer.removeEventListener("updateend", done);
+        reject(new Error("the audio could not be decoded"));
+      };
+      buffer.addEventListener("updateend", done, { once: true });
+      buffer.addEventListener("error", failed, { once: true });
+    });
+  }
+
+  async function append(buffer, bytes) {
+    const player = $("player");
+    for (;;) {
+      const played = player.currentTime - KEEP_PLAYED_S;
+      if (buffer.buffered.length && buffer.buffered.start(0) < played) {
+        const removed = settled(buffer);
+        buffer.remove(0, played);
+        await removed;
+      }
+      try {
+        const appended = settled(buffer);
+        buffer.appendBuffer(bytes);
+        return await appended;
+      } catch (err) {
+        if (err.name !== "QuotaExceededError") throw err;
+        // The buffer is full of audio not played yet: wait for the player to use some.
+        await new Promise((resolve) => { setTimeout(resolve, 1000); });
+      }
+    }
   }
 
   // -- read-along: the word being spoken is highlighted as the audio plays ----------------------
@@ -196,6 +376,30 @@
 
   // -- the job list --------------------------------------------------------------------------
 
+  function download(a) {
+    // A download link: followed by the browser while the farm is open; with a key, fetched
+    // with it and saved from memory (a link cannot send a header).
+    a.addEventListener("click", async (event) => {
+      if (!apiKey()) return;
+      event.preventDefault();
+      try {
+        const resp = await fetchWithKey(a.href);
+        const named = /filename="?([^";]+)"?/.exec(resp.headers.get("Content-Disposition") || "");
+        const url = URL.createObjectURL(await resp.blob());
+        const save = document.createElement("a");
+        save.href = url;
+        save.download = a.getAttribute("download") || (named ? named[1] : "");
+        document.body.append(save);
+        save.click();
+        save.remove();
+        setTimeout(() => URL.revokeObjectURL(url), 60_000);
+      } catch (err) {
+        showError(err);
+      }
+    });
+    return a;
+  }
+
   function addJob(job, text) {
     const li = document.createElement("li");
     li.dataset.jobId = job.id;
@@ -226,7 +430,7 @@
       a.href = `${job.links.audio}?format=mp3`;
       a.textContent = "download";
       a.setAttribute("download", `${job.id}.mp3`);
-      actions.append(a);
+      actions.append(download(a));
     } else if (!FINAL.has(job.state)) {
       const cancel = document.createElement("button");
       cancel.className = "secondary";
@@ -325,7 +529,7 @@
         const a = document.createElement("a");
         a.href = book.links[fmt];
         a.textContent = `download ${fmt}`;
-        li.append(document.createElement("span"), document.createElement("span"), a);
+        li.append(document.createElement("span"), document.createElement("span"), download(a));
       }
     }
     for (const ch of book.chapters || []) {
@@ -339,7 +543,7 @@
         const a = document.createElement("a");
         a.href = link;
         a.textContent = "download";
-        li.append(a);
+        li.append(download(a));
       } else {
         li.append(document.createElement("span"));
       }
@@ -361,6 +565,11 @@
 
   // -- start ---------------------------------------------------------------------------------
 
+  $("key-form").addEventListener("submit", useKey);
+  $("key-forget").addEventListener("click", () => {
+    setKey("");
+    showKey();
+  });
   $("speak-form").addEventListener("submit", speak);
   $("speed").addEventListener("input", showSpeed);
   $("player").addEventListener("play", () => requestAnimationFrame(highlightWhilePlaying));
@@ -372,6 +581,7 @@
       showError({ message: `The audio stream failed (${err ? err.message || err.code : "?"}).` });
     }
   });
+  showKey();
   showSpeed();
   loadVoices();
   initBooks();
