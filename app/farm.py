@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
@@ -37,8 +37,9 @@ from app.celery_app import (
     VOCODER_QUEUE,
     make_celery,
 )
-from app.jobs import JobStore
+from app.jobs import JobStore, dead_field
 from app.keys import Keys
+from app.listeners import ListenerLeases
 from app.melcache import MelCache
 from app.metrics import JobObserver
 from app.redis_conn import blocking_client, redis_client
@@ -71,33 +72,56 @@ redis.call('HSET', KEYS[1], ARGV[1], tostring(new))
 return tostring(new)
 """
 
-# Admission, atomically (Farm._admit). KEYS: the admissions zset (ticket -> when it stops
-# counting). ARGV: now, a new ticket's life, acoustic segments waiting, segments waiting in
-# both stages, seconds a segment ('' while unknown), the depth bound, the wait bound, the
-# ticket. Returns {0, ahead} with the ticket counted, or {1, depth} / {2, wait} refused.
+# Admission, atomically (Farm._admit). KEYS: the admissions zset (ticket "id:segments" ->
+# when it stops counting), the admission hash (app/jobs.py: dead:STAGE, reserved), the
+# listener leases. ARGV: now, a new ticket's life, messages on the acoustic stage's lead and
+# main queues, the same on the vocoder stage's, seconds a segment ('' while unknown), the
+# depth bound, the wait bound, the ticket id, the job's segments, '1' to look for lapsed
+# leases first. A stage's live work is its messages less those of stopped jobs; a queue seen
+# empty has none of those, which rights a count that a lost message left behind. Returns
+# {0, ahead} with the ticket counted; refused, {1, acoustic waiting} or {2, ahead, seconds};
+# {3} when a listener lease lapsed (sweep, then ask again without looking).
 _ADMIT = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-local pending = redis.call('ZCARD', KEYS[1])
-local depth = tonumber(ARGV[3]) + pending
-if depth + 1 > tonumber(ARGV[6]) then return {1, tostring(depth)} end
-local ahead = tonumber(ARGV[4]) + pending
-if ARGV[5] ~= '' and ahead * tonumber(ARGV[5]) > tonumber(ARGV[7]) then
-  return {2, tostring(ahead * tonumber(ARGV[5]))}
+if ARGV[10] == '1' and #redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, 1) > 0
+then return {3} end
+local reserved = tonumber(redis.call('HGET', KEYS[2], 'reserved') or '0')
+for _, ticket in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])) do
+  reserved = reserved - tonumber(string.match(ticket, ':(%d+)$') or '1')
 end
-redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[2]), ARGV[8])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if reserved < 0 or redis.call('ZCARD', KEYS[1]) == 0 then reserved = 0 end
+redis.call('HSET', KEYS[2], 'reserved', reserved)
+local function live(depth, field)
+  local dead = tonumber(redis.call('HGET', KEYS[2], field) or '0')
+  if depth == 0 and dead ~= 0 then redis.call('HSET', KEYS[2], field, 0) end
+  return math.max(0, depth - dead)
+end
+local segments = tonumber(ARGV[9])
+local acoustic = live(tonumber(ARGV[3]), 'dead:acoustic') + reserved
+if acoustic + segments > tonumber(ARGV[6]) then return {1, tostring(acoustic)} end
+local ahead = acoustic + live(tonumber(ARGV[4]), 'dead:vocoder')
+if ARGV[5] ~= '' and ahead * tonumber(ARGV[5]) > tonumber(ARGV[7]) then
+  return {2, tostring(ahead), tostring(ahead * tonumber(ARGV[5]))}
+end
+redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[2]), ARGV[8] .. ':' .. segments)
+redis.call('HSET', KEYS[2], 'reserved', reserved + segments)
 return {0, tostring(ahead)}
 """
 # An admitted job counts in its ticket until its segments are on the queue, and this long
 # after: longer than any admission takes between reading the queues and its check, so one
 # that read them before the job's segments arrived still counts the job.
 ADMITTED_OVERLAP_S = 1.0
+# The reason a stream job whose listener lease lapsed is canceled with (its `error`).
+LISTENER_GONE = ("canceled: nobody listens any more (its stream's web process stopped or "
+                 "lost touch for {s:g} s)")
 
 
 class Overloaded(Exception):
-    """The acoustic queue is past its bound; the caller should come back later."""
+    """The farm cannot take the job now; the caller should come back later. The message
+    names what admission judged: `depth` is the segments it counted."""
 
-    def __init__(self, depth: int, retry_after_s: int) -> None:
-        super().__init__(f"{depth} segments are waiting")
+    def __init__(self, depth: int, retry_after_s: int, message: str = "") -> None:
+        super().__init__(message or f"the farm is busy ({depth} segments waiting)")
         self.depth = depth
         self.retry_after_s = retry_after_s
 
@@ -130,6 +154,8 @@ class Farm:
         self.sealer = Sealer.from_keyring(settings.at_rest_keys)
         self.jobs = JobStore(self.redis, self.keys, settings.job_ttl,
                              waiting=blocking_client(settings.redis_url), sealer=self.sealer)
+        # The stream jobs this process listens for (the web's streams hold them).
+        self.listeners = ListenerLeases(self.jobs, settings.stream_lease_s)
         self.mel_cache = MelCache(self.cache_redis, self.keys, settings.mel_cache_ttl,
                                   sealer=self.sealer)
         self._run_ewma = self.redis.register_script(_RUN_EWMA)
@@ -150,20 +176,33 @@ class Farm:
     # -- submission (the publishing itself is app/queueing.py's) ------------------------------
 
     def submit(self, segments: Iterable, *, voice: str, speed: float, fmt: str, chars: int,
-               sample_rate: int, request_id: str = "", key: ApiKey | None = None) -> dict:
+               sample_rate: int, request_id: str = "", key: ApiKey | None = None,
+               listened: bool = False) -> dict:
         """Create the job and enqueue its segments as `segments` yields them
-        (`queueing.submit`), once the farm admits it. Raises Overloaded when the farm is
-        full (nothing written), Unavailable when the broker could not take a segment, and
-        LimitExceeded when `key` (the API key asking) already runs its quota of work."""
+        (`queueing.submit`), once the farm admits it. Raises TooManySegments past
+        `max_job_segments` (nothing written when `segments` has a length; a lazy one is
+        found out as it goes, and the job is failed), Overloaded when the farm is full
+        (nothing written), Unavailable when the broker could not take a segment, and
+        LimitExceeded when `key` (the API key asking) already runs its quota of work.
+        `listened`: the job is a stream's; it has a listener lease (app/listeners.py).
+
+        A job whose segments are known up front counts all of them against the depth bound;
+        a lazy one (text, segmented as it is published) counts its first, and its later ones
+        count for every admission after them."""
+        cap = self.settings.max_job_segments
+        count = len(segments) if isinstance(segments, Sized) else 1
+        if count > cap:
+            raise queueing.TooManySegments(cap)
         with self.work_slot(key) as slot:
             tickets: list[str] = []
             try:
                 job = queueing.submit(self.celery, self.jobs, segments,
-                                      admit=lambda: tickets.append(self._admit()),
+                                      admit=lambda: tickets.append(self._admit(count)),
                                       voice=voice, speed=speed, fmt=fmt, chars=chars,
                                       sample_rate=sample_rate, request_id=request_id,
                                       owner=key.id if key else "",
-                                      version_for=self.canary.version_for)
+                                      version_for=self.canary.version_for, max_segments=cap,
+                                      lease_s=self.settings.stream_lease_s if listened else 0.0)
             finally:
                 for ticket in tickets:
                     self._admitted(ticket)
@@ -190,35 +229,60 @@ class Farm:
                 running.append(book is not None and book["state"] in BOOK_ACTIVE)
         return running
 
-    def _admit(self) -> str:
-        """Admit a job, or raise Overloaded when the farm cannot take one now: the acoustic
-        queue is past its bound, or a new job would wait longer than `max_queue_wait_s`
-        (accepting a job its client times out on is worse than a 503 that says when to come
-        back); raise GpuMemoryExhausted when no pool of a stage has the memory to run it.
+    def _admit(self, segments: int = 1) -> str:
+        """Admit a job of `segments` segments, or raise Overloaded when the farm cannot take
+        it now: the acoustic stage's live work and the job's own segments pass the depth
+        bound, or a new job would wait longer than `max_queue_wait_s` for the work ahead of
+        it in both stages (accepting a job its client times out on is worse than a 503 that
+        says when to come back); raise GpuMemoryExhausted when no pool of a stage has the
+        memory to run it.
+
+        Live work is what will run: the messages on a stage's lead and main queues less
+        those of canceled or failed jobs, which the workers skip (the ledger: app/jobs.py).
+        A stream job whose listener lease lapsed is canceled first (`sweep_unlistened`), so
+        a farm restarted under a backlog of abandoned streams takes new work at once.
 
         Returns the job's admission ticket, which `_admitted` lets go once the job is on the
-        queue. Until then the job counts as one segment waiting: a burst's requests read the
+        queue. Until then the job counts as its segments waiting: a burst's requests read the
         queues before any of them has published, and each would see room that the others
         are taking (a 128-client burst from idle had all 128 admitted with the estimate at
         4x the bound a second later). The check and the ticket are one Lua call."""
-        depth = self.stage_depth(ACOUSTIC_QUEUE)
         exhausted = self.memory_exhausted()
         if exhausted:
-            raise GpuMemoryExhausted(exhausted, depth, self.settings.retry_after_s)
-        ahead = depth + self.stage_depth(VOCODER_QUEUE)
+            raise GpuMemoryExhausted(exhausted, self.stage_depth(ACOUSTIC_QUEUE),
+                                     self.settings.retry_after_s)
+        acoustic = self.stage_depth(ACOUSTIC_QUEUE)
+        vocoder = self.stage_depth(VOCODER_QUEUE)
         per_segment = self._segment_s()
-        ticket = uuid.uuid4().hex
-        refused, value = self._admit_script(keys=[self.keys.admitting], args=[
-            repr(time.time()), self.settings.publish_grace_s, depth, ahead,
-            "" if per_segment is None else repr(per_segment), self.settings.max_queue_depth,
-            self.settings.max_queue_wait_s, ticket])
+        ticket_id = uuid.uuid4().hex
+        settings = self.settings
+        for look in ("1", "0"):
+            answer = self._admit_script(
+                keys=[self.keys.admitting, self.keys.admission, self.keys.listened],
+                args=[repr(time.time()), settings.publish_grace_s, acoustic, vocoder,
+                      "" if per_segment is None else repr(per_segment),
+                      settings.max_queue_depth, settings.max_queue_wait_s,
+                      ticket_id, segments, look])
+            if answer[0] != 3:
+                break
+            self.sweep_unlistened()
+        refused = answer[0]
         if refused == 1:
-            raise Overloaded(int(value), self.settings.retry_after_s)
+            waiting = int(answer[1])
+            mine = f"; this job has {segments}" if segments > 1 else ""
+            raise Overloaded(waiting, settings.retry_after_s,
+                             f"the farm is busy: {waiting} segments are waiting for the "
+                             f"acoustic stage{mine}, and the bound is "
+                             f"{settings.max_queue_depth}")
         if refused == 2:
-            retry = min(60, max(self.settings.retry_after_s,
-                                int(float(value) - self.settings.max_queue_wait_s) + 1))
-            raise Overloaded(depth, retry)
-        return ticket
+            ahead, wait = int(answer[1]), float(answer[2])
+            retry = min(60, max(settings.retry_after_s,
+                                int(wait - settings.max_queue_wait_s) + 1))
+            raise Overloaded(ahead, retry,
+                             f"the farm is busy: {ahead} segments are waiting in the acoustic "
+                             f"and vocoder stages, about {wait:.0f} s of work ahead of a new "
+                             f"job, and the bound is {settings.max_queue_wait_s:g} s")
+        return f"{ticket_id}:{segments}"  # the zset's member, as the script wrote it
 
     def _admitted(self, ticket: str) -> None:
         """The ticket's job is on the queue (or failed): it stops counting
@@ -228,6 +292,17 @@ class Farm:
                             {ticket: time.time() + ADMITTED_OVERLAP_S}, xx=True)
         except redis.RedisError:
             pass
+
+    def sweep_unlistened(self) -> list[str]:
+        """Cancel the stream jobs whose listener lease lapsed: the web process that streamed
+        each stopped renewing it (it died, or was stopped with the stream open), so nobody
+        will hear the rest. A lapsed lease of a job that is over is only forgotten. Returns
+        the ids it canceled."""
+        canceled = []
+        reason = LISTENER_GONE.format(s=self.settings.stream_lease_s)
+        while ids := self.jobs.claim_lapsed_leases():
+            canceled += [job_id for job_id in ids if self.jobs.cancel(job_id, reason)[0]]
+        return canceled
 
     def sweep_unpublished(self) -> list[str]:
         """Fail the jobs whose web process died before all their segments were queued."""
@@ -331,13 +406,13 @@ class Farm:
         self._run_ewma(keys=[self.keys.stats], args=[f"{stage}_run_s", repr(seconds)])
 
     def expected_wait_s(self) -> float | None:
-        """How long a segment submitted now would wait before its audio: the segments ahead
-        of it in both stages, times the slower stage's recent run time per live worker
+        """How long a segment submitted now would wait before its audio: the live segments
+        ahead of it in both stages, times the slower stage's recent run time per live worker
         process. None until both stages have run a segment (nothing to estimate from)."""
         per_segment = self._segment_s()
         if per_segment is None:
             return None
-        return (self.stage_depth(ACOUSTIC_QUEUE) + self.stage_depth(VOCODER_QUEUE)) * per_segment
+        return (self.live_depth(ACOUSTIC_QUEUE) + self.live_depth(VOCODER_QUEUE)) * per_segment
 
     def _segment_s(self) -> float | None:
         """Seconds each segment ahead adds to a wait: the slower stage's recent run time per
@@ -351,6 +426,13 @@ class Farm:
     def stage_depth(self, stage: str) -> int:
         """Interactive segments waiting on a stage: its lead queue and its own."""
         return self.queue_depth(LEAD_QUEUES[stage]) + self.queue_depth(stage)
+
+    def live_depth(self, stage: str) -> int:
+        """The stage's waiting segments that will run: `stage_depth` less the messages of
+        stopped jobs (the ledger, app/jobs.py), as admission counts them."""
+        depth = self.stage_depth(stage)
+        dead = int(self.redis.hget(self.keys.admission, dead_field(stage)) or 0)
+        return max(0, depth - dead) if depth else 0
 
     def queue_depth(self, queue: str) -> int:
         """Messages waiting on `queue` (not those a worker holds), within the broker's bound."""

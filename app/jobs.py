@@ -13,6 +13,19 @@ compute as far as the window counts are known. The job's segment count may be op
 the web still segments the text (`total` is -1 until `seal`): segments are published as the
 frontend yields them, and the job is done once it is sealed and every window is stored.
 
+The admission ledger (`mark_queued`, `take`, and every move to canceled or failed): admission
+counts the segments that will run, which is the queue depth the broker reports less the
+messages of jobs that stopped (`{p}:admission` dead:STAGE). Each job keeps, per stage and
+segment, whether a message of it waits ("p") or a worker took it ("t"), and how many wait
+("n:STAGE"). A publish marks "p" once it is sent (a second mark, or one after the take, is a
+no-op); a worker's first take of it turns it "t" (a redelivered or retried message finds
+"t" and changes nothing, so nothing is counted off twice); the move that stops a job adds its
+waiting count to the stage's dead count, and a take of a stopped job's message counts it off
+again. A message the farm did not see published (one a crashed worker's visibility timeout
+put back, a retry, a hand-over) is never "p": it counts as live work until it is taken, the
+safe side of every race here. Each of these is one Lua step, cheap for admission to read: two
+counters, no walk of a queue.
+
 At rest each chunk's PCM is sealed (app/sealing.py), bound to its hash's key name and its
 field, so a chunk copied to another place or another job fails to open. A chunk that fails
 to open is never played: a reader stops before it, as before a chunk not stored yet, and the
@@ -33,6 +46,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from app.celery_app import ACOUSTIC_QUEUE, VOCODER_QUEUE
 from app.keys import Keys
 from app.sealing import MAGIC, Sealer
 from app.states import JOB_FINAL, JOB_LIVE, JobState, Transition, lua
@@ -89,6 +103,92 @@ if (state == '$QUEUED' or state == '$RUNNING') and done >= tonumber(ARGV[1]) the
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'state', '$DONE')
 end
 return done
+""", JobState)
+
+# The ledger's kinds of segment message, each with the stage whose lead and main queues hold
+# it (admission counts those): a segment's acoustic message, its vocoder message, and the rest
+# of its vocoder stage after it gave way to listeners (tasks/segments.py), on the vocoder lead
+# queue. A segment has at most one of each that the farm publishes itself.
+LEDGER_STAGES = {"acoustic": ACOUSTIC_QUEUE, "vocoder": VOCODER_QUEUE, "rest": VOCODER_QUEUE}
+
+
+def dead_field(stage: str) -> str:
+    """The `{p}:admission` field counting a stage's queued messages of stopped jobs."""
+    return f"dead:{stage}"
+
+
+# KEYS: job record, its ledger, the admission hash. ARGV: kind, segment, dead field, ttl.
+# A message of the segment was just sent: "p", once; a stopped job's message is dead at once.
+_MARK_QUEUED = lua("""
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 0 end
+if redis.call('HSETNX', KEYS[2], ARGV[1] .. ':' .. ARGV[2], 'p') == 0 then return 0 end
+redis.call('HINCRBY', KEYS[2], 'n:' .. ARGV[1], 1)
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+if state == '$CANCELED' or state == '$FAILED' then
+  redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+end
+return 1
+""", JobState)
+
+# KEYS: job record, its ledger, the admission hash, its events stream. ARGV: kind, segment,
+# dead field, ttl, '1' to move a queued job to running, now, events maxlen. A worker took a
+# message of the segment: the first take counts it off; returns the job's state (nil: gone).
+_TAKE = lua("""
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return false end
+local field = ARGV[1] .. ':' .. ARGV[2]
+local was = redis.call('HGET', KEYS[2], field)
+if was ~= 't' then
+  redis.call('HSET', KEYS[2], field, 't')
+  redis.call('EXPIRE', KEYS[2], ARGV[4])
+  if was == 'p' then
+    redis.call('HINCRBY', KEYS[2], 'n:' .. ARGV[1], -1)
+    if (state == '$CANCELED' or state == '$FAILED')
+        and tonumber(redis.call('HGET', KEYS[3], ARGV[3]) or '0') > 0 then
+      redis.call('HINCRBY', KEYS[3], ARGV[3], -1)
+    end
+  end
+end
+if ARGV[5] == '1' and state == '$QUEUED' then
+  redis.call('HSET', KEYS[1], 'state', '$RUNNING', 'started_at', ARGV[6])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'state', '$RUNNING')
+  redis.call('EXPIRE', KEYS[4], redis.call('TTL', KEYS[1]))
+  state = '$RUNNING'
+end
+return state
+""", JobState)
+
+# Run by the job's state transition (app/states.py) right after a move, KEYS[3..5] being its
+# ledger, the admission hash and the listener leases: a job that stops takes what of it waits
+# off the live work, and has no listener to keep.
+_ON_STOP = lua("""
+    if ARGV[2] == '$CANCELED' or ARGV[2] == '$FAILED' then
+      local n = redis.call('HMGET', KEYS[3], 'n:acoustic', 'n:vocoder', 'n:rest')
+      local acoustic = tonumber(n[1] or '0')
+      local vocoder = tonumber(n[2] or '0') + tonumber(n[3] or '0')
+      if acoustic > 0 then redis.call('HINCRBY', KEYS[4], 'dead:acoustic', acoustic) end
+      if vocoder > 0 then redis.call('HINCRBY', KEYS[4], 'dead:vocoder', vocoder) end
+      redis.call('ZREM', KEYS[5], redis.call('HGET', KEYS[1], 'id'))
+    end
+""", JobState)
+
+# KEYS: the listener leases. ARGV: now, how many at most. Claims (removes) the leases that
+# lapsed and returns their job ids.
+_CLAIM_LAPSED = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+if #ids > 0 then redis.call('ZREM', KEYS[1], unpack(ids)) end
+return ids
+"""
+
+# KEYS: the listener leases, the job record. ARGV: the job id. A stream that ended lets go of
+# its lease once its job is over (a live job keeps it until it lapses: the sweep then cancels
+# it, should the web that ended the stream not have done so).
+_END_LEASE = lua("""
+local state = redis.call('HGET', KEYS[2], 'state')
+if not state or state == '$DONE' or state == '$CANCELED' or state == '$FAILED' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
 """, JobState)
 
 UNPUBLISHED_ERROR = "the web process stopped before the job's segments were all queued"
@@ -163,12 +263,19 @@ class JobStore:
         self.ttl_s = ttl_s
         self._store_window = r.register_script(_STORE_WINDOW)
         self._seal = r.register_script(_SEAL)
-        self._transition = Transition(r)
+        self._transition = Transition(r, on_move=_ON_STOP)
+        self._mark_queued = r.register_script(_MARK_QUEUED)
+        self._take = r.register_script(_TAKE)
+        self._claim_lapsed = r.register_script(_CLAIM_LAPSED)
+        self._end_lease = r.register_script(_END_LEASE)
 
     # -- writing -----------------------------------------------------------------------------
 
     def create(self, *, total: int = OPEN_TOTAL, voice: str, speed: float, fmt: str, chars: int,
-               sample_rate: int, request_id: str = "", owner: str = "") -> dict:
+               sample_rate: int, request_id: str = "", owner: str = "",
+               lease_s: float = 0.0) -> dict:
+        """A new queued job. `lease_s`: the job is a stream's, listened to; its listener lease
+        starts now and lapses after `lease_s` unless renewed (`renew_leases`)."""
         job_id = uuid.uuid4().hex
         record = {
             "id": job_id, "state": JobState.QUEUED, "total": total, "done": 0,
@@ -187,6 +294,8 @@ class JobStore:
             p.expire(key, self.ttl_s)
             p.zadd(self.keys.unpublished, {job_id: record["created_at"]})
             p.zadd(self.keys.progress, {job_id: record["created_at"]})
+            if lease_s:
+                p.zadd(self.keys.listened, {job_id: record["created_at"] + lease_s})
             p.execute()
         return self.get(job_id)
 
@@ -275,8 +384,9 @@ class JobStore:
     def mark_running(self, job_id: str) -> tuple[bool, str | None]:
         return self._move(job_id, (JobState.QUEUED,), JobState.RUNNING, "started_at")
 
-    def cancel(self, job_id: str) -> tuple[bool, str | None]:
-        return self._move(job_id, JOB_LIVE, JobState.CANCELED, "finished_at")
+    def cancel(self, job_id: str, reason: str = "") -> tuple[bool, str | None]:
+        """Cancel a live job; `reason` (its `error`) says why when the client did not ask."""
+        return self._move(job_id, JOB_LIVE, JobState.CANCELED, "finished_at", reason)
 
     def fail(self, job_id: str, error: str) -> tuple[bool, str | None]:
         return self._move(job_id, JOB_LIVE, JobState.FAILED, "finished_at", error)
@@ -288,7 +398,59 @@ class JobStore:
         fields = {stamp: repr(time.time()), **({"error": error} if error else {})}
         return self._transition(self.keys.job(job_id), from_states, to,
                                 events_key=self.keys.events(job_id),
-                                events_maxlen=EVENTS_MAXLEN, **fields)
+                                events_maxlen=EVENTS_MAXLEN,
+                                extra_keys=(self.keys.queued(job_id), self.keys.admission,
+                                            self.keys.listened), **fields)
+
+    # -- the admission ledger (see the module docstring) ----------------------------------
+
+    def mark_queued(self, job_id: str, kind: str, segment: int) -> None:
+        """A message of the segment's `kind` (LEDGER_STAGES) was just sent to its stage's
+        lead or main queue."""
+        self._mark_queued(keys=[self.keys.job(job_id), self.keys.queued(job_id),
+                                self.keys.admission],
+                          args=[kind, segment, dead_field(LEDGER_STAGES[kind]), self.ttl_s])
+
+    def take(self, job_id: str, kind: str, segment: int, run: bool = False) -> str | None:
+        """A worker took a message of the segment's `kind`; with `run`, a queued job turns
+        running. Returns the job's state (None: unknown or expired), which says whether the
+        segment is still wanted."""
+        state = self._take(keys=[self.keys.job(job_id), self.keys.queued(job_id),
+                                 self.keys.admission, self.keys.events(job_id)],
+                           args=[kind, segment, dead_field(LEDGER_STAGES[kind]), self.ttl_s,
+                                 "1" if run else "0", repr(time.time()), EVENTS_MAXLEN])
+        return state.decode() if state else None
+
+    def segments_waiting(self, job_id: str) -> dict[str, int]:
+        """How many of the job's messages wait, by kind, as far as the ledger knows."""
+        raw = self.r.hmget(self.keys.queued(job_id), [f"n:{k}" for k in LEDGER_STAGES])
+        return {k: int(v or 0) for k, v in zip(LEDGER_STAGES, raw, strict=True)}
+
+    def dead_segments(self) -> dict[str, int]:
+        """Messages of stopped jobs on each stage's lead and main queues, as counted."""
+        stages = dict.fromkeys(LEDGER_STAGES.values())
+        raw = self.r.hmget(self.keys.admission, [dead_field(s) for s in stages])
+        return {s: int(v or 0) for s, v in zip(stages, raw, strict=True)}
+
+    # -- listener leases (app/listeners.py holds and renews them) ---------------------------
+
+    def renew_leases(self, job_ids: Iterable[str], lease_s: float) -> None:
+        """The listeners of these stream jobs are still there: their leases run `lease_s`
+        from now. One that the sweep claimed already stays gone (its job is canceled)."""
+        until = time.time() + lease_s
+        mapping = dict.fromkeys(job_ids, until)
+        if mapping:
+            self.r.zadd(self.keys.listened, mapping, xx=True)
+
+    def end_lease(self, job_id: str) -> None:
+        """The stream of the job ended: forget its lease if the job is over (else it lapses,
+        and the sweep cancels the job if nobody did)."""
+        self._end_lease(keys=[self.keys.listened, self.keys.job(job_id)], args=[job_id])
+
+    def claim_lapsed_leases(self, limit: int = 100) -> list[str]:
+        """Take the leases that lapsed out of the set; their job ids."""
+        ids = self._claim_lapsed(keys=[self.keys.listened], args=[repr(time.time()), limit])
+        return [i.decode() for i in ids]
 
     def note_spec(self, job_id: str, spec: dict) -> None:
         """Keep what segment `spec["index"]` was published with (`published_specs`)."""

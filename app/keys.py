@@ -12,6 +12,9 @@ Layout (prefix `vf` by default):
                                  "words": [{"word", "start", "end", ...}]}, segment seconds
     {p}:job:{id}:specs    hash   segment -> JSON of its published spec (what a resume
                                  publishes again when a broker restart lost its message)
+    {p}:job:{id}:queued   hash   the job's share of the admission ledger: "STAGE:segment" ->
+                                 "p" (a message of it waits on STAGE's queues) or "t" (taken
+                                 by a worker), and "n:STAGE" -> how many wait (app/jobs.py)
     {p}:mel:{hash}        string a cached mel spectrogram (TTL)
     {p}:mel:{hash}:refs   string segments between their two stages that need that mel
     {p}:mel:{hash}:durations string what word times come from (uint16s): a neural voice's
@@ -22,8 +25,13 @@ Layout (prefix `vf` by default):
     {p}:jobs:progress     zset   job id -> its last progress (created, a window stored),
                                  until the stall sweeper finds it finished or stuck
     {p}:jobs:resuming     string an acoustic pool's claim on the lost-segment sweep (TTL)
-    {p}:jobs:admitting    zset   admission ticket -> when it stops counting: jobs admitted
-                                 whose segments may not be on the queue yet
+    {p}:jobs:admitting    zset   admission ticket ("id:segments") -> when it stops counting:
+                                 jobs admitted whose segments may not be on the queue yet
+    {p}:admission         hash   dead:acoustic, dead:vocoder (messages waiting on a stage's
+                                 queues whose job was canceled or failed: they neither render
+                                 nor count), reserved (segments the live tickets hold)
+    {p}:jobs:listened     zset   stream job id -> when its listener lease lapses (renewed by
+                                 the web process that streams it; app/listeners.py)
     {p}:broker            hash   run (the broker server's run id when last seen), restarted_at
                                  (when that run began; 0 for the first run the farm saw)
     {p}:book:{id}         hash   the book record (state, per-chapter progress, feed cursor)
@@ -73,6 +81,9 @@ class Keys:
     def specs(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:specs"
 
+    def queued(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}:queued"
+
     def job_keys(self, job_id: str) -> list[str]:
         """The keys of a job, in the order the Lua scripts take them."""
         return [self.job(job_id), self.chunks(job_id), self.done(job_id), self.events(job_id),
@@ -102,6 +113,14 @@ class Keys:
     @property
     def admitting(self) -> str:
         return f"{self.prefix}:jobs:admitting"
+
+    @property
+    def admission(self) -> str:
+        return f"{self.prefix}:admission"
+
+    @property
+    def listened(self) -> str:
+        return f"{self.prefix}:jobs:listened"
 
     @property
     def resuming(self) -> str:

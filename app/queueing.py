@@ -45,6 +45,17 @@ class Unavailable(Exception):
     reason before this is raised, so nothing waits for segments that were never queued."""
 
 
+class TooManySegments(Exception):
+    """The job has more segments than one job may (`max_job_segments`): a long text is what
+    books are for. Raised before anything is written when the count is known up front; a
+    job whose text turns out longer as it is segmented is failed with the reason first, and
+    its segments already queued are dead (skipped, and not counted by admission)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the job has more than {limit} segments, the most one job may have")
+        self.limit = limit
+
+
 @dataclass(frozen=True)
 class SegmentSpec:
     """What one segment task needs: small, JSON-safe, the same for both stages."""
@@ -68,7 +79,8 @@ class SegmentSpec:
 def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callable[[], None],
            voice: str, speed: float, fmt: str, chars: int, sample_rate: int,
            request_id: str = "", owner: str = "",
-           version_for: Callable[[str, str], str] | None = None) -> dict:
+           version_for: Callable[[str, str], str] | None = None,
+           max_segments: int | None = None, lease_s: float = 0.0) -> dict:
     """Create the job and enqueue its segments as `segments` yields them.
 
     Publish as you go: segment 0 is on the acoustic queue while the frontend still works
@@ -84,7 +96,10 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
     first. A web process killed mid-way leaves the job in the unpublished set, where
     `JobStore.sweep_unpublished` finds it. `version_for(voice, job_id)` names the voice
     version each segment is rendered with (the canary's split); asked once per job and voice,
-    so one job never mixes versions of a voice.
+    so one job never mixes versions of a voice. Past `max_segments` segments the job is
+    failed and TooManySegments raised. `lease_s`: the job is a stream's (app/listeners.py).
+    Each segment is marked in the admission ledger once it is on the queue
+    (`JobStore.mark_queued`).
     """
     segments = iter(segments)
     first = next(segments, None)
@@ -95,10 +110,12 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
     versions: dict[str, str] = {}  # voice -> the version this job renders it with
     try:
         for seg in itertools.chain([first], segments):
+            if max_segments is not None and count >= max_segments:
+                raise TooManySegments(max_segments)
             if job_id is None:
                 job_id = jobs.create(voice=voice, speed=speed, fmt=fmt, chars=chars,
                                      sample_rate=sample_rate, request_id=request_id,
-                                     owner=owner)["id"]
+                                     owner=owner, lease_s=lease_s)["id"]
             # SSML may give a segment its own voice and rate (models.ssml).
             seg_voice = getattr(seg, "voice", None) or voice
             if version_for is not None and seg_voice not in versions:
@@ -115,6 +132,8 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
                 publish_segments(celery, [body])
             except Exception as exc:  # broker down, pool exhausted, publish timed out
                 raise Unavailable(str(exc)) from exc
+            # After the publish: a worker that took it first has marked it taken already.
+            jobs.mark_queued(job_id, "acoustic", seg.index)
             count += 1
     except BaseException as exc:  # a failed publish, the frontend, the client leaving
         if job_id is not None:

@@ -84,6 +84,12 @@ class Settings:
     # of it times the slower stage's recent run time per live worker) is refused with 503
     # and Retry-After instead of being accepted and served too late.
     max_queue_wait_s: float = 20.0
+    # The most segments one job may have (413 past it, pointing at the books API). 20,000
+    # characters of prose make 80-200 segments (short sentences merge up to 250 characters:
+    # the README's text 121, one-line dialogue 74); only break tags, SSML sentences or a
+    # phoneme list make more (`Hi [break=1ms]` over and over: 1,334). 500 keeps one job to a
+    # tenth of max_queue_depth, so no single job fills the queue for every other client.
+    max_job_segments: int = 500
     retry_after_s: int = 5
     max_wait_s: int = 60
 
@@ -133,6 +139,13 @@ class Settings:
     # A stream or WebSocket client that has not taken the audio sent to it within this many
     # seconds is dropped (it stopped reading).
     stream_write_timeout_s: float = 60.0
+    # A job made for a stream (the OpenAI speech API, captioned speech, the WebSocket) is
+    # listened to: the web process that streams it renews its lease every third of this,
+    # whatever the client's pace, and a sweep cancels a live stream job whose lease lapsed
+    # (its web process died or was stopped: nobody will hear the rest). A web whose renewals
+    # stop for two thirds of it (a hung process) loses its streams' jobs; a restarted farm
+    # stops counting the old streams' work this long after the stop (app/listeners.py).
+    stream_lease_s: float = 15.0
 
     store_dir: str = field(default="var/store", metadata=_env("VOXFARM_STORE"))
     # The bound on the embedded Redis's memory (`voxfarm up` without a Redis URL): a share of

@@ -53,8 +53,9 @@ def lua(script: str, states: type[StrEnum]) -> str:
 
 
 # KEYS[1]: the record (a hash with a 'state' field); KEYS[2], if given: its events stream,
-# which gets a 'state' event. ARGV: the allowed from-states (comma separated), the to-state,
-# the events stream's max length, then field/value pairs set with the move.
+# which gets a 'state' event; further KEYS are the `on_move` code's. ARGV: the allowed
+# from-states (comma separated), the to-state, the events stream's max length, then
+# field/value pairs set with the move.
 _TRANSITION = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return false end
@@ -67,6 +68,7 @@ for s in string.gmatch(ARGV[1], '[^,]+') do
       -- The event may have created the stream (no chunk yet): it lives as long as the record.
       redis.call('EXPIRE', KEYS[2], redis.call('TTL', KEYS[1]))
     end
+    -- on move
     return {1, ARGV[2]}
   end
 end
@@ -79,18 +81,22 @@ class Transition:
     it found) unless the record is in one of the allowed states, so a retried task, a cancel
     and a finishing segment racing each other leave one consistent record."""
 
-    def __init__(self, r: redis.Redis) -> None:
-        self._script = r.register_script(_TRANSITION)
+    def __init__(self, r: redis.Redis, on_move: str = "") -> None:
+        """`on_move`: Lua run in the same step right after a move (the store's own
+        bookkeeping of it, such as the job store's admission ledger); it sees the to-state as
+        ARGV[2] and the `extra_keys` of the call from KEYS[3] on."""
+        self._script = r.register_script(_TRANSITION.replace("    -- on move\n", on_move))
 
     def __call__(self, record_key: str, from_states: Iterable[str], to: str, *,
                  events_key: str | None = None, events_maxlen: int = 0,
-                 **fields: object) -> tuple[bool, str | None]:
+                 extra_keys: Iterable[str] = (), **fields: object) -> tuple[bool, str | None]:
         """Move the record to `to` and set `fields`, if its state is one of `from_states`.
-        Returns (moved, state afterwards); the state is None when there is no record."""
+        Returns (moved, state afterwards); the state is None when there is no record.
+        `extra_keys` (which need `events_key`) are for the `on_move` code."""
         args: list = [",".join(from_states), to, events_maxlen]
         for k, v in fields.items():
             args += [k, str(v)]
-        keys = [record_key] if events_key is None else [record_key, events_key]
+        keys = [record_key] if events_key is None else [record_key, events_key, *extra_keys]
         out = self._script(keys=keys, args=args)
         if not out:
             return False, None

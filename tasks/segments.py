@@ -6,6 +6,12 @@ segment: the mel cache is keyed by content, and a chunk is stored by its index.
 
 Both obey the GPU memory rule before their forward pass (`_run_here_or_hand_over`): a worker
 short of device memory hands the stage to a pool with room instead of running it.
+
+Both keep the admission ledger (app/jobs.py): each takes its message off the job's waiting
+count as it starts (`JobStore.take`, which is also how it learns whether the job still wants
+the segment), and what a worker publishes for the next stage (Celery sends a chain's vocoder
+stage once the acoustic one returns; a segment's rest after it gave way) is marked waiting
+once it is sent (`install`: Celery's after_task_publish signal, in the worker).
 """
 
 from __future__ import annotations
@@ -14,13 +20,14 @@ import logging
 import time
 
 import numpy as np
-from celery import shared_task
+from celery import shared_task, signals
 from celery.exceptions import Ignore
 
 from app import metrics
 from app.celery_app import (
     ACOUSTIC_QUEUE,
     ACOUSTIC_TASK,
+    LEAD_QUEUES,
     OVERFLOW_QUEUES,
     VOCODER_LEAD_QUEUE,
     VOCODER_QUEUE,
@@ -42,6 +49,43 @@ MAX_REGENERATIONS = 3
 
 # A job in one of these states (or gone: None) wants no more of its segments rendered.
 _STOPPED = (None, JobState.CANCELED, JobState.FAILED)
+
+
+# The queues admission counts (a stage's lead and main queues): what a worker publishes there
+# is marked in the ledger. The overflow queues and the books' batch queues are not counted.
+_COUNTED_QUEUES = frozenset({*LEAD_QUEUES.values(), *LEAD_QUEUES})
+
+
+def ledger_kind(task_name: str, kwargs: dict | None) -> str:
+    """The ledger's kind of a segment message (app.jobs.LEDGER_STAGES)."""
+    if task_name == ACOUSTIC_TASK:
+        return "acoustic"
+    return "rest" if (kwargs or {}).get("from_window") else "vocoder"
+
+
+def _published(sender=None, body=None, routing_key=None, **_: object) -> None:
+    """A worker sent a message of a job's segment to a counted queue: mark it waiting. A
+    mark that fails leaves the message counted as live work: the safe side."""
+    if sender not in (ACOUSTIC_TASK, VOCODER_TASK) or routing_key not in _COUNTED_QUEUES:
+        return
+    try:
+        if isinstance(body, dict):  # task protocol 1
+            args, kwargs = body.get("args") or (), body.get("kwargs") or {}
+        else:  # protocol 2: (args, kwargs, embed)
+            args, kwargs = body[0], body[1]
+        spec = next((a for a in args if isinstance(a, dict) and "job_id" in a), None)
+        if spec is not None:
+            runtime.farm().jobs.mark_queued(spec["job_id"], ledger_kind(sender, kwargs),
+                                            spec["index"])
+    except Exception:  # noqa: BLE001  (the publish happened; the ledger is a count)
+        log.warning("a published segment was not marked in the admission ledger",
+                    exc_info=True)
+
+
+def install() -> None:
+    """Mark what this worker publishes in the admission ledger (once per process)."""
+    signals.after_task_publish.connect(_published, weak=False,
+                                       dispatch_uid="voxfarm-admission-ledger")
 
 
 def noise_seed(digest: str) -> int:
@@ -119,7 +163,7 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
     if "book_id" in spec:  # a book's segment: skip it if the book stopped or has it already
         if not books.segment_wanted(farm, spec):
             raise Ignore()
-    elif farm.jobs.mark_running(spec["job_id"])[1] in _STOPPED:
+    elif farm.jobs.take(spec["job_id"], "acoustic", spec["index"], run=True) in _STOPPED:
         raise Ignore()  # canceled, failed or expired: the rest of the chain never runs
     # UnknownVoice is a SpeechError: the job fails at once. The spec's voice version (the
     # canary's) picks the file and inference settings.
@@ -176,7 +220,8 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
     if "book_id" in spec:
         wanted = books.segment_wanted(farm, spec)
     else:
-        wanted = farm.jobs.state(spec["job_id"]) not in _STOPPED
+        kind = "rest" if from_window else "vocoder"
+        wanted = farm.jobs.take(spec["job_id"], kind, spec["index"]) not in _STOPPED
     if not wanted:
         # Stored already (a twin publish of the feeder) or canceled: the acoustic stage
         # held the features for this stage, so let go of them here too.

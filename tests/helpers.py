@@ -323,25 +323,30 @@ def running_farm(redis_url: str, db: int, log_dir: Path, workers: bool = True,
 
 
 @contextmanager
-def gunicorn_server(env: dict, log: Path, workers: int = 1):
-    """The web app as gunicorn serves it (ops/gunicorn.conf.py); yields its base URL."""
+def gunicorn_server(env: dict, log: Path, workers: int = 1, procs: list | None = None):
+    """The web app as gunicorn serves it (ops/gunicorn.conf.py); yields its base URL.
+    `procs`, if given, receives the server's process (a test that kills it: its process
+    group holds the workers too)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "ops" / "gunicorn.conf.py"),
          "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "web.wsgi:app"],
         env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
         start_new_session=True)
+    if procs is not None:
+        procs.append(proc)
     base = f"http://127.0.0.1:{port}"
 
     try:
         wait_http_ok(f"{base}/healthz", proc, log)
         yield base
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 # -- audio ---------------------------------------------------------------------------------

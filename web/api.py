@@ -75,6 +75,18 @@ def _job_or_404(job_id: str) -> dict:
     return job
 
 
+def _never_done(job: dict, what: str) -> None:
+    """409 for the audio or captions of a job that stopped: they will never exist, which
+    `job_not_done` ("exists once it is done") would not say."""
+    if job["state"] == JobState.CANCELED:
+        why = f" ({job['error']})" if job["error"] else ""
+        raise ApiError(409, "job_canceled", f"the job was canceled{why}; it has no {what}",
+                       state=job["state"])
+    if job["state"] == JobState.FAILED:
+        raise ApiError(409, "job_failed", f"the job failed: {job['error']}; it has no {what}",
+                       state=job["state"])
+
+
 @api.post("/v1/jobs")
 def create_job():
     settings = farm().settings
@@ -85,7 +97,8 @@ def create_job():
     if req.text is None:
         segments = phonemes_or_422(req.phonemes, voice, settings.max_text_chars)
         job = submit_segments(farm(), segments, voice, req.speed, req.format,
-                              sum(len(s.phonemes) for s in segments), request_id)
+                              sum(len(s.phonemes) for s in segments), request_id,
+                              field="phonemes")
     else:
         lexicon = (lexicon_or_422(req.lexicon, voice) if "lexicon" in req.model_fields_set
                    else None)
@@ -201,6 +214,7 @@ def get_chunks(job_id: str):
 def get_audio(job_id: str):
     job = _job_or_404(job_id)
     fmt = parse(AudioQuery, request.args.to_dict()).format or job["format"]
+    _never_done(job, "audio")
     if job["state"] != JobState.DONE:
         raise ApiError(409, "job_not_done",
                        f"the job is {job['state']} ({job['done']}/{job['total']} segments); "
@@ -223,6 +237,7 @@ def get_captions(job_id: str):
     # JSON grows as the job renders (the page follows it to highlight words while the
     # audio streams); SRT and VTT are files, whole once the job is done.
     rendering = job["state"] in (JobState.QUEUED, JobState.RUNNING) and fmt == "json"
+    _never_done(job, "captions")
     if job["state"] != JobState.DONE and not rendering:
         raise ApiError(409, "job_not_done",
                        f"the job is {job['state']} ({job['done']}/{job['total']} segments); "

@@ -15,7 +15,10 @@ the same voices, formats, speed clamping and errors, see web/openai_compat.py) a
 
 `return_timestamps: false` leaves the timestamps out (`[]`). Times are seconds of the audio
 (the pcm format's 24 kHz resampling does not move them). The job is an ordinary job: its id is
-in `X-Job-Id`, and a client that leaves cancels it.
+in `X-Job-Id`, and a client that leaves cancels it, with or without streaming: the handler
+that waits for the whole job looks at the client's connection as it waits
+(`web.streams.client_gone`), and the job has a listener lease for a web process that dies
+meanwhile (app/listeners.py).
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ from web.errors import ApiError
 from web.helpers import farm, json_body, openai_errors, parse
 from web.openai_compat import farm_speed, resolve_voice, submit_speech
 from web.schemas import RESPONSE_FORMATS, CaptionedSpeechRequest
-from web.streams import streaming_response
-from web.synthesis import ChunkFollower
+from web.streams import client_gone, streaming_response
+from web.synthesis import CLIENT_LEFT, ChunkFollower
 
 captioned = Blueprint("captioned", __name__)
 
@@ -62,20 +65,21 @@ def captioned_speech():
     encoder = StreamEncoder(codec, job["sample_rate"], out_rate)
     f = farm()
     job_id = job["id"]
-    follower = ChunkFollower(f, job_id)
+    follower = ChunkFollower(f, job_id, listener_gone=client_gone(), listened=True)
     headers = {"X-Job-Id": job_id, "X-Voxfarm-Voice": voice, "X-Voxfarm-Speed": speed}
 
-    def cancel_unless_done() -> None:
+    def cancel_unless_done(reason: str = CLIENT_LEFT) -> None:
         if f.jobs.state(job_id) not in JOB_FINAL:
-            f.jobs.cancel(job_id)
+            f.jobs.cancel(job_id, reason)
 
     if stream:
         return streaming_response(_lines(follower, encoder, fmt, want_words,
                                          cancel_unless_done),
                                   "application/x-ndjson", headers)
     audio, words = [], []
+    chunks = iter(follower)
     try:
-        for chunk in follower:
+        for chunk in chunks:
             audio.append(_encode(encoder, chunk.pcm))
             words += chunk.words
         audio.append(encoder.finish())
@@ -83,8 +87,12 @@ def captioned_speech():
         encoder.close()
         cancel_unless_done()
         raise
+    finally:
+        chunks.close()  # the follower lets go of the job's lease
     if follower.outcome != "done":
-        cancel_unless_done()
+        # "disconnected": the client left while the job rendered; nobody reads this answer,
+        # and the job is canceled for it.
+        cancel_unless_done(CLIENT_LEFT if follower.outcome == "disconnected" else "")
         raise ApiError(409, f"job_{follower.outcome}", f"the speech job ended early "
                        f"({follower.outcome}); GET /v1/jobs/{job_id} says why",
                        type="server_error")
@@ -102,8 +110,9 @@ def _line(data: dict) -> bytes:
 def _lines(follower: ChunkFollower, encoder: StreamEncoder, fmt: str, want_words: bool,
            cancel_unless_done):
     completed = False
+    chunks = iter(follower)
     try:
-        for chunk in follower:
+        for chunk in chunks:
             yield _line({"audio": base64.b64encode(_encode(encoder, chunk.pcm)).decode(),
                          "audio_format": fmt,
                          "timestamps": _timestamps(chunk.words) if want_words else []})
@@ -116,6 +125,7 @@ def _lines(follower: ChunkFollower, encoder: StreamEncoder, fmt: str, want_words
                                    "message": f"the speech job ended early "
                                               f"({follower.outcome})"}})
     finally:
+        chunks.close()  # the follower lets go of the job's lease
         if not completed:
             encoder.close()
             cancel_unless_done()

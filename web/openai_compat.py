@@ -49,8 +49,8 @@ from web.schemas import (
     SPEED_MIN,
     SpeechRequest,
 )
-from web.streams import encoded_audio, streaming_response
-from web.synthesis import ChunkFollower, submit_text
+from web.streams import client_gone, encoded_audio, streaming_response
+from web.synthesis import CLIENT_LEFT, ChunkFollower, submit_text
 
 openai_compat = Blueprint("openai_compat", __name__)
 
@@ -71,9 +71,11 @@ def farm_speed(speed: float) -> float:
 
 
 def submit_speech(text: str, voice: str, speed: float) -> dict:
-    """Submit an OpenAI-style request's job."""
+    """Submit an OpenAI-style request's job: made for this response alone, so listened to
+    (web/synthesis.py), and canceled when its client is gone."""
     return submit_text(farm(), text, voice, speed, "wav",
-                       request.headers.get("X-Request-ID", ""), entry="openai")
+                       request.headers.get("X-Request-ID", ""), entry="openai",
+                       listened=True, field="input")
 
 
 @openai_compat.post("/v1/audio/speech")
@@ -90,9 +92,9 @@ def speech():
     def on_end(outcome: str) -> None:
         # The job exists for this response only: a client that leaves takes it with it.
         if outcome in ("disconnected", "stalled") and f.jobs.state(job_id) not in JOB_FINAL:
-            f.jobs.cancel(job_id)
+            f.jobs.cancel(job_id, CLIENT_LEFT if outcome == "disconnected" else "")
 
-    follower = ChunkFollower(f, job_id)
+    follower = ChunkFollower(f, job_id, listener_gone=client_gone(), listened=True)
     audio = encoded_audio(follower, encoder, on_end)
     headers = {"X-Job-Id": job_id, "X-Voxfarm-Voice": voice, "X-Voxfarm-Speed": speed}
     if req.stream_format == "sse":

@@ -92,7 +92,9 @@ _UNAVAILABLE = _error("the job store is unreachable (`redis_unavailable`) or ful
                       "is sealed with an at-rest key the server lacks (`key_unavailable`); "
                       "come back after `Retry-After`", _RETRY_AFTER)
 _BAD_JSON = _error("the body is not a JSON object (`invalid_json`)")
-_TOO_LARGE = _error("the body or the text is too long (`request_too_large`, `text_too_long`)")
+_TOO_LARGE = _error("the body or the text is too long (`request_too_large`, `text_too_long`), "
+                    "or the job would have more segments than one job may "
+                    "(`too_many_segments`, with `limit`: a long text is a book's)")
 _NOT_JSON = _error("the body is not `application/json`")
 _INVALID = _error("a field is missing, of the wrong type, out of range, or names an unknown "
                   "voice or format; `field` says which")
@@ -215,7 +217,8 @@ def _paths() -> dict:
             "jobs", "getAudio", "The whole audio of a finished job", {
                 "200": _files(AUDIO_TYPES.values(), "the audio file"),
                 "404": _JOB_NOT_FOUND,
-                "409": _error("the job is not done yet (`job_not_done`)"),
+                "409": _error("the job is not done yet (`job_not_done`), or will never be: it "
+                              "was canceled (`job_canceled`) or failed (`job_failed`)"),
                 "410": _error("the job's audio expired (`audio_expired`)"),
                 "422": _INVALID, "503": _UNAVAILABLE},
             query=s.AudioQuery)},
@@ -225,8 +228,8 @@ def _paths() -> dict:
                     **_texts(CAPTION_TYPES[f] for f in CAPTION_FORMATS),
                     "application/json": {"schema": s.Captions}}},
                 "404": _JOB_NOT_FOUND,
-                "409": _error("SRT/VTT of a job not done yet, or a canceled or failed job "
-                              "(`job_not_done`)"),
+                "409": _error("SRT/VTT of a job not done yet (`job_not_done`), or a "
+                              "canceled or failed job (`job_canceled`, `job_failed`)"),
                 "410": _error("the job's audio expired (`audio_expired`)"),
                 "422": _INVALID, "503": _UNAVAILABLE},
             query=s.CaptionsQuery, description=(

@@ -8,9 +8,17 @@ Everything that can be refused is refused before the first byte (404 unknown job
 canceled or failed job, 422 bad format), in the API's one error shape. Once audio flows, the
 stream ends where the job ends: after its last segment, or early when the job is canceled
 or fails mid-way (the audio so far is a valid prefix; `GET /v1/jobs/{id}` says why).
+
+The job streamed here was submitted with `POST /v1/jobs`: it belongs to whoever polls it,
+not to this stream, so a client that leaves ends its stream and nothing more (the page's
+player may reconnect, and its download link wants the job done). The endpoints that make a
+job for their own stream (web/openai_compat.py, web/captioned.py, web/ws.py) cancel it.
 """
 
 from __future__ import annotations
+
+import socket
+from collections.abc import Callable
 
 import numpy as np
 from flask import Blueprint, Response, request, stream_with_context
@@ -24,6 +32,32 @@ from web.synthesis import ChunkFollower, streamable_job
 streams = Blueprint("streams", __name__)
 
 
+# Linux's TCP states (include/net/tcp_states.h): a connection in any other state than
+# ESTABLISHED has had its peer's FIN (CLOSE_WAIT and after) or a reset (CLOSE).
+_TCP_ESTABLISHED = 1
+
+
+def client_gone() -> Callable[[], bool] | None:
+    """A check that this request's client has closed its connection, for a handler that
+    waits long before it writes (a stream waiting for its first audio, captioned speech
+    waiting for the whole job): the TCP state of gunicorn's socket, one getsockopt and no
+    read, so it holds for TLS too. None where the server hands over no socket (the Flask
+    development server, the test client). A client behind a proxy is seen to leave when the
+    proxy closes its upstream connection (nginx does, unless told to ignore client aborts)."""
+    sock = request.environ.get("gunicorn.socket")
+    if sock is None or not hasattr(socket, "TCP_INFO"):
+        return None
+
+    def gone() -> bool:
+        try:
+            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+        except OSError:  # not TCP (a unix socket), or closed here: nothing to judge by
+            return False
+        return state != _TCP_ESTABLISHED
+
+    return gone
+
+
 def encoded_audio(follower: ChunkFollower, encoder: StreamEncoder, on_end=None):
     """The encoder's bytes for each chunk the follower yields, then its tail.
 
@@ -32,8 +66,9 @@ def encoded_audio(follower: ChunkFollower, encoder: StreamEncoder, on_end=None):
     """
     codec = encoder.fmt not in ("wav", "pcm")
     completed = False
+    chunks = iter(follower)
     try:
-        for chunk in follower:
+        for chunk in chunks:
             pcm = np.frombuffer(chunk.pcm, dtype="<i2")
             data = offload("encode", encoder.feed, pcm) if codec else encoder.feed(pcm)
             if data:
@@ -43,6 +78,7 @@ def encoded_audio(follower: ChunkFollower, encoder: StreamEncoder, on_end=None):
         if tail:
             yield tail
     finally:
+        chunks.close()  # the follower lets go of the job's lease now, not when collected
         if not completed:
             encoder.close()
         if on_end is not None:
@@ -51,9 +87,9 @@ def encoded_audio(follower: ChunkFollower, encoder: StreamEncoder, on_end=None):
 
 def streaming_response(body, content_type: str, headers: dict | None = None) -> Response:
     # A client that stops reading must not hold its greenlet and the audio queued for it
-    # for ever: a send that cannot finish within this bound fails, and the stream ends (its
-    # job is canceled like any disconnected stream's). gunicorn hands its socket over in the
-    # environ; the Flask dev server and the test client have none.
+    # for ever: a send that cannot finish within this bound fails, and the stream ends (a
+    # stream's own job is canceled, like any whose client left). gunicorn hands its socket
+    # over in the environ; the Flask dev server and the test client have none.
     sock = request.environ.get("gunicorn.socket")
     if sock is not None:
         sock.settimeout(farm().settings.stream_write_timeout_s)
@@ -72,6 +108,8 @@ def stream_job(job_id: str):
     f = farm()
     job = streamable_job(f, job_id)
     encoder = StreamEncoder(fmt, job["sample_rate"])
-    follower = ChunkFollower(f, job_id)
+    # A client that leaves ends the stream at once (its greenlet and encoder go); the job
+    # renders on for whoever polls it.
+    follower = ChunkFollower(f, job_id, listener_gone=client_gone())
     return streaming_response(encoded_audio(follower, encoder), encoder.content_type,
                               {"X-Job-Id": job_id})

@@ -2,13 +2,18 @@
 
 What the stream endpoint, the OpenAI-compatible endpoint and the WebSocket share. Errors
 leave as `ApiError` (HTTP turns them into the one error body, the socket into an error event).
+
+A job submitted for a stream is `listened`: it exists for that stream alone, has a listener
+lease (app/listeners.py) that the follower holds while it iterates, and is canceled when its
+listener is gone: the client left (the caller cancels), or the web process that streamed it
+died (the lease lapses and the sweep cancels).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import redis
 
@@ -17,7 +22,7 @@ from app.apikeys import LimitExceeded
 from app.farm import Farm, GpuMemoryExhausted, Overloaded
 from app.jobs import Chunk
 from app.offload import offload
-from app.queueing import Unavailable
+from app.queueing import TooManySegments, Unavailable
 from app.sealing import KeyUnavailable
 from app.states import JOB_FINAL, JobState
 from models.errors import BreakTooLong, NoSpeakableText
@@ -35,29 +40,43 @@ STREAM_IDLE_S = 120.0
 # One wait on the job's event stream, at most; between waits the follower checks the idle
 # deadline and lets its caller look at other work (the WebSocket reads client messages).
 POLL_S = 15.0
+# A follower that can tell whether its client is still connected looks this often, so a
+# job whose client left while it waited for its first audio is canceled within about this.
+LISTENER_CHECK_S = 2.0
+# The reason (`error`) of a stream's job canceled because its client left before the end.
+CLIENT_LEFT = "canceled: the client of its stream left before the end"
 CHUNKS_PER_WAIT = 16
 
 
 def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
                 request_id: str = "", entry: str = "jobs",
-                lexicon: dict[str, str] | None = None, text_type: str | None = None) -> dict:
+                lexicon: dict[str, str] | None = None, text_type: str | None = None,
+                listened: bool = False, field: str = "text") -> dict:
     """Validate the voice (and the SSML), run the frontend off the hub, and submit the job;
     count it in `voxfarm_jobs_submitted_total` under `entry` (app.metrics.JOB_ENTRIES).
-    `lexicon` is a checked request lexicon (`lexicon_or_422`)."""
+    `lexicon` is a checked request lexicon (`lexicon_or_422`); `listened`: the job is a
+    stream's (see the module docstring); `field`: the request's field the text came in."""
     voice = voice_or_422(voice_name)
     runs = ssml_or_422(text, text_type, voice, speed)
     return submit_segments(farm, _segments(text, voice.name, lexicon, runs), voice, speed,
-                           fmt, len(text), request_id, entry)
+                           fmt, len(text), request_id, entry, listened, field)
 
 
 def submit_segments(farm: Farm, segments, voice: Voice, speed: float, fmt: str, chars: int,
-                    request_id: str = "", entry: str = "jobs") -> dict:
+                    request_id: str = "", entry: str = "jobs", listened: bool = False,
+                    field: str = "text") -> dict:
     """Submit prepared segments (an iterable, maybe lazy) as one job of `voice`, mapping what
-    can go wrong to the API's errors."""
+    can go wrong to the API's errors (`field` names the request's field they came from)."""
     try:
         job = farm.submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=chars,
                           sample_rate=voice.sample_rate, request_id=request_id,
-                          key=current_key())
+                          key=current_key(), listened=listened)
+    except TooManySegments as exc:
+        raise ApiError(413, "too_many_segments",
+                       f"the job has more than {exc.limit} segments, the most one job may "
+                       "have; a long text is what books are for: POST /v1/books renders it "
+                       "in the background at batch priority", field=field,
+                       limit=exc.limit) from None
     except NoSpeakableText:
         raise no_speakable_text() from None
     except BreakTooLong as exc:
@@ -69,8 +88,7 @@ def submit_segments(farm: Farm, segments, voice: Voice, speed: float, fmt: str, 
     except LimitExceeded as exc:
         raise limit_error(exc) from None
     except Overloaded as exc:
-        raise ApiError(503, "overloaded", f"the farm is busy ({exc.depth} segments waiting)",
-                       headers={"Retry-After": exc.retry_after_s},
+        raise ApiError(503, "overloaded", str(exc), headers={"Retry-After": exc.retry_after_s},
                        retry_after=exc.retry_after_s) from None
     except Unavailable:
         retry_after = farm.settings.retry_after_s
@@ -113,14 +131,24 @@ class ChunkFollower:
     stalled past `STREAM_IDLE_S`; `outcome` then says which ("done", "canceled", "failed",
     "expired", "stalled", or "key_unavailable": a chunk sealed with an at-rest key this
     process lacks).
+
+    Iterating it (`for chunk in follower`) waits for each run in turn. With
+    `listener_gone` (a check that the client is no longer connected: `web.streams.
+    client_gone`), it looks every `LISTENER_CHECK_S` and ends "disconnected" once the client
+    has left, chunks flowing or not. With `listened`, the iteration holds the job's listener
+    lease (app/listeners.py) from its first step to its end.
     """
 
     def __init__(self, farm: Farm, job_id: str, after: int = -1,
-                 idle_s: float = STREAM_IDLE_S) -> None:
+                 idle_s: float = STREAM_IDLE_S,
+                 listener_gone: Callable[[], bool] | None = None,
+                 listened: bool = False) -> None:
         self.farm = farm
         self.job_id = job_id
         self.cursor = after
         self.idle_s = idle_s
+        self.listener_gone = listener_gone
+        self.listened = listened
         self.total: int | None = None  # the job's chunk count, once known
         self.sample_rate = 0  # the job's, known after the first poll
         self.ended = False
@@ -168,12 +196,21 @@ class ChunkFollower:
         return chunks
 
     def __iter__(self) -> Iterator[Chunk]:
-        while not self.ended:
-            try:
-                chunks = self.poll(POLL_S)
-            except redis.RedisError as exc:
-                # Headers are gone already: all a stream can do is end where it is.
-                log.warning("stream of job %s ends early: %s", self.job_id, exc)
-                self._end("redis_unavailable")
-                return
-            yield from chunks
+        wait_s = POLL_S if self.listener_gone is None else LISTENER_CHECK_S
+        if self.listened:
+            self.farm.listeners.hold(self.job_id)
+        try:
+            while not self.ended:
+                try:
+                    chunks = self.poll(wait_s)
+                except redis.RedisError as exc:
+                    # Headers are gone already: all a stream can do is end where it is.
+                    log.warning("stream of job %s ends early: %s", self.job_id, exc)
+                    self._end("redis_unavailable")
+                    return
+                yield from chunks
+                if not self.ended and self.listener_gone is not None and self.listener_gone():
+                    self._end("disconnected")
+        finally:
+            if self.listened:
+                self.farm.listeners.release(self.job_id)

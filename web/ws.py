@@ -27,7 +27,9 @@ the words that start in it (times in seconds on the job's timeline, like `start_
 
 A bad message gets an error event and the socket stays open. A message past the hard size
 limit closes it with 1009 (Message Too Big) before it is read into memory in full. When the
-client goes away, every job it started that is still rendering is canceled.
+client goes away, every job it started that is still rendering is canceled. The socket's jobs
+are listened to (app/listeners.py): from its submission to its end each holds a listener
+lease, so a web process that dies with the socket open leaves nothing rendering for long.
 
 The API key of the handshake is checked again before each message is handled and at least
 every KEY_CHECK_S while the socket is open: once it is revoked, the socket gets an
@@ -73,6 +75,8 @@ MAX_MESSAGE_BYTES = 128 * 1024
 HARD_MESSAGE_BYTES = 1024 * 1024
 # Binary frames carry at most this much audio, so a long segment arrives as several frames.
 AUDIO_FRAME_BYTES = 32 * 1024
+# The reason (`error`) of a socket's job canceled because the socket closed before its end.
+SOCKET_CLOSED = "canceled: its WebSocket closed before the audio was sent"
 # While a job streams, the socket looks for client messages at least this often.
 READ_EVERY_S = 0.2
 PING_INTERVAL_S = 25
@@ -177,12 +181,13 @@ class Session:
         count_request(self.farm.apikeys, self.key)  # each job counts, as a request does
         try:
             job = submit_text(self.farm, text, self.voice, self.speed, "wav",
-                              entry="websocket", lexicon=self.lexicon)
+                              entry="websocket", lexicon=self.lexicon, listened=True)
         except ApiError as err:
             if err.code == "no_speakable_text":
                 return  # punctuation or a pause tag alone: nothing to say, nothing wrong
             raise
         self.started.append(job["id"])
+        self.farm.listeners.hold(job["id"])  # until its audio is sent, or the socket closes
         self.jobs.append(job)
         self.send({"type": "job.started", "job_id": job["id"], "segments": job["total"],
                    "sample_rate": job["sample_rate"], "text": text})
@@ -207,6 +212,7 @@ class Session:
             self.send({"type": "segment.done", "job_id": follower.job_id, "index": chunk.index})
         if follower.ended:
             self.current = None
+            self.farm.listeners.release(follower.job_id)
             self.sent_jobs += 1
             if follower.outcome == "done":
                 job = self.farm.jobs.get(follower.job_id) or {}
@@ -238,9 +244,13 @@ class Session:
         self.key_checked = time.monotonic()
 
     def cleanup(self) -> None:
+        # Let go first: that needs no Redis, and a lease not renewed lapses into a cancel.
+        for job_id in [*(j["id"] for j in self.jobs), *([self.current.job_id]
+                                                        if self.current else [])]:
+            self.farm.listeners.release(job_id)
         for job_id in self.started:
             if self.farm.jobs.state(job_id) not in JOB_FINAL:
-                self.farm.jobs.cancel(job_id)
+                self.farm.jobs.cancel(job_id, SOCKET_CLOSED)
 
     # -- the loop ----------------------------------------------------------------------------
 

@@ -67,6 +67,7 @@ def build_worker_app(settings: Settings | None = None) -> Celery:
     from tasks import canary
 
     canary.install()  # each voice version's segments, failures and samples to score
+    tasks.segments.install()  # what this worker queues is marked in the admission ledger
 
     return celery
 
@@ -77,7 +78,8 @@ class Heartbeat:
     the consumers of each queue, batch pools apart or not).
 
     The acoustic pool's heartbeat also sweeps jobs whose web process died mid-submit (see
-    `Farm.sweep_unpublished`), and queues again what a broker restart lost of the jobs
+    `Farm.sweep_unpublished`), cancels stream jobs whose web process died with the stream
+    open (`Farm.sweep_unlistened`), and queues again what a broker restart lost of the jobs
     accepted before it (`Farm.resume_lost_jobs`): the web cannot sweep its own, being dead,
     and the acoustic pool is the one every job needs anyway.
 
@@ -118,6 +120,8 @@ class Heartbeat:
                     for job_id in farm.sweep_stalled():
                         log.warning("job %s failed: no progress for %d s", job_id,
                                     farm.settings.job_stall_s)
+                    for job_id in farm.sweep_unlistened():
+                        log.info("stream job %s canceled: its listener lease lapsed", job_id)
                     for job_id, restored, published in farm.resume_lost_jobs(self.redelivery):
                         log.warning("job %s resumed after the broker's restart: %d segment(s) "
                                     "restored from unacked, %d published again", job_id,

@@ -104,8 +104,11 @@ def test_cancel_over_http(server):
     job = requests.post(f"{server}/v1/jobs", json={"text": text}, timeout=30).json()
     resp = requests.delete(f"{server}/v1/jobs/{job['id']}", timeout=10)
     assert resp.status_code == 200 and resp.json()["state"] == "canceled"
-    error_of(requests.get(f"{server}/v1/jobs/{job['id']}/audio", timeout=10), 409,
-             "job_not_done")
+    # It will never be done: not `job_not_done` ("exists once it is done"), as it said before.
+    for what in ("audio", "captions"):
+        err = error_of(requests.get(f"{server}/v1/jobs/{job['id']}/{what}", timeout=10), 409,
+                       "job_canceled")
+        assert err["state"] == "canceled" and f"canceled; it has no {what}" in err["message"]
 
 
 # -- bad input -----------------------------------------------------------------------------

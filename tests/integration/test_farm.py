@@ -106,7 +106,10 @@ def acoustic_runs(job: dict) -> int:
     return job["mel_cache"]["hits"] + job["mel_cache"]["misses"]
 
 
-def test_cancel_stops_pending_segments(client):
+NOTHING_WAITING = {"acoustic": 0, "vocoder": 0, "rest": 0}
+
+
+def test_cancel_stops_pending_segments(client, farm):
     text = " ".join(f"This is sentence number {i} of a long text to cancel." for i in range(60))
     job = submit(client, text)
     total = job["segments"]["total"]
@@ -126,6 +129,11 @@ def test_cancel_stops_pending_segments(client):
     # acoustic stage runs at most the one segment it held at that moment.
     assert final["segments"]["done"] == at_cancel["segments"]["done"] < total
     assert acoustic_runs(final) <= acoustic_runs(at_cancel) + 1 < total
+    # Every message of it is taken in the end, each counted off the ledger once: nothing of
+    # it waits as far as admission knows (docs/reliability.md, "Admission counts...").
+    jobs = farm.farm.jobs
+    wait_until(lambda: jobs.segments_waiting(job["id"]) == NOTHING_WAITING, 60,
+               lambda: f"the ledger still counts {jobs.segments_waiting(job['id'])}")
     # A canceled job's long-poll ends instead of hanging.
     page = client.get(f"/v1/jobs/{job['id']}/chunks?after={total - 1}&wait=5").get_json()
     assert page["end"] is True and page["state"] == "canceled"
@@ -149,10 +157,19 @@ def test_long_poll_times_out_with_204_and_resumes(redis_url, tmp_path):
         waited = time.monotonic() - t0
         assert resp.status_code == 204
         assert 1.5 < waited < 10
+        # The acoustic worker sent each segment's vocoder stage on, and marked it waiting
+        # in the admission ledger as it did (tasks/segments.py, `install`).
+        total = job["segments"]["total"]
+        ledger = tf.farm.jobs.segments_waiting
+        wait_until(lambda: ledger(job["id"]) == {**NOTHING_WAITING, "vocoder": total}, 30,
+                   lambda: f"the ledger says {ledger(job['id'])}")
+        assert tf.farm.live_depth("vocoder") == total
         tf.start_worker("vocoder")
         page, chunks = collect_chunks(client, job["id"])
         assert page["state"] == "done"
         assert_chunk_order(chunks, job["segments"]["total"], page["total"])
+        wait_until(lambda: ledger(job["id"]) == NOTHING_WAITING, 30,
+                   lambda: f"the ledger still counts {ledger(job['id'])}")
 
 
 def test_killed_vocoder_loses_no_segment(redis_url, tmp_path):
@@ -180,6 +197,12 @@ def test_killed_vocoder_loses_no_segment(redis_url, tmp_path):
         stored = tf.farm.redis.hlen(tf.farm.keys.chunks(job["id"]))
         assert stored == page["total"]
         assert tf.farm.redis.scard(tf.farm.keys.done(job["id"])) == page["total"]
+        # The killed worker's segment was delivered twice and counted off the admission
+        # ledger once: in the end nothing of the job waits, and nothing is counted dead.
+        ledger = tf.farm.jobs.segments_waiting
+        wait_until(lambda: ledger(job["id"]) == NOTHING_WAITING, 60,
+                   lambda: f"the ledger still counts {ledger(job['id'])}")
+        assert tf.farm.jobs.dead_segments() == {"acoustic": 0, "vocoder": 0}
 
 
 def test_break_tag_becomes_silence_at_the_chunk_end(client):

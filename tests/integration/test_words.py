@@ -126,11 +126,12 @@ def test_json_captions_grow_while_the_job_renders(client):
     assert len(early["words"]) < len(final["words"])
 
 
-def test_captions_of_a_job_not_done_are_409(client):
+def test_captions_of_a_canceled_job_are_409_job_canceled(client):
     job = submit(client, " ".join(SENTENCES * 3))
     client.delete(f"/v1/jobs/{job['id']}")
-    resp = client.get(f"/v1/jobs/{job['id']}/captions")
-    assert resp.status_code == 409 and resp.get_json()["error"]["code"] == "job_not_done"
+    for fmt in ("json", "srt"):
+        resp = client.get(f"/v1/jobs/{job['id']}/captions?format={fmt}")
+        assert resp.status_code == 409 and resp.get_json()["error"]["code"] == "job_canceled"
 
 
 def test_espeak_word_times_from_its_word_events(client):
