@@ -840,7 +840,7 @@ def _say_refused(resp, output: str) -> click.ClickException:
         return click.ClickException(
             f"cannot write {Path(output).name!r}: the extension of -o picks the format, and "
             f"the farm writes {extensions}")
-    if err.get("code") in ("text_too_long", "request_too_large"):
+    if err.get("code") in ("text_too_long", "request_too_large", "too_many_segments"):
         return click.ClickException(_api_error(resp) + _TOO_LONG_FOR_SAY)
     return click.ClickException(_api_error(resp))
 
