@@ -394,8 +394,10 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
        with_flower: bool, flower_port: int) -> None:
     """Start the whole farm, the Procfile's lines: web, the acoustic, vocoder and book pools
     (interactive and batch), Flower with --flower, and a Redis of its own unless one is
-    configured. A process that exits is restarted (the embedded Redis on the same port, with
-    its data); Ctrl-C stops them all."""
+    configured. It prints one line once the farm serves (/readyz 200: every interactive pool's
+    models loaded and answering); each process's whole log is in <var>/log/, and only their
+    warnings and errors reach the terminal. A process that exits is restarted (the embedded
+    Redis on the same port, with its data); Ctrl-C stops them all."""
     from app import farmstate
     from app.embedded_redis import EmbeddedRedis, maxmemory_bytes
     from app.settings import Settings
