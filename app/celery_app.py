@@ -77,6 +77,12 @@ OVERFLOW_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_OVERFLOW_QUEUE, VOCODER_QUEUE: VOCOD
 ALL_QUEUES = (*QUEUES, ACOUSTIC_LEAD_QUEUE, VOCODER_LEAD_QUEUE, ACOUSTIC_BATCH_QUEUE,
               VOCODER_BATCH_QUEUE, BOOK_QUEUE, ACOUSTIC_OVERFLOW_QUEUE, VOCODER_OVERFLOW_QUEUE,
               QUALITY_QUEUE)
+# Every queue and the pool (stage) that reads it, in ALL_QUEUES' order: the one list /readyz,
+# /v1/stats and the voxfarm_queue_depth and voxfarm_workers_live gauges all report, so no two
+# of them disagree on what the farm's queues are.
+QUEUE_POOLS = {queue: next(pool for pool, reads in WORKER_QUEUES.items()
+                           if queue in (*reads, OVERFLOW_QUEUES.get(pool)))
+               for queue in ALL_QUEUES}
 
 BOOK_PREPARE_TASK = "voxfarm.book.prepare"
 BOOK_FEED_TASK = "voxfarm.book.feed"

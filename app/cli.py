@@ -143,18 +143,36 @@ class Supervisor:
     from 1 s to 30 s and falls back to 1 s once the child has stayed up 30 s, so a child that
     cannot start costs a line every 30 s, not a busy loop.
 
+    With a `log_dir` each child's whole output (Celery's banner, every log line, gunicorn's
+    access lines) goes to `<log_dir>/<name>.log` (the previous `up`'s moved to `.log.1`), and
+    only its warnings and errors reach the terminal, prefixed with its name: a JSON log line
+    at WARNING or above, or a plain line on its stderr (a traceback, a refusal before its
+    logging starts). Without one, all of it reaches the terminal.
+
     Threads: `run()`, `stop()` and `kill()` run in `up`'s main thread, as do the signal
-    handlers that set `run()`'s event and call `kill()`; one daemon thread per child copies
-    its output to stdout, each line prefixed with the child's name. They share only stdout.
+    handlers that set `run()`'s event and call `kill()`; two daemon threads per child copy
+    its stdout and stderr; `up` waits for readiness in one more. They share the terminal,
+    written under one lock (`echo`), and each child's log file, under the child's.
     """
 
     FIRST_BACKOFF_S = 1.0
     MAX_BACKOFF_S = 30.0
     STEADY_S = 30.0
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], log_dir: Path | None = None) -> None:
         self.env = env
         self.children: dict[str, Child] = {}
+        self.log_dir = log_dir
+        self._logs: dict[str, tuple[io.BufferedWriter, threading.Lock]] = {}
+        self._out = threading.Lock()
+
+    def echo(self, line: str, err: bool = False) -> None:
+        """A line of `up`'s own on the terminal, never in the middle of a child's."""
+        with self._out:
+            click.echo(line, err=err)
+
+    def log_path(self, name: str) -> Path | None:
+        return self.log_dir / f"{name}.log" if self.log_dir else None
 
     def start(self, name: str, args: list[str], *, last: bool = False,
               proc: subprocess.Popen | None = None) -> None:
@@ -165,16 +183,42 @@ class Supervisor:
     def _spawn(self, child: Child, proc: subprocess.Popen | None = None) -> None:
         if proc is None:
             proc = subprocess.Popen(child.args, env=self.env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
-            threading.Thread(target=self._pump, args=(child.name, proc), daemon=True).start()
+            log = self._log(child.name)
+            for stream, is_stderr in ((proc.stdout, False), (proc.stderr, True)):
+                threading.Thread(target=self._pump, args=(child.name, stream, is_stderr, log),
+                                 daemon=True).start()
         child.proc, child.started_at, child.restart_at = proc, time.monotonic(), None
 
-    @staticmethod
-    def _pump(name: str, proc: subprocess.Popen) -> None:
-        for line in iter(proc.stdout.readline, b""):
-            sys.stdout.write(f"{name:>9} | {line.decode(errors='replace')}")
-            sys.stdout.flush()
+    def _log(self, name: str) -> tuple[io.BufferedWriter, threading.Lock] | None:
+        """The child's log file, opened once for all its runs (the last `up`'s kept as .1)."""
+        path = self.log_path(name)
+        if path is None:
+            return None
+        if name not in self._logs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists():
+                path.replace(path.with_name(path.name + ".1"))
+            self._logs[name] = open(path, "ab", buffering=0), threading.Lock()
+        return self._logs[name]
+
+    def _pump(self, name: str, stream, is_stderr: bool,
+              log: tuple[io.BufferedWriter, threading.Lock] | None) -> None:
+        shown = False
+        for line in iter(stream.readline, b""):
+            if log is not None:
+                with log[1]:
+                    log[0].write(line)
+            text = line.decode(errors="replace")
+            # An indented line continues the record before it (a traceback's frames, a
+            # list a record printed over several lines): shown with it, or not at all.
+            continued = text[:1] in (" ", "\t") and text.strip()
+            shown = shown if continued else worth_showing(text, is_stderr)
+            if log is None or shown:
+                with self._out:
+                    sys.stdout.write(f"{name:>9} | {text}")
+                    sys.stdout.flush()
 
     def run(self, stopping: threading.Event) -> None:
         """Watch the children until `stopping` is set, restarting those that exit."""
@@ -183,7 +227,7 @@ class Supervisor:
             for child in self.children.values():
                 if child.restart_at is not None:
                     if now >= child.restart_at:
-                        click.echo(f"restarting {child.name}", err=True)
+                        self.echo(f"restarting {child.name}", err=True)
                         self._spawn(child)
                 elif child.proc.poll() is not None:
                     self._died(child, now)
@@ -193,8 +237,10 @@ class Supervisor:
         ran_s = now - child.started_at
         if ran_s >= self.STEADY_S:
             child.backoff_s = self.FIRST_BACKOFF_S
-        click.echo(f"{child.name} exited ({_exit_status(child.proc.returncode)}) after "
-                   f"{ran_s:.0f} s; restarting it in {child.backoff_s:g} s", err=True)
+        log = self.log_path(child.name) if child.name in self._logs else None
+        self.echo(f"{child.name} exited ({_exit_status(child.proc.returncode)}) after "
+                  f"{ran_s:.0f} s; restarting it in {child.backoff_s:g} s"
+                  + (f" (its log: {log})" if log else ""), err=True)
         child.restart_at = now + child.backoff_s
         child.backoff_s = min(2 * child.backoff_s, self.MAX_BACKOFF_S)
 
@@ -219,6 +265,35 @@ class Supervisor:
         for child in self.children.values():
             if child.restart_at is None:
                 _signal_group(child.proc, signal.SIGKILL)
+
+
+_LOUD_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
+
+
+# Flower's records (tornado's format): "[W 261202 08:18:54 inspector:98] ...".
+_TORNADO_RECORD = re.compile(r"\[([DIWEC]) \d{6} ")
+
+
+def worth_showing(line: str, is_stderr: bool) -> bool:
+    """Whether a child's output line belongs on `up`'s terminal: a log record at WARNING or
+    above (the farm's JSON lines, Flower's tornado lines), or another plain line on stderr (a
+    traceback, a message before its logging starts). Banners, INFO records and access lines
+    stay in its log file. (A line that continues the one before it, indented, follows that
+    one: `Supervisor._pump` decides.)"""
+    text = line.strip()
+    if not text:
+        return False
+    if text.startswith("{"):
+        import json
+
+        try:
+            return json.loads(text).get("level") in _LOUD_LEVELS
+        except (ValueError, AttributeError):
+            pass
+    tornado = _TORNADO_RECORD.match(text)
+    if tornado:
+        return tornado[1] in "WEC"
+    return is_stderr
 
 
 def _settings():
@@ -319,8 +394,10 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
        with_flower: bool, flower_port: int) -> None:
     """Start the whole farm, the Procfile's lines: web, the acoustic, vocoder and book pools
     (interactive and batch), Flower with --flower, and a Redis of its own unless one is
-    configured. A process that exits is restarted (the embedded Redis on the same port, with
-    its data); Ctrl-C stops them all."""
+    configured. It prints one line once the farm serves (/readyz 200: every interactive pool's
+    models loaded and answering); each process's whole log is in <var>/log/, and only their
+    warnings and errors reach the terminal. A process that exits is restarted (the embedded
+    Redis on the same port, with its data); Ctrl-C stops them all."""
     from app import farmstate
     from app.embedded_redis import EmbeddedRedis, maxmemory_bytes
     from app.settings import Settings
@@ -376,8 +453,10 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     commands = {name: runnable(expand(command, env)) + extra_args.get(name, [])
                 for name, command in procfile.items()}
 
-    sup = Supervisor(env)
+    log_dir = Path(var_dir) / "log"  # as the user named it: the lines below show it
+    sup = Supervisor(env, var / "log")
     stopping = threading.Event()
+    started = time.monotonic()
 
     def on_signal(signum, _frame) -> None:
         if stopping.is_set():
@@ -395,23 +474,64 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
             sup.start("redis", redis_server.command(), last=True, proc=redis_server.proc)
             bound = (f"at most {redis_server.maxmemory / 2**30:.1f} GiB"
                      if redis_server.maxmemory else "no memory bound")
-            click.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis, {bound})")
+            sup.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis, {bound})")
+        sup.echo(f"starting the web and {len(pools)} worker pools"
+                 + (" and Flower" if with_flower else "") + f"; their logs: {log_dir}/")
         for name, args in commands.items():
             sup.start(name, args)
         web_url = f"http://{_url_host(host)}:{port}"
         flower_url = f"http://{_url_host(host)}:{flower_port}" if with_flower else ""
-        state_file = farmstate.write_state(
-            var, farmstate.new_state(web_url, redis_url, metrics, flower_url))
-        click.echo(f"voxfarm on {web_url}  (Ctrl-C stops everything; where it listens: "
-                   f"{state_file})")
-        click.echo(_access_line(redis_url, host))
-        if flower_url:
-            click.echo(f"Flower on {flower_url}")
+        # Written now, not at readiness: a client that finds it early says "still starting"
+        # instead of trying the default farm.
+        farmstate.write_state(var, farmstate.new_state(web_url, redis_url, metrics,
+                                                       flower_url))
+        threading.Thread(target=_announce_when_ready, name="voxfarm-ready", daemon=True,
+                         args=(sup, stopping, started, web_url, bool(settings.tls_cert),
+                               log_dir, lambda: [_access_line(redis_url, host)] + (
+                                   [f"Flower on {flower_url}"] if flower_url else []))
+                         ).start()
         sup.run(stopping)
     finally:
         farmstate.remove_state(var)
         sup.stop()
         click.echo("voxfarm stopped")
+
+
+# How long `up` waits for readiness before it says what is missing (and waits on): a first
+# start compiles the models, which on two busy cores takes well over a minute.
+READY_PATIENCE_S = 180.0
+
+
+def _announce_when_ready(sup: Supervisor, stopping: threading.Event, started: float,
+                         web_url: str, tls: bool, log_dir: Path, then) -> None:
+    """Print `up`'s one line once the farm serves: gunicorn answers and /readyz is 200, i.e.
+    every interactive pool has a live worker, which a model pool becomes only once its
+    models are loaded and have answered (workers/main.py). Then the lines `then()` gives."""
+    import requests
+
+    probe = web_url.replace("http://", "https://", 1) if tls else web_url
+    if tls:  # loopback, to a certificate made for the farm's public name
+        import urllib3
+
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+    waiting, said = "the web does not answer yet", False
+    while not stopping.is_set():
+        try:
+            resp = requests.get(f"{probe}/readyz", timeout=5, verify=not tls)
+            if resp.status_code == 200:
+                sup.echo(f"voxfarm ready on {web_url} after {time.monotonic() - started:.1f} s "
+                         f"(Ctrl-C stops it; logs in {log_dir}/)")
+                for line in then():
+                    sup.echo(line)
+                return
+            waiting = "; ".join(resp.json().get("missing") or []) or f"HTTP {resp.status_code}"
+        except (requests.RequestException, ValueError):
+            pass
+        if not said and time.monotonic() - started > READY_PATIENCE_S:
+            sup.echo(f"not ready after {READY_PATIENCE_S:.0f} s: {waiting}; still waiting "
+                     f"(logs in {log_dir}/)", err=True)
+            said = True
+        stopping.wait(0.25)
 
 
 # -- voxfarm worker / flower ---------------------------------------------------------------
@@ -517,7 +637,13 @@ def flower(port: int, address: str, no_auth: bool, var_dir: str,
     # Flower's own metrics are in-process; a pool's multiprocess directory is not its own.
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     os.environ.pop("FLOWER_BASIC_AUTH", None)
-    if not no_auth:
+    os.environ.pop("FLOWER_UNAUTHENTICATED_API", None)
+    if no_auth:
+        # Without auth Flower serves its pages but answers its API (/api/queues/length, the
+        # documented way to read queue lengths) with 401 unless told the API is open too;
+        # --no-auth, loopback only, means the whole of Flower is.
+        os.environ["FLOWER_UNAUTHENTICATED_API"] = "true"
+    else:
         # Through Flower's environment option, so the password is not on the command line.
         os.environ["FLOWER_BASIC_AUTH"] = f"{user}:{password}"
     click.echo(f"Flower on http://{_url_host(address)}:{port}, broker "
@@ -541,32 +667,64 @@ def _http():
 
 
 def _api_error(resp) -> str:
+    """The API's error as one line, and the names the server says it would take (`valid`:
+    the voices, the formats) on a second."""
     try:
         err = resp.json()["error"]
-        return f"{resp.status_code} {err['code']}: {err['message']}"
+        line = f"{resp.status_code} {err['code']}: {err['message']}"
     except Exception:
         return f"{resp.status_code} {resp.text[:200]}"
+    if err.get("valid"):
+        line += f"\nvalid: {', '.join(map(str, err['valid']))}"
+    return line
 
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 _SERVER_HELP = ("The farm's URL [env VOXFARM_SERVER; default: the farm in --var's farm.json, "
                 f"else {DEFAULT_SERVER}].")
-_VAR_HELP = "Where `voxfarm up` wrote farm.json [env VOXFARM_VAR; default: var]."
+_VAR_HELP = ("Where `voxfarm up` wrote farm.json [env VOXFARM_VAR; default: var]. Given, its "
+             "farm must be running.")
 
 
-def _find_server(flag: str | None, var_dir: str) -> tuple[str, str]:
+def _var_given(ctx: click.Context) -> bool:
+    """Whether the user named the var dir (--var, or VOXFARM_VAR): its farm is the one meant."""
+    from app.settings import Settings
+
+    return (ctx.get_parameter_source("var_dir") != click.core.ParameterSource.DEFAULT
+            or _settings().var_dir != Settings().var_dir)
+
+
+def _find_server(flag: str | None, var_dir: str, var_given: bool = False) -> tuple[str, str]:
     """The farm to talk to, and how it was found: the flag, VOXFARM_SERVER, the state file
-    of a running `voxfarm up`, or the default."""
+    of a running `voxfarm up`, or the default.
+
+    A farm found by any way but the flag or the state file is named on stderr, before
+    anything is sent: a default that reaches another farm on this host must not pass
+    unnoticed. A var dir the user named (`var_given`), or whose farm.json a farm that
+    stopped left, means that farm: if it is not running, that is an error, never the
+    default."""
     from app import farmstate
 
     if flag:
         return flag.rstrip("/"), "--server"
     if _settings().server_url:
-        return _settings().server_url.rstrip("/"), "VOXFARM_SERVER"
+        server = _settings().server_url.rstrip("/")
+        click.echo(f"using {server} (from VOXFARM_SERVER)", err=True)
+        return server, "VOXFARM_SERVER"
     running = farmstate.live_state(var_dir)
     if running is not None:
         return running.web_url, str(farmstate.state_path(var_dir))
+    path = farmstate.state_path(var_dir)
+    stale = farmstate.read_state(var_dir)
+    if var_given or stale is not None:
+        why = (f"{path} is left from a farm that stopped (pid {stale.pid})"
+               if stale is not None else f"there is no {path}")
+        raise click.ClickException(
+            f"no farm runs from {var_dir}: {why}. Start it with `voxfarm up --var {var_dir}` "
+            "(or `make run`), or name a running farm with --server / VOXFARM_SERVER")
+    click.echo(f"using {DEFAULT_SERVER} (the default: no {path} here, no --server, no "
+               "VOXFARM_SERVER)", err=True)
     return DEFAULT_SERVER, "the default"
 
 
@@ -580,21 +738,73 @@ def _reaching(server: str, found_by: str, var_dir: str):
     try:
         yield
     except (requests.ConnectionError, requests.Timeout) as exc:
-        stale = farmstate.read_state(var_dir)
         if found_by == str(farmstate.state_path(var_dir)):
             # Its `voxfarm up` runs: the web is still starting, or went down on its own.
+            running = farmstate.read_state(var_dir)
             raise click.ClickException(
-                f"the farm in {found_by} (pid {stale.pid if stale else '?'}) does not answer "
-                f"at {server}: still starting? Try again in a moment, or see its log") from None
-        if found_by == "the default" and stale is not None:
-            why = (f"{farmstate.state_path(var_dir)} is left from a farm that stopped "
-                   f"(pid {stale.pid})")
-        else:
-            kind = "timed out" if isinstance(exc, requests.Timeout) else "nothing answers"
-            why = f"{kind} at {server} (from {found_by})"
+                f"the farm in {found_by} (pid {running.pid if running else '?'}) does not "
+                f"answer at {server}: still starting? Try again in a moment, or see its "
+                "log") from None
+        kind = "timed out" if isinstance(exc, requests.Timeout) else "nothing answers"
         raise click.ClickException(
-            f"no farm is running: {why}. Start one with `make run` (or `voxfarm up`), or "
-            "point --server / VOXFARM_SERVER at a running farm") from None
+            f"no farm is running: {kind} at {server} (from {found_by}). Start one with "
+            "`make run` (or `voxfarm up`), or point --server / VOXFARM_SERVER at a running "
+            "farm") from None
+
+
+def _eta(seconds: float | None) -> str:
+    if not seconds:
+        return ""
+    seconds = round(seconds)
+    return f"ETA {seconds // 60}:{seconds % 60:02d}" if seconds >= 60 else f"ETA {seconds} s"
+
+
+class Progress:
+    """What `say` and `book render` show while the farm works: on a terminal a bar (position,
+    percent and the caller's note, whose one estimate is the farm's: click's own ETA is off);
+    elsewhere (a log, a pipe) a plain line at the start, every `EVERY_S` seconds and at the
+    end, so a script's output is never silent for minutes."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, total: int, label: str = "segments") -> None:
+        # total 0: not known yet (a book before its chapters are split)
+        self.label, self.total, self.done, self.note = label, total, 0, ""
+        self.terminal = sys.stdout.isatty()
+        self._bar = None
+        self._printed, self._printed_at = "", None
+        if self.terminal:
+            self._bar = click.progressbar(length=max(1, total), label=label, show_eta=False,
+                                          show_pos=bool(total),
+                                          item_show_func=lambda _: self.note)
+            self._bar.__enter__()
+
+    def update(self, done: int, total: int | None = None, note: str = "") -> None:
+        if total:
+            self.total = total
+        self.note = note
+        if self._bar is not None:
+            self._bar.length, self._bar.show_pos = max(1, self.total), bool(self.total)
+            self._bar.update(done - self.done, note)
+        elif self._printed_at is None or time.monotonic() - self._printed_at >= self.EVERY_S:
+            self._line(done)
+        self.done = done
+
+    def _text(self, done: int) -> str:
+        return (f"{self.label} {done}/{self.total or '?'}"
+                + (f", {self.note}" if self.note else ""))
+
+    def _line(self, done: int) -> None:
+        self._printed = self._text(done)
+        click.echo(self._printed)
+        self._printed_at = time.monotonic()
+
+    def close(self) -> None:
+        """End the display; off a terminal, with the last figures unless just printed."""
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+        elif self._printed != self._text(self.done):
+            self._line(self.done)
 
 
 @main.command()
@@ -602,16 +812,39 @@ def _reaching(server: str, found_by: str, var_dir: str):
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Output file; the extension picks the format (wav, flac, mp3, ogg).")
 @click.option("--voice", default=None,
-              help="A name from GET /v1/voices (default: the farm's default voice).")
+              help="A name from GET /v1/audio/voices (default: the farm's default voice).")
 @click.option("--speed", default=1.0, show_default=True, type=float)
 @click.option("--server", default=None, help=_SERVER_HELP)
 @click.option("--var", "var_dir", default=lambda: _settings().var_dir, help=_VAR_HELP)
-def say(text: str, output: str, voice: str, speed: float, server: str | None,
-        var_dir: str) -> None:
+@click.pass_context
+def say(ctx: click.Context, text: str, output: str, voice: str, speed: float,
+        server: str | None, var_dir: str) -> None:
     """Synthesize TEXT through a running farm and write it to OUTPUT."""
-    server, found_by = _find_server(server, var_dir)
+    server, found_by = _find_server(server, var_dir, _var_given(ctx))
     with _reaching(server, found_by, var_dir):
         _say(text, output, voice, speed, server)
+
+
+# What `say` adds to a refusal of its text's length: the way a long text goes in.
+_TOO_LONG_FOR_SAY = ("\na text this long goes in as a book: save it as a .txt file and run "
+                     "`voxfarm book render FILE.txt -o DIR`")
+
+
+def _say_refused(resp, output: str) -> click.ClickException:
+    """A refused `say`, in the terms of its command line: the file name's extension, not a
+    `format` field the user never typed; a text too long pointed at `book render`."""
+    try:
+        err = resp.json()["error"]
+    except Exception:
+        err = {}
+    if err.get("field") == "format" and err.get("valid"):
+        extensions = ", ".join(f".{f}" for f in err["valid"])
+        return click.ClickException(
+            f"cannot write {Path(output).name!r}: the extension of -o picks the format, and "
+            f"the farm writes {extensions}")
+    if err.get("code") in ("text_too_long", "request_too_large", "too_many_segments"):
+        return click.ClickException(_api_error(resp) + _TOO_LONG_FOR_SAY)
+    return click.ClickException(_api_error(resp))
 
 
 def _say(text: str, output: str, voice: str, speed: float, server: str) -> None:
@@ -621,14 +854,17 @@ def _say(text: str, output: str, voice: str, speed: float, server: str) -> None:
     body = {"text": text, "speed": speed, "format": fmt, **({"voice": voice} if voice else {})}
     resp = _http().post(f"{server}/v1/jobs", json=body, timeout=60)
     if resp.status_code != 202:
-        raise click.ClickException(_api_error(resp))
+        raise _say_refused(resp, output)
     job = resp.json()
-    after, pcm, rate = -1, [], 22050
-    with click.progressbar(length=job["segments"]["total"], label="segments") as bar:
+    after, pcm, rate, segments = -1, [], 22050, 0
+    total = job["segments"]["total"]
+    progress = Progress(total)
+    try:
         while True:
             r = _http().get(f"{server}/v1/jobs/{job['id']}/chunks",
                              params={"after": after, "wait": 30}, timeout=90)
             if r.status_code == 204:
+                progress.update(segments)
                 continue
             if r.status_code != 200:
                 raise click.ClickException(_api_error(r))
@@ -637,10 +873,14 @@ def _say(text: str, output: str, voice: str, speed: float, server: str) -> None:
                 with wave.open(io.BytesIO(base64.b64decode(c["audio"]))) as w:
                     pcm.append(w.readframes(w.getnframes()))
                     rate = w.getframerate()
-            bar.update(len(page["chunks"]))
+            # Chunks are windows of segments: a segment is done with its last window.
+            segments += sum(c["segment_end"] for c in page["chunks"])
+            progress.update(segments)
             after = page["next_after"]
             if page["end"]:
                 break
+    finally:
+        progress.close()
     if page["state"] != "done":
         raise click.ClickException(f"job {job['id']} ended {page['state']}")
     if fmt == "wav":
@@ -671,19 +911,21 @@ def book() -> None:
 @click.option("-o", "--output", "out_dir", required=True,
               type=click.Path(file_okay=False), help="Folder for the audiobook files.")
 @click.option("--voice", default=None,
-              help="A name from GET /v1/voices (default: the farm's default voice).")
+              help="A name from GET /v1/audio/voices (default: the farm's default voice).")
 @click.option("--speed", default=1.0, show_default=True, type=float)
 @click.option("--formats", default="m4b,chapters", show_default=True,
               help="Any of m4b, mp3, chapters (comma separated).")
 @click.option("--server", default=None, help=_SERVER_HELP)
 @click.option("--var", "var_dir", default=lambda: _settings().var_dir, help=_VAR_HELP)
-def book_render(file: str, out_dir: str, voice: str, speed: float, formats: str,
-                server: str | None, var_dir: str) -> None:
-    """Render FILE (.epub, .txt, .md, .html) into OUTPUT: an M4B with chapters, chapter MP3s
-    and a manifest. The farm keeps rendering after a Ctrl-C; the same command again resumes
-    the same book (its id comes from the content, voice and speed) and downloads it when
-    done; with other --formats it reuses the rendered audio and only packages it anew."""
-    server, found_by = _find_server(server, var_dir)
+@click.pass_context
+def book_render(ctx: click.Context, file: str, out_dir: str, voice: str, speed: float,
+                formats: str, server: str | None, var_dir: str) -> None:
+    """Render FILE (.epub, .txt, .md, .html) into OUTPUT: an M4B with chapters, chapter MP3s,
+    their captions and a manifest. The farm keeps rendering after a Ctrl-C; the same command
+    again resumes the same book (its id comes from the content, voice and speed) and
+    downloads it when done; with other --formats it reuses the rendered audio and only
+    packages it anew."""
+    server, found_by = _find_server(server, var_dir, _var_given(ctx))
     with _reaching(server, found_by, var_dir):
         _book_render(file, out_dir, voice, speed, formats, server)
 
@@ -727,35 +969,41 @@ def _book_render(file: str, out_dir: str, voice: str, speed: float, formats: str
     _download_book(server, bk, Path(out_dir), formats)
 
 
+def book_progress_note(bk: dict) -> str:
+    """What the progress shows beside the segments: the state, the chapters whose every
+    segment is done (a chapter not yet planned has none to count), and the farm's one
+    estimate of the time left."""
+    chapters = bk["chapters"]  # none listed until the book is split
+    finished = sum(0 < c["segments"]["total"] == c["segments"]["done"] for c in chapters)
+    eta = _eta(bk.get("eta_s")) if bk["state"] in ("queued", "preparing", "rendering") else ""
+    done = f"chapters done {finished}/{len(chapters)}" if chapters else ""
+    return ", ".join(x for x in (bk["state"], done, eta) if x)
+
+
 def _watch_book(server: str, bk: dict) -> dict:
 
-    total = max(1, bk["segments"]["total"])
-    with click.progressbar(length=total, label="segments", show_pos=True,
-                           item_show_func=lambda x: x) as bar:
-        shown = 0
+    progress = Progress(bk["segments"]["total"])
+    try:
         while True:
             r = _http().get(f"{server}/v1/books/{bk['id']}", timeout=30)
             if r.status_code != 200:
                 raise click.ClickException(_api_error(r))
             bk = r.json()
-            if bk["segments"]["total"] and bar.length != bk["segments"]["total"]:
-                bar.length = bk["segments"]["total"]
-            chapters = bk["chapters"]
-            finished = sum(c["segments"]["done"] == c["segments"]["total"] for c in chapters)
-            eta = f", ETA {bk['eta_s']:.0f} s" if bk.get("eta_s") else ""
-            bar.current_item = (f"{bk['state']}, chapters {finished}/{len(chapters)}{eta}")
-            bar.update(bk["segments"]["done"] - shown)
-            shown = bk["segments"]["done"]
+            progress.update(bk["segments"]["done"], bk["segments"]["total"],
+                            book_progress_note(bk))
             if bk["state"] in ("done", "failed", "canceled"):
                 return bk
             time.sleep(1.0)
+    finally:
+        progress.close()
 
 
 def _download_book(server: str, bk: dict, out: Path, formats: str) -> None:
     """Download the formats asked for under the names the book's manifest gives them (the
-    names the API's downloads carry too), and a manifest.json listing exactly those files."""
+    names the API's downloads carry too), the captions that time the audio downloaded (the
+    book's with the M4B or MP3, each chapter's with its MP3), and a manifest.json listing
+    exactly those files."""
     import json
-
 
     asked = {f.strip().lower() for f in formats.split(",") if f.strip()}
     out.mkdir(parents=True, exist_ok=True)
@@ -776,17 +1024,29 @@ def _download_book(server: str, bk: dict, out: Path, formats: str) -> None:
             tmp.replace(dest)
         click.echo(f"wrote {dest}")
 
+    def fetch_captions(entry: dict, wanted: bool) -> None:
+        # The links lead into the farm: the folder's manifest names files, not URLs.
+        links = entry.pop("captions_links", None) or {}
+        if wanted and entry.get("captions"):
+            for fmt, name in entry["captions"].items():
+                fetch(links[fmt], name)
+        else:  # not downloaded: the manifest names only what is in the folder
+            entry.pop("captions", None)
+
     files = {fmt: name for fmt, name in manifest.get("files", {}).items() if fmt in asked}
     for fmt, name in files.items():
         fetch(bk["links"][fmt], name)
     manifest["files"] = files
     manifest["formats"] = [f for f in manifest.get("formats", []) if f in asked]
+    fetch_captions(manifest, bool(files))
     for ch in manifest["chapters"]:
-        if "chapters" in asked and ch.get("file") and ch.get("audio"):
+        chapter_file = "chapters" in asked and ch.get("file") and ch.get("audio")
+        if chapter_file:
             fetch(ch["audio"], ch["file"])
-        else:  # not downloaded: the manifest names only what is in the folder
+        else:
             ch.pop("file", None)
         ch.pop("audio", None)  # a link into the farm, not a file here
+        fetch_captions(ch, bool(chapter_file))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
     click.echo(f"wrote {out / 'manifest.json'}")
 

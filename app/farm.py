@@ -537,22 +537,24 @@ class Farm:
         # warning, not a 503: the web must stay in the balancer to answer 507 to new jobs.
         overflow = set(OVERFLOW_QUEUES.values())
         # The quality pool is reported apart too (`quality`): it only matters while a voice
-        # has a canary, which warns when nothing judges it.
-        live = {q: self.live_workers(q) for q in ALL_QUEUES
-                if q not in overflow and q != QUALITY_QUEUE}
-        quality = len(self.live_workers(QUALITY_QUEUE))
+        # has a canary, which warns when nothing judges it. `workers` still lists every
+        # queue (ALL_QUEUES), as /v1/stats and the voxfarm_workers_live gauge do.
+        live = {q: self.live_workers(q) for q in ALL_QUEUES}
+        quiet = overflow | {QUALITY_QUEUE}  # reported, never a warning of their own
+        quality = len(live[QUALITY_QUEUE])
         # A stage's lead queue (jobs' first segments) needs its consumers as much as the
         # stage's own queue does.
         missing = [q for q in (*QUEUES, *LEAD_QUEUES.values()) if not live[q]]
         short = {q: len(self.short_workers(q) & set(live[q])) for q in QUEUES}
         return {"ready": not missing, "redis": "ok",
                 "workers": {q: len(w) for q, w in live.items()},
-                "cpu_overflow": {q: len(self.live_workers(q)) for q in OVERFLOW_QUEUES.values()},
+                "cpu_overflow": {q: len(live[q]) for q in OVERFLOW_QUEUES.values()},
                 "short_of_memory": short,
                 "quality": quality,
                 "missing": [f"no live worker on queue '{q}'" for q in missing],
                 "warnings": [f"no live worker on queue '{q}': its work waits until one "
-                             "starts" for q, w in live.items() if not w and q not in missing]
+                             "starts" for q, w in live.items()
+                             if not w and q not in missing and q not in quiet]
                 + [f"every live worker on queue '{q}' is short of GPU memory and no CPU pool "
                    "takes its overflow: new jobs are refused (507)"
                    for q in self.memory_exhausted()]

@@ -79,8 +79,12 @@ AT_REST_REFUSED = Counter(
     "longer in the ring (unknown_key), written before keys were set (not_sealed), or sealed "
     "while the farm now has no keys (no_keys).",
     ["reason"])
-SEGMENTS = Counter("voxfarm_segments_total", "Segments rendered to audio and stored.")
-AUDIO_SECONDS = Counter("voxfarm_audio_seconds_total", "Seconds of audio rendered.")
+# Every vocoder pool's, interactive and batch: jobs' segments (counted from the job record,
+# `JobObserver`) and books' (tasks/books.py, as each is stored).
+SEGMENTS = Counter("voxfarm_segments_total",
+                   "Segments rendered to audio and stored, jobs' and books'.")
+AUDIO_SECONDS = Counter("voxfarm_audio_seconds_total",
+                        "Seconds of audio rendered, jobs' and books'.")
 # Every way a job enters the farm: POST /v1/jobs, the OpenAI speech endpoint, the WebSocket.
 JOB_ENTRIES = ("jobs", "openai", "websocket")
 JOBS_SUBMITTED = Counter("voxfarm_jobs_submitted_total",
@@ -119,6 +123,13 @@ SEGMENTS_REROUTED = Counter(
     "voxfarm_segments_rerouted_total",
     "Segment stages a worker short of GPU memory did not run, by where they went.",
     ["stage", "reason", "to"])
+# A model pool's processes that have loaded their models and run them once (the warm-up
+# before a pool reports itself live, tasks/runtime.py): the pool's concurrency once it can
+# serve at full speed. livesum: a dead process leaves the sum.
+MODELS_WARM = Gauge(
+    "voxfarm_model_processes_warm",
+    "Pool processes whose models are loaded and have answered their warm-up call.",
+    multiprocess_mode="livesum")
 # Segments that gave way after their first window to listeners waiting for their first
 # audio (tasks/segments.py, VOXFARM_VOCODER_YIELD): the rest went to the vocoder lead queue.
 VOCODER_YIELDS = Counter(
@@ -147,11 +158,11 @@ CANARY_DECISIONS = Counter(
 
 
 class FarmCollector:
-    """Queue depth and live workers per queue, read from Redis at scrape time."""
+    """Queue depth and live workers on each of `queues`, read from Redis at scrape time (a
+    worker heartbeats on every queue it reads)."""
 
-    def __init__(self, farm, queues, pools=None) -> None:
+    def __init__(self, farm, queues) -> None:
         self.farm, self.queues = farm, tuple(queues)
-        self.pools = tuple(pools) if pools is not None else self.queues
 
     def collect(self):
         up = GaugeMetricFamily("voxfarm_redis_up", "1 when the scrape could read Redis.")
@@ -163,7 +174,7 @@ class FarmCollector:
         try:
             for q in self.queues:
                 depth.add_metric([q], self.farm.queue_depth(q))
-            for q in self.pools:
+            for q in self.queues:
                 workers.add_metric([q], len(self.farm.live_workers(q)))
         except Exception as exc:  # Redis down: say so, and export no stale figures
             log.warning("metrics scrape could not read Redis: %s", exc)

@@ -33,6 +33,7 @@ from typing import TypeVar
 import redis
 from celery import shared_task
 
+from app import metrics
 from app.books import (
     book_download_name,
     captions_download_name,
@@ -256,9 +257,17 @@ def segment_wanted(farm, spec: dict) -> bool:
             and not farm.books.is_done(spec["book_id"], spec["seq"]))
 
 
-def store_segment(farm, spec: dict, pcm: bytes, words: list[dict] | None = None) -> None:
+def store_segment(farm, spec: dict, pcm: bytes, sample_rate: int,
+                  words: list[dict] | None = None) -> None:
+    """Store a book segment's audio (16-bit PCM at `sample_rate`), count it where a job's
+    segment counts (the batch vocoder pool's figures are the farm's as much as the
+    interactive one's: a redelivered segment counts again, as a job's does, being work
+    done), and assemble the book after its last."""
     done, state = farm.books.store_segment(spec["book_id"], spec["seq"], spec["chapter"],
                                            spec["index"], pcm, words)
+    if done >= 0:
+        metrics.SEGMENTS.inc()
+        metrics.AUDIO_SECONDS.inc(len(pcm) / 2 / sample_rate)
     if done >= 0 and state == BookState.ASSEMBLING:
         send_assemble(farm.celery, spec["book_id"])
 

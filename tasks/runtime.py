@@ -119,7 +119,8 @@ def warm_up(queue: str) -> None:
     """Load every model of `queue`'s stage and run each once on a short input.
 
     A Piper voice whose files cannot be loaded is logged with the reason and skipped: the
-    other voices still serve, and a job for the broken one fails with that reason.
+    other voices still serve, and a job for the broken one fails with that reason. Once done,
+    this process counts in `voxfarm_model_processes_warm`.
     """
     if _threads > 0:
         import torch
@@ -151,6 +152,9 @@ def warm_up(queue: str) -> None:
                 decoder.vocode([torch.zeros(decoder.mel_config.n_mels, 8)])
         except Exception as exc:  # a broken voice file must not stop the others
             log.error("voice %s cannot be loaded: %s", voice.name, exc)
+    from app import metrics
+
+    metrics.MODELS_WARM.set(1)
 
 
 # -- the GPU memory rule (docs/operations.md, "GPU memory") ----------------------------------

@@ -245,7 +245,7 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
     if "book_id" in spec:  # book audio goes to the artifact store, not Redis
         audio = _vocode_piece(vocoder, voice, features)
         words = _word_times(farm, vocoder, voice, mel_key, spec, len(audio))
-        books.store_segment(farm, spec, _pcm(audio, pause), words)
+        books.store_segment(farm, spec, _pcm(audio, pause), vocoder.sample_rate, words)
     elif voice.engine == PIPER and (from_window or farm.settings.vocoder_window_frames):
         words = _word_times(farm, vocoder, voice, mel_key, spec)
         rest = _stream_windows(farm, vocoder, voice, features, spec, pause, words, from_window)

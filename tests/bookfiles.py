@@ -27,8 +27,10 @@ def tiny_png() -> bytes:
 
 
 def make_epub(chapters=CHAPTERS, title: str = "Harbour Tales", author: str = "Ann Writer",
-              cover: bool = True, extra_docs: bool = True) -> bytes:
-    """A real EPUB 3 (with NCX) written by ebooklib: cover, copyright page, nav, chapters."""
+              cover: bool = True, extra_docs: bool = True, front: str = "") -> bytes:
+    """A real EPUB 3 (with NCX) written by ebooklib: cover, copyright page, nav, chapters;
+    `front`: the body of a document before the chapters that the navigation does not name
+    (a title page under a name no skip rule knows)."""
     from ebooklib import epub
 
     book = epub.EpubBook()
@@ -44,6 +46,11 @@ def make_epub(chapters=CHAPTERS, title: str = "Harbour Tales", author: str = "An
         rights.content = "<h1>Copyright</h1><p>All rights reserved. Printed nowhere.</p>"
         book.add_item(rights)
         items.append(rights)
+    if front:
+        page = epub.EpubHtml(title="Opening", file_name="opening.xhtml", lang="en")
+        page.content = front
+        book.add_item(page)
+        items.insert(0, page)
     docs = []
     for i, (ch_title, text) in enumerate(chapters, 1):
         doc = epub.EpubHtml(title=ch_title, file_name=f"chap_{i:02d}.xhtml", lang="en")
@@ -60,7 +67,8 @@ def make_epub(chapters=CHAPTERS, title: str = "Harbour Tales", author: str = "An
                 enumerate(zip(docs, chapters, strict=True))]
     book.add_item(epub.EpubNcx())
     book.add_item(epub.EpubNav())
-    book.spine = ["nav", *items[:1], *docs, *items[1:]]
+    before = 2 if front and extra_docs else 1  # the opening page and the copyright page
+    book.spine = ["nav", *items[:before], *docs, *items[before:]]
     out = io.BytesIO()
     epub.write_epub(out, book)
     return out.getvalue()

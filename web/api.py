@@ -10,7 +10,7 @@ import base64
 import numpy as np
 from flask import Blueprint, Response, g, jsonify, request, url_for
 
-from app.celery_app import WORKER_QUEUES
+from app.celery_app import QUEUE_POOLS
 from app.offload import offload
 from app.states import JobState
 from models import captions
@@ -266,13 +266,13 @@ def voices():
 @api.get("/v1/stats")
 def stats():
     f = farm()
-    # Every queue of every stage, the books' too, with the workers consuming it (a worker
-    # heartbeats on each queue it reads) and the stage (`pool`) it belongs to.
+    # Every queue (QUEUE_POOLS, the overflow queues too), with the workers consuming it (a
+    # worker heartbeats on each queue it reads) and the stage (`pool`) it belongs to.
     return jsonify({
         "mel_cache": {**f.mel_cache.stats(), **f.mel_cache.size()},
         "queues": {q: {"depth": f.queue_depth(q), "workers": len(f.live_workers(q)),
                        "pool": pool}
-                   for pool, queues in WORKER_QUEUES.items() for q in queues},
+                   for q, pool in QUEUE_POOLS.items()},
     })
 
 

@@ -35,7 +35,15 @@ from app.offload import offload
 from app.queueing import resume, send_assemble, send_prepare
 from app.states import BookState
 from models import captions
-from models.book_parse import EXTENSIONS, Book, BookError, Chapter, finish, parse_book
+from models.book_parse import (
+    EXTENSIONS,
+    Book,
+    BookError,
+    Chapter,
+    finish,
+    not_a_book_file,
+    parse_book,
+)
 from models.errors import BreakTooLong
 from models.frontend import check_breaks
 from models.ssml import looks_like_ssml
@@ -178,9 +186,9 @@ def create_book():
         name = upload.filename or ""
         ext = name.lower().rsplit(".", 1)[-1] if "." in name else ""
         if f".{ext}" not in EXTENSIONS:
-            raise ApiError(415, "unsupported_format",
-                           f"'{name}' is not a book file; send .epub, .txt, .md or .html",
-                           field="file")
+            refusal = not_a_book_file(name)
+            raise ApiError(415, refusal.code, refusal.message, field="file",
+                           valid=list(EXTENSIONS))
         data = upload.read()
         source = (data, ext)
         try:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Flask, jsonify
+from flask import Flask, current_app, jsonify, request
 from kombu.exceptions import OperationalError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from app.apikeys import LimitExceeded
 from app.offload import OffloadTimeout
@@ -63,10 +63,29 @@ _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
                413: "request_too_large", 415: "unsupported_media_type"}
 
 
+def too_large() -> ApiError:
+    """413 for a body over the route's limit (Werkzeug refuses it before it is read), saying
+    the limit, and where a long text goes instead: a route's own limit (a book's upload,
+    `max_book_bytes`) or the app's (a text's characters at 4 UTF-8 bytes each, plus room for
+    the other fields)."""
+    limit = request.max_content_length or 0
+    sent = f"{request.content_length:,} bytes" if request.content_length else "more"
+    message = f"the request body is {sent}; the limit here is {limit:,} bytes"
+    settings = current_app.extensions["voxfarm"].settings
+    if limit < settings.max_book_bytes:
+        message += (f" (a text of up to {settings.max_text_chars:,} characters); send a longer "
+                    "text as a book (POST /v1/books)")
+    return ApiError(413, "request_too_large", message, limit_bytes=limit)
+
+
 def register_error_handlers(app: Flask, retry_after_s: int) -> None:
     @app.errorhandler(ApiError)
     def _api(err: ApiError):
         return error_response(err)
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def _too_large(exc: RequestEntityTooLarge):
+        return error_response(too_large())
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):

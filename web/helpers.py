@@ -33,6 +33,7 @@ from models.ssml import MAX_SSML_CHARS, SsmlError, looks_like_ssml
 from models.ssml import parse as parse_ssml
 from models.voices import Voice, get_voice
 from web.errors import ApiError
+from web.schemas import OPENAI_VOICES
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -144,18 +145,35 @@ def openai_errors() -> Iterator[None]:
 # -- what needs the voice --------------------------------------------------------------------
 
 
-def voice_or_422(name: str, field: str = "voice", aliases: list[str] = ()) -> Voice:
-    """The voice called `name` (`NAME:SPEAKER` for one speaker), or the API's one 422 for it
-    (every entry point's), which lists `aliases` (other names the field takes) before the
-    voices.
+def openai_voice_table() -> dict[str, str]:
+    """OpenAI's voice names -> the farm's voices: each is the farm's default voice (the
+    neural English one: the bundled voice has one speaker, and a neural voice beats eSpeak's
+    variants for every name) unless the `openai_voices` setting maps it elsewhere
+    ("alloy=en_us-joe-medium,fable=en+m3", or a speaker: "nova=NAME:SPEAKER")."""
+    settings = farm().settings
+    table = dict.fromkeys(OPENAI_VOICES, settings.default_voice)
+    for item in settings.openai_voices.split(","):
+        name, _, voice = item.partition("=")
+        if name.strip() and voice.strip():
+            table[name.strip().lower()] = voice.strip()
+    return table
 
-    The voice list is read once at app start, so this touches no engine and may run on the
-    hub."""
+
+def voice_or_422(name: str, field: str = "voice") -> Voice:
+    """The voice called `name` (`NAME:SPEAKER` for one speaker, or an OpenAI voice name:
+    `openai_voice_table`), or the API's one 422 for it (every entry point's), which lists
+    every name the field takes, the OpenAI names first, as `GET /v1/audio/voices` does.
+
+    OpenAI's names are voices on every route, not only on OpenAI's: `/v1/audio/voices` lists
+    them, and a client that picked one there should not learn that it works on one route
+    alone. The voice list is read once at app start, so this touches no engine and may run
+    on the hub."""
+    table = openai_voice_table()
     try:
-        return get_voice(name)
+        return get_voice(table.get(name.lower(), name))
     except UnknownVoice as exc:
         raise ApiError(422, "unknown_voice", f"unknown voice '{name}'", field=field,
-                       valid=[*aliases, *exc.valid]) from None
+                       valid=[*table, *exc.valid]) from None
     except UnknownSpeaker as exc:
         raise ApiError(422, "unknown_speaker", str(exc), field=field,
                        valid=exc.valid) from None

@@ -85,19 +85,9 @@ def _observe_job(job_id: str | None) -> None:
         current_app.logger.warning("job metrics failed for %s", job_id, exc_info=True)
 
 
-def _depth_queues() -> tuple[str, ...]:
-    # Every list a backlog can sit in (the batch queues and the book queue included, where
-    # the queue table has them).
-    return tuple(getattr(celery_app, "ALL_QUEUES", celery_app.QUEUES))
-
-
-def _pools() -> tuple[str, ...]:
-    # The pools that heartbeat, by the queue they are named after.
-    return tuple(getattr(celery_app, "WORKER_QUEUES", None) or celery_app.QUEUES)
-
-
 @observability.get("/metrics")
 def prometheus_metrics() -> Response:
-    body = metrics.exposition([metrics.FarmCollector(farm(), _depth_queues(), _pools())])
+    # Every queue, for depth and live workers alike: the queues /readyz and /v1/stats list.
+    body = metrics.exposition([metrics.FarmCollector(farm(), celery_app.QUEUE_POOLS)])
     return Response(body, mimetype="text/plain", headers={
         "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

@@ -13,9 +13,9 @@ Decisions (the README, "Streaming" has the table and the reasons):
 
 * `voice`: OpenAI's voice names are the farm's default voice, the neural English one
   (`OPENAI_VOICES`, each overridable with the `openai_voices` setting,
-  `VOXFARM_OPENAI_VOICES="alloy=en-us+f2,echo=NAME:2"`);
-  a farm voice name (`en_us-joe-medium`, `en-us+f3`, `cmn`, `NAME:SPEAKER`) is taken as is;
-  anything else is a 422 listing both.
+  `VOXFARM_OPENAI_VOICES="alloy=en-us+f2,echo=NAME:2"`), here and on every other route
+  (web/helpers.py, `voice_or_422`); a farm voice name (`en_us-joe-medium`, `en-us+f3`,
+  `cmn`, `NAME:SPEAKER`) is taken as is; anything else is a 422 listing both.
 * `model`: any non-empty string; the farm has one engine per deployment, so the name is
   accepted and not used, the way other OpenAI-compatible servers treat it. `/v1/models`
   lists the usual names (`OPENAI_MODELS`) for clients that pick one from a list.
@@ -41,10 +41,9 @@ from app.states import JOB_FINAL
 from models.encode import StreamEncoder
 from models.voices import list_voices
 from web.errors import ApiError
-from web.helpers import farm, json_body, openai_errors, parse, voice_or_422
+from web.helpers import farm, json_body, openai_errors, openai_voice_table, parse, voice_or_422
 from web.schemas import (
     OPENAI_MODELS,
-    OPENAI_VOICES,
     RESPONSE_FORMATS,
     SPEED_MAX,
     SPEED_MIN,
@@ -61,26 +60,9 @@ CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac",
 MODELS_CREATED = 1796083200
 
 
-def voice_table() -> dict[str, str]:
-    """OpenAI's voice names -> the farm's voices: each is the farm's default voice (the
-    neural English one: the bundled voice has one speaker, and a neural voice beats eSpeak's
-    variants for every name) unless the `openai_voices` setting maps it elsewhere
-    ("alloy=en_us-joe-medium,fable=en+m3", or a speaker: "nova=NAME:SPEAKER")."""
-    settings = farm().settings
-    table = dict.fromkeys(OPENAI_VOICES, settings.default_voice)
-    for item in settings.openai_voices.split(","):
-        name, _, voice = item.partition("=")
-        if name.strip() and voice.strip():
-            table[name.strip().lower()] = voice.strip()
-    return table
-
-
 def resolve_voice(name: str) -> str:
     """The farm voice an OpenAI request's `voice` names: an OpenAI name or a farm voice."""
-    table = voice_table()
-    if name.lower() in table:
-        return table[name.lower()]
-    return voice_or_422(name, aliases=sorted(table)).name
+    return voice_or_422(name).name
 
 
 def farm_speed(speed: float) -> float:
@@ -167,4 +149,4 @@ def model(model_id: str):
 def audio_voices():
     """Every name `voice` takes, as Kokoro-FastAPI lists them: the OpenAI names first, then
     the farm's own voices (`GET /v1/voices` has the details)."""
-    return jsonify({"voices": [*voice_table(), *(vc.name for vc in list_voices())]})
+    return jsonify({"voices": [*openai_voice_table(), *(vc.name for vc in list_voices())]})

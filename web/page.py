@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, render_template
 
+from models.book_parse import EXTENSIONS
 from web.auth import keys_enabled
 from web.helpers import farm
 from web.schemas import SPEED_MAX, SPEED_MIN
@@ -32,4 +33,7 @@ def index():
     # but as an error in the browser's console).
     return render_template("index.html", default_voice=settings.default_voice,
                            max_chars=settings.max_text_chars, speed_min=SPEED_MIN,
-                           speed_max=SPEED_MAX, books=books, keys=keys_enabled(f.apikeys))
+                           speed_max=SPEED_MAX, books=books, keys=keys_enabled(f.apikeys),
+                           # The picker offers what the upload takes, and nothing else (JSON
+                           # chapters are a JSON body, not a file: docs/books.md).
+                           book_extensions=",".join(EXTENSIONS))

@@ -30,11 +30,24 @@ from models.book_parse.text import parse_text
 __all__ = [
     "EXTENSIONS", "MAX_ENTRIES", "MAX_RATIO", "MAX_TITLE_CHARS", "MAX_UNCOMPRESSED",
     "RATIO_MIN_BYTES", "Book", "BookError", "Chapter", "check_epub_archive", "finish",
-    "html_blocks", "parse_book", "parse_epub", "parse_html", "parse_markdown", "parse_text",
+    "extensions_text", "html_blocks", "not_a_book_file", "parse_book", "parse_epub",
+    "parse_html", "parse_markdown", "parse_text",
 ]
 
 EXTENSIONS = {".epub": "epub", ".txt": "text", ".text": "text", ".md": "markdown",
               ".markdown": "markdown", ".html": "html", ".htm": "html", ".xhtml": "html"}
+
+
+def extensions_text() -> str:
+    """Every book file extension, as a refusal names them: ".epub, .txt, ... or .xhtml"."""
+    *rest, last = EXTENSIONS
+    return f"{', '.join(rest)} or {last}"
+
+
+def not_a_book_file(filename: str) -> BookError:
+    """The refusal of an upload whose extension is no book's (415 `unsupported_format`)."""
+    return BookError("unsupported_format",
+                     f"'{filename}' is not a book file; send {extensions_text()}")
 
 
 def parse_book(data: bytes, filename: str) -> Book:
@@ -42,8 +55,7 @@ def parse_book(data: bytes, filename: str) -> Book:
     ext = posixpath.splitext(filename.lower())[1]
     kind = EXTENSIONS.get(ext)
     if kind is None:
-        raise BookError("unsupported_format",
-                        f"'{filename}' is not a book file; send .epub, .txt, .md or .html")
+        raise not_a_book_file(filename)
     stem = posixpath.splitext(posixpath.basename(filename.replace("\\", "/")))[0]
     if kind == "epub":
         book = parse_epub(data)

@@ -76,6 +76,35 @@ def finish(book: Book) -> Book:
     return book
 
 
+# Front matter: what stands between a book's title and its first chapter heading. Lines a
+# title page holds (a subtitle, a byline, "A Novel") are no reading: at most this many lines
+# of at most this many words each, none ending a sentence. Anything else (a preface without
+# a heading, an epigraph) is read, at the start of the first chapter, in the file's order.
+TITLE_PAGE_MAX_LINES = 3
+TITLE_PAGE_MAX_WORDS = 12
+_SENTENCE_END = re.compile(r"[.!?…。！？][\"'”’)\]]*$")
+
+
+def is_title_page(text: str) -> bool:
+    """Whether `text` holds only title-page lines (a subtitle, a byline), nothing to read."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return 0 < len(lines) <= TITLE_PAGE_MAX_LINES and all(
+        len(line.split()) <= TITLE_PAGE_MAX_WORDS and not _SENTENCE_END.search(line)
+        for line in lines)
+
+
+def with_front_matter(front: str, chapters: list[Chapter], title: str) -> list[Chapter]:
+    """`chapters` with the text before the first of them (`front`) placed by the one rule of
+    every format: none, or only title-page lines, is dropped; anything else opens the first
+    chapter. With no chapter at all, `front` is the whole book: one chapter called `title`."""
+    if not chapters:
+        return [Chapter(title, front)] if re.search(r"\w", front) else []
+    if not re.search(r"\w", front) or is_title_page(front):
+        return chapters
+    first = chapters[0]
+    return [Chapter(first.title, f"{front.strip()}\n\n{first.text}"), *chapters[1:]]
+
+
 def _body_of(ch: Chapter) -> str:
     """The chapter's text after the title it opens with (the heading a narrator reads)."""
     text = ch.text.lstrip()

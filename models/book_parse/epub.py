@@ -12,7 +12,7 @@ import posixpath
 import re
 import warnings
 
-from models.book_parse.book import Book, BookError, Chapter, one_line
+from models.book_parse.book import Book, BookError, Chapter, one_line, with_front_matter
 from models.book_parse.epub_safety import check_epub_archive
 from models.book_parse.html import html_blocks
 
@@ -45,6 +45,10 @@ def parse_epub(data: bytes) -> Book:
     toc_titles = _toc_titles(book.toc)
     skip = _guide_skips(book)
     chapters: list[Chapter] = []
+    # Front matter: the documents before the first one the navigation names (a title page
+    # under another name, a dedication), when it names any. Their paragraphs, not their
+    # headings (the book's title again, "Dedication"), go through `with_front_matter`.
+    front: list[str] = []
     for idref, _linear in book.spine:
         item = book.get_item_with_id(idref)
         if item is None or item.get_type() != ebooklib.ITEM_DOCUMENT:
@@ -59,6 +63,9 @@ def parse_epub(data: bytes) -> Book:
         text = "\n\n".join(t for _, t in doc.blocks)
         if not any(re.search(r"\w", t) for tag, t in doc.blocks if tag == "p"):
             continue  # no text but headings (a part-title page): no body, as in finish()
+        if toc_titles and not chapters and name not in toc_titles:
+            front += [t for tag, t in doc.blocks if tag == "p"]
+            continue
         heading = next((t for tag, t in doc.blocks if tag in ("h1", "h2", "h3")), "")
         title = toc_titles.get(name) or heading or one_line(doc.title)
         if title and not text.startswith(title):
@@ -67,8 +74,9 @@ def parse_epub(data: bytes) -> Book:
 
     cover, cover_mime = _cover(book)
     language = meta("language") or None
-    return Book(meta("title"), meta("creator"), chapters, cover=cover, cover_mime=cover_mime,
-                language=language, source_format="epub")
+    title = meta("title")
+    return Book(title, meta("creator"), with_front_matter("\n\n".join(front), chapters, title),
+                cover=cover, cover_mime=cover_mime, language=language, source_format="epub")
 
 
 def _toc_titles(toc) -> dict[str, str]:

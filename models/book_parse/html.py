@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-from models.book_parse.book import Book, Chapter, one_line
+from models.book_parse.book import Book, Chapter, one_line, with_front_matter
 
 _BLOCK_TAGS = frozenset({"p", "div", "br", "li", "tr", "section", "article", "blockquote",
                          "h1", "h2", "h3", "h4", "h5", "h6", "pre", "dd", "dt", "figcaption",
@@ -86,7 +86,8 @@ def html_blocks(html: str) -> _HtmlText:
 
 
 def parse_html(html: str, fallback_title: str = "Untitled") -> Book:
-    """HTML: chapters start at `h1` (or `h2` under a single `h1` title)."""
+    """HTML: chapters start at `h1` (or `h2` under a single `h1` title); the blocks before the
+    first chapter are front matter (`with_front_matter`)."""
     doc = html_blocks(html)
     h1 = [t for tag, t in doc.blocks if tag == "h1"]
     h2 = [t for tag, t in doc.blocks if tag == "h2"]
@@ -114,6 +115,5 @@ def parse_html(html: str, fallback_title: str = "Untitled") -> Book:
             front.append(text)
     if current:
         chapters.append(Chapter(current[0], "\n\n".join(current[1])))
-    if any(re.search(r"\w", t) for t in front):
-        chapters.insert(0, Chapter(title, "\n\n".join(front)))
-    return Book(title, "", chapters, source_format="html")
+    return Book(title, "", with_front_matter("\n\n".join(front), chapters, title),
+                source_format="html")

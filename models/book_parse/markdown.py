@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from models.book_parse.book import Book, Chapter
+from models.book_parse.book import Book, Chapter, with_front_matter
 from models.book_parse.text import split_at
 
 _MD_HEADING = re.compile(r"^(?P<hashes>#{1,6})[ \t]+(?P<title>.+?)[ \t#]*$", re.MULTILINE)
@@ -27,7 +27,8 @@ def _markdown_to_text(md: str) -> str:
 
 
 def parse_markdown(md: str, fallback_title: str = "Untitled") -> Book:
-    """Markdown: chapters start at `#` headings (or `##` under a single `#` title)."""
+    """Markdown: chapters start at `#` headings (or `##` under a single `#` title); the text
+    between the title and the first chapter is front matter (`with_front_matter`)."""
     md = md.replace("\r\n", "\n").replace("\r", "\n")
     md = _MD_SETEXT.sub(lambda m: ("# " if m["rule"][0] == "=" else "## ") + m["title"], md)
     md = re.sub(r"^```.*?^```[ \t]*$", "", md, flags=re.MULTILINE | re.DOTALL)
@@ -44,6 +45,8 @@ def parse_markdown(md: str, fallback_title: str = "Untitled") -> Book:
     headings = [m for m in _MD_HEADING.finditer(md) if len(m["hashes"]) == level]
     if len(h1) == 1 and not h2:
         title = h1[0]["title"]
-    chapters = split_at(md, headings, title)
+    front, chapters = split_at(md, headings)
     chapters = [Chapter(_markdown_to_text(c.title), _markdown_to_text(c.text)) for c in chapters]
-    return Book(_markdown_to_text(title), "", chapters, source_format="markdown")
+    title = _markdown_to_text(title)
+    return Book(title, "", with_front_matter(_markdown_to_text(front), chapters, title),
+                source_format="markdown")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from models.book_parse.book import Book, Chapter
+from models.book_parse.book import Book, Chapter, with_front_matter
 
 _TEXT_HEADING = re.compile(
     r"^[ \t]*(?:(?:chapter|CHAPTER|Chapter)[ \t]+(?:\d+|[IVXLCDMivxlcdm]+|[A-Za-z-]+)\b[^\n]*"
@@ -12,23 +12,20 @@ _TEXT_HEADING = re.compile(
     re.MULTILINE)
 
 
-def split_at(text: str, headings: list[re.Match], fallback_title: str) -> list[Chapter]:
-    """`text` cut into chapters at `headings` (matches in it; a `title` group, if the pattern
-    has one, is the chapter's title, else the whole match). Text before the first heading is
-    a chapter named `fallback_title`; no headings, one chapter."""
+def split_at(text: str, headings: list[re.Match]) -> tuple[str, list[Chapter]]:
+    """`text` cut at `headings` (matches in it; a `title` group, if the pattern has one, is
+    the chapter's title, else the whole match): the text before the first heading (front
+    matter, for `with_front_matter`) and one chapter per heading."""
     if not headings:
-        return [Chapter(fallback_title, text)]
+        return text, []
     chapters = []
-    front = text[: headings[0].start()]
-    if re.search(r"\w", front):
-        chapters.append(Chapter(fallback_title, front))
     for i, m in enumerate(headings):
         end = headings[i + 1].start() if i + 1 < len(headings) else len(text)
         title = m.group("title") if "title" in m.re.groupindex else m.group(0)
         body = text[m.end():end]
         # The listener hears the chapter's title before its text, as a narrator reads it.
         chapters.append(Chapter(title.strip(), f"{title.strip()}.\n\n{body}"))
-    return chapters
+    return text[: headings[0].start()], chapters
 
 
 def parse_text(text: str, fallback_title: str = "Untitled") -> Book:
@@ -36,6 +33,8 @@ def parse_text(text: str, fallback_title: str = "Untitled") -> Book:
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     headings = list(_TEXT_HEADING.finditer(text))
     # A table of contents lists the headings with nothing between them; split_at keeps the
-    # empty chapters it makes and finish() drops them, so the real chapters remain.
-    chapters = split_at(text, headings, fallback_title)
-    return Book(fallback_title, "", chapters, source_format="text")
+    # empty chapters it makes and finish() drops them, so the real chapters remain. Text
+    # before the first heading (a title, a preface) is front matter.
+    front, chapters = split_at(text, headings)
+    return Book(fallback_title, "", with_front_matter(front, chapters, fallback_title),
+                source_format="text")

@@ -8,10 +8,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import av
 import numpy as np
 import openai
 import pytest
@@ -122,14 +124,15 @@ def test_readyz_and_stats_see_the_book_pool(server):
     # batch), the book pool's too.
     assert ready["workers"] == {"acoustic": 1, "vocoder": 1, "acoustic_lead": 1,
                                 "vocoder_lead": 1, "acoustic_batch": 1, "vocoder_batch": 1,
-                                "book": 1}
+                                "book": 1, "acoustic_cpu": 1, "vocoder_cpu": 1, "quality": 0}
     assert ready["warnings"] == []
     resp = requests.get(f"{server}/v1/stats", timeout=10)
     assert resp.status_code == 200, resp.text
     queues = resp.json()["queues"]
     # Every pool's queues: the canary's quality pool too (it is not started here).
     assert set(queues) == {"acoustic", "acoustic_lead", "acoustic_batch", "vocoder",
-                           "vocoder_lead", "vocoder_batch", "book", "quality"}
+                           "vocoder_lead", "vocoder_batch", "book", "quality", "acoustic_cpu",
+                           "vocoder_cpu"}
     assert queues["quality"] == {"depth": 0, "workers": 0, "pool": "quality"}
     assert queues["book"] == {"depth": 0, "workers": 1, "pool": "book"}
     assert queues["acoustic_batch"] == {"depth": 0, "workers": 1, "pool": "acoustic"}
@@ -183,6 +186,15 @@ def render(server: str, book: Path, out: Path, formats: str) -> str:
     return proc.stdout
 
 
+def named_files(manifest: dict) -> list[str]:
+    """Every file a folder's manifest.json names: the book's audio and captions, each
+    chapter's file and captions."""
+    names = [*manifest["files"].values(), *manifest.get("captions", {}).values()]
+    for ch in manifest["chapters"]:
+        names += [*([ch["file"]] if "file" in ch else []), *ch.get("captions", {}).values()]
+    return sorted(names)
+
+
 def segment_mtimes(farm, book_id: str) -> dict[str, int]:
     keys = farm.store.list(f"books/{book_id}/segments/")
     return {k: os.stat(farm.store.local_path(k)).st_mtime_ns for k in keys}
@@ -195,11 +207,14 @@ def test_book_files_have_one_name_and_new_formats_reuse_the_audio(server, farm14
     assert "(new)" in first
     book_id = first.split("book ", 1)[1].split(":", 1)[0]
     files = sorted(os.listdir(tmp_path / "out1"))
-    assert files == ["The Tiny Book.m4b", "manifest.json"]
+    # The book's audio and the captions that time it.
+    assert files == ["The Tiny Book.m4b", "The Tiny Book.srt", "The Tiny Book.vtt",
+                     "manifest.json"]
     manifest = json.loads((tmp_path / "out1" / "manifest.json").read_text())
     assert manifest["files"] == {"m4b": "The Tiny Book.m4b"}
+    assert named_files(manifest) == files[:3]
     assert [c["title"] for c in manifest["chapters"]] == ["The Beginning", "The End"]
-    assert all("file" not in c for c in manifest["chapters"])
+    assert all("file" not in c and "captions" not in c for c in manifest["chapters"])
     rendered = requests.get(f"{server}/v1/books/{book_id}", timeout=10).json()
     segments = segment_mtimes(farm14.farm, book_id)
     assert len(segments) == rendered["segments"]["total"] >= 4
@@ -210,11 +225,12 @@ def test_book_files_have_one_name_and_new_formats_reuse_the_audio(server, farm14
     assert f"book {book_id}:" in second and "rendered before" in second
     assert "resuming" not in second
     files = sorted(os.listdir(tmp_path / "out2"))
-    assert files == ["001 The Beginning.mp3", "002 The End.mp3", "The Tiny Book.mp3",
+    assert files == ["001 The Beginning.mp3", "001 The Beginning.srt", "001 The Beginning.vtt",
+                     "002 The End.mp3", "002 The End.srt", "002 The End.vtt",
+                     "The Tiny Book.mp3", "The Tiny Book.srt", "The Tiny Book.vtt",
                      "manifest.json"]
     manifest = json.loads((tmp_path / "out2" / "manifest.json").read_text())
-    listed = [*manifest["files"].values(), *(c["file"] for c in manifest["chapters"])]
-    assert sorted(listed) == files[:3]  # the manifest names exactly what was written
+    assert named_files(manifest) == files[:-1]  # the manifest names exactly what was written
     assert segment_mtimes(farm14.farm, book_id) == segments
     again = requests.get(f"{server}/v1/books/{book_id}", timeout=10).json()
     assert again["segments"] == rendered["segments"]
@@ -229,4 +245,57 @@ def test_book_files_have_one_name_and_new_formats_reuse_the_audio(server, farm14
     # A finished book run again is not "resuming".
     third = render(server, book, tmp_path / "out3", "m4b")
     assert "rendered before; downloading it" in third
-    assert sorted(os.listdir(tmp_path / "out3")) == ["The Tiny Book.m4b", "manifest.json"]
+    assert sorted(os.listdir(tmp_path / "out3")) == ["The Tiny Book.m4b", "The Tiny Book.srt",
+                                                     "The Tiny Book.vtt", "manifest.json"]
+
+
+GULL_ROCK_MD = """# The Keeper of Gull Rock
+
+*A Tale of the Northern Light*
+
+## The Lamp
+
+The lamp burned all night. Ships passed the rock safely.
+
+## The Fog
+
+Then the fog came down. Nobody could see the light from the harbour.
+
+## The Rescue
+
+A boat found the rock at dawn. Everyone on it was saved.
+"""
+
+
+def test_book_render_of_a_book_with_a_subtitle_as_a_newcomer_runs_it(server, tmp_path):
+    """The CLI on a Markdown book whose title has a subtitle under it, its output a pipe:
+    three chapters (the subtitle is no chapter), plain progress lines with one estimate, and
+    a folder whose every file the manifest names, captions included."""
+    book = tmp_path / "gull.md"
+    book.write_text(GULL_ROCK_MD)
+    out = render(server, book, tmp_path / "out", "m4b,chapters")
+    # Off a terminal: plain lines, each with one estimate at most, chapters counted as done
+    # only when every segment of theirs is; the last one says it is all done.
+    progress = [line for line in out.splitlines() if line.startswith("segments ")]
+    assert progress, out
+    # (Before the book is split its segments and chapters are not known yet.)
+    pattern = (r"segments (\d+)/(\d+|\?), (queued|preparing|rendering|assembling|done)"
+               r"(?:, chapters done (\d)/3)?(, ETA \d+(:\d\d| s))?")
+    for line in progress:
+        assert re.fullmatch(pattern, line), line
+    done, total, state, chapters = re.fullmatch(pattern, progress[-1]).group(1, 2, 3, 4)
+    assert (done, state, chapters) == (total, "done", "3")
+    files = sorted(os.listdir(tmp_path / "out"))
+    assert files == ["001 The Lamp.mp3", "001 The Lamp.srt", "001 The Lamp.vtt",
+                     "002 The Fog.mp3", "002 The Fog.srt", "002 The Fog.vtt",
+                     "003 The Rescue.mp3", "003 The Rescue.srt", "003 The Rescue.vtt",
+                     "The Keeper of Gull Rock.m4b", "The Keeper of Gull Rock.srt",
+                     "The Keeper of Gull Rock.vtt", "manifest.json"]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert named_files(manifest) == files[:-1]
+    assert "captions_links" not in json.dumps(manifest)  # names of files here, not links
+    assert [c["title"] for c in manifest["chapters"]] == ["The Lamp", "The Fog", "The Rescue"]
+    with av.open(str(tmp_path / "out" / "001 The Lamp.mp3")) as mp3:
+        assert mp3.metadata.get("track") == "1/3"
+    srt = (tmp_path / "out" / "001 The Lamp.srt").read_text()
+    assert "lamp" in srt.lower() and "Northern" not in srt

@@ -104,6 +104,25 @@ def test_flower_shows_queues_and_a_jobs_tasks(farm, client, tmp_path):
         stop(proc)
 
 
+@pytest.mark.e2e
+def test_flower_without_auth_answers_its_documented_api(farm, tmp_path):
+    # What `make run ARGS="--flower"` starts (loopback, no credentials): the page and the
+    # queue lengths docs/operations.md shows, both answered.
+    port = free_port()
+    env = {k: v for k, v in farm.env.items() if not k.startswith("VOXFARM_FLOWER_")}
+    proc = start_flower(env, tmp_path / "flower.log", "--no-auth", "--port", str(port))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_ok(f"{base}/healthcheck", proc, tmp_path / "flower.log")
+        assert requests.get(f"{base}/", timeout=10).status_code == 200
+        lengths = requests.get(f"{base}/api/queues/length", timeout=10)
+        assert lengths.status_code == 200, lengths.text
+        names = {q["name"] for q in lengths.json()["active_queues"]}
+        assert {"acoustic", "vocoder"} <= names
+    finally:
+        stop(proc)
+
+
 # -- Prometheus ----------------------------------------------------------------------------
 
 

@@ -22,7 +22,15 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.embedded_redis import free_port
-from tests.helpers import ROOT, WorkerProc, gunicorn_server, running_farm, wait_state, wait_until
+from tests.helpers import (
+    ROOT,
+    WorkerProc,
+    gunicorn_server,
+    running_farm,
+    wait_book,
+    wait_state,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -172,6 +180,53 @@ def test_metrics_move_by_what_happened(obs):
     assert d("vocoder", "voxfarm_segments_total") == n
 
 
+def test_book_segments_count_where_job_segments_do(obs):
+    """A book's segments are the farm's work too: the vocoder pool that renders them (here one
+    that reads the batch queue beside the interactive ones) counts each one and its seconds,
+    so the rate of `voxfarm_audio_seconds_total` is what the farm makes, books included."""
+    obs.tf.workers.append(MetricsWorker("book", obs.tf.env, obs.log_dir / "book.log",
+                                        args=("--loglevel", "WARNING")).start())
+    obs.tf.wait_live("book")
+    before = scrape_all(obs)
+    resp = requests.post(f"{obs.web}/v1/books", timeout=30, json={
+        "title": f"Counted {uuid.uuid4().hex[:8]}", "formats": ["mp3"],
+        "chapters": [{"title": "One", "text": TEXT},
+                     {"title": "Two", "text": "A second chapter. It has two sentences."}]})
+    assert resp.status_code == 202, resp.text
+    book = wait_book(obs.web, resp.json()["id"], timeout_s=180)
+    total = book["segments"]["total"]
+    assert total >= 5
+    after = scrape_all(obs)
+    assert deltas(before, after, "vocoder", "voxfarm_segments_total") == total
+    assert deltas(before, after, "vocoder", "voxfarm_audio_seconds_total") == pytest.approx(
+        book["audio_seconds"], abs=0.01)
+    assert deltas(before, after, "vocoder", "voxfarm_tasks_total", stage="vocoder",
+                  outcome="SUCCESS") == total
+
+
+def test_every_surface_lists_the_same_queues(obs):
+    """/readyz, /v1/stats and both farm gauges name one set of queues: every queue a worker can
+    read (app.celery_app.ALL_QUEUES), the overflow and quality queues included."""
+    from app.celery_app import ALL_QUEUES
+
+    ready = requests.get(f"{obs.web}/readyz", timeout=10).json()
+    stats = requests.get(f"{obs.web}/v1/stats", timeout=10).json()
+    web = scrape(obs.web)
+
+    def labelled(name: str) -> list[str]:
+        return [dict(labels)["queue"] for (n, labels) in web if n == name]
+
+    assert list(ready["workers"]) == list(ALL_QUEUES)
+    assert list(stats["queues"]) == list(ALL_QUEUES)
+    assert labelled("voxfarm_workers_live") == list(ALL_QUEUES)
+    assert labelled("voxfarm_queue_depth") == list(ALL_QUEUES)
+    # And they agree on who is live: this farm's vocoder reads its overflow queue too.
+    for q in ALL_QUEUES:
+        assert val(web, "voxfarm_workers_live", queue=q) == ready["workers"][q] == \
+            stats["queues"][q]["workers"], q
+    assert ready["workers"]["vocoder_cpu"] == 1 and ready["cpu_overflow"]["vocoder_cpu"] == 1
+
+
 def test_http_counts_add_up_across_gunicorn_workers(obs):
     before = scrape(obs.web)
     for _ in range(12):
@@ -280,7 +335,8 @@ def test_queue_depth_readiness_and_cancel_without_workers(redis_url, tmp_path):
         # The book and batch queues are reported too; without their workers books wait,
         # nothing else stops.
         assert ready.get_json()["workers"] == dict.fromkeys(
-            (*interactive, "acoustic_batch", "vocoder_batch", "book"), 0)
+            (*interactive, "acoustic_batch", "vocoder_batch", "book", "acoustic_cpu",
+             "vocoder_cpu", "quality"), 0)
         assert ready.get_json()["warnings"] == [
             f"no live worker on queue '{q}': its work waits until one starts"
             for q in ("acoustic_batch", "vocoder_batch", "book")]

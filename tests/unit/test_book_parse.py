@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from models.book_parse import Book, BookError, Chapter, finish, parse_book
+from models.book_parse.book import is_title_page
 from tests import bookfiles
 
 
@@ -25,8 +26,11 @@ def test_plain_text_english_roman_and_chinese_headings():
     text = ("My Novel\n\nA short preface here.\n\nChapter 1\nIt began.\n\nCHAPTER IV\n"
             "It went on.\n\n第三章 归来\n他回来了。\n")
     book = parse_book(text.encode(), "novel.txt")
-    assert titles(book) == ["novel", "Chapter 1", "CHAPTER IV", "第三章 归来"]
-    assert "他回来了" in book.chapters[3].text
+    assert titles(book) == ["Chapter 1", "CHAPTER IV", "第三章 归来"]
+    # The title and the preface before the first heading are front matter: read at the
+    # start of the first chapter (it holds a sentence), not a chapter of their own.
+    assert book.chapters[0].text.startswith("My Novel\n\nA short preface here.\n\nChapter 1.")
+    assert "他回来了" in book.chapters[2].text
 
 
 def test_plain_text_without_headings_is_one_chapter():
@@ -183,3 +187,62 @@ def test_epub_document_of_headings_alone_is_dropped_whatever_its_toc_title():
         b'<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body>'
         b"<h1>Part One</h1><h2>In which nothing happens</h2></body></html>")})
     assert titles(parse_book(data, "b.epub")) == ["The Storm"]
+
+
+# -- front matter: the text between the book's title and its first chapter -----------------
+
+GULL_CHAPTERS = [("The Lamp", "The lamp burned all night. Ships passed the rock safely."),
+                 ("The Fog", "Then the fog came. Nobody could see the light."),
+                 ("The Rescue", "A boat found the rock at dawn. Everyone was saved.")]
+
+
+def gull_rock(fmt: str, front: list[str]) -> tuple[bytes, str]:
+    """The same book in `fmt`: a title, the `front` lines, three chapters."""
+    if fmt == "epub":
+        page = "<h1>The Keeper of Gull Rock</h1>" + "".join(f"<p>{p}</p>" for p in front)
+        return bookfiles.make_epub(GULL_CHAPTERS, title="The Keeper of Gull Rock",
+                                   cover=False, extra_docs=False, front=page), "b.epub"
+    if fmt == "md":
+        body = "".join(f"## {t}\n\n{x}\n\n" for t, x in GULL_CHAPTERS)
+        lines = "".join(f"*{p}*\n\n" if len(p.split()) < 6 else f"{p}\n\n" for p in front)
+        return f"# The Keeper of Gull Rock\n\n{lines}{body}".encode(), "b.md"
+    if fmt == "html":
+        body = "".join(f"<h2>{t}</h2><p>{x}</p>" for t, x in GULL_CHAPTERS)
+        lines = "".join(f"<p><em>{p}</em></p>" for p in front)
+        return (f"<html><body><h1>The Keeper of Gull Rock</h1>{lines}{body}</body></html>"
+                .encode(), "b.html")
+    body = "".join(f"Chapter {i}: {t}\n{x}\n\n" for i, (t, x) in enumerate(GULL_CHAPTERS, 1))
+    lines = "".join(f"{p}\n" for p in front)
+    return f"The Keeper of Gull Rock\n{lines}\n{body}".encode(), "b.txt"
+
+
+@pytest.mark.parametrize("fmt", ["md", "html", "txt", "epub"])
+def test_a_subtitle_before_the_first_chapter_is_no_chapter_in_any_format(fmt):
+    data, name = gull_rock(fmt, ["A Tale of the Northern Light", "by Ann Writer"])
+    book = parse_book(data, name)
+    assert len(book.chapters) == 3, titles(book)
+    assert titles(book)[0].endswith("The Lamp")
+    text = " ".join(c.text for c in book.chapters)
+    assert "Northern Light" not in text and "Ann Writer" not in text
+
+
+@pytest.mark.parametrize("fmt", ["md", "html", "txt", "epub"])
+def test_front_matter_that_reads_opens_the_first_chapter_in_any_format(fmt):
+    preface = "This story was told to me by my grandfather. He kept the light for forty years."
+    data, name = gull_rock(fmt, [preface])
+    book = parse_book(data, name)
+    assert len(book.chapters) == 3, titles(book)
+    first = book.chapters[0].text
+    # Read in the file's order: the preface, then the chapter's title and its text.
+    assert preface in first and first.index(preface) < first.index("The lamp burned")
+    assert preface not in book.chapters[1].text
+
+
+@pytest.mark.parametrize("front, title_page", [
+    ("A Novel", True), ("*The Keeper*\n\nby Ann Writer", True),
+    ("It was a dark night.", False), ("\u201cThe sea keeps what it takes.\u201d", False),
+    ("one two three four five six seven eight nine ten eleven twelve thirteen", False),
+    ("a\nb\nc\nd", False), ("", False),
+])
+def test_what_counts_as_title_page_lines(front, title_page):
+    assert is_title_page(front) is title_page

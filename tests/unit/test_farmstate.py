@@ -61,13 +61,16 @@ def test_say_with_no_farm_prints_one_line_saying_how_to_start_one(tmp_path):
     assert lines[0].startswith("Error: no farm is running: nothing answers at "
                                f"http://127.0.0.1:{port} (from --server)")
     assert "make run" in lines[0] and "voxfarm up" in lines[0]
-    # The same from VOXFARM_SERVER, and from `book render`.
+    # The same from VOXFARM_SERVER, and from `book render`, after the line naming the farm
+    # it chose (not from a flag or a state file).
     book = tmp_path / "b.txt"
     book.write_text("Some text.")
     proc = voxfarm("book", "render", str(book), "-o", "out", cwd=tmp_path,
                    VOXFARM_SERVER=f"http://127.0.0.1:{port}")
-    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
-    assert "(from VOXFARM_SERVER)" in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 2, proc.stderr
+    assert lines[0] == f"using http://127.0.0.1:{port} (from VOXFARM_SERVER)"
+    assert lines[1].startswith("Error: no farm is running") and "(from VOXFARM_SERVER)" in lines[1]
 
 
 def test_say_names_a_state_file_left_by_a_farm_that_stopped(tmp_path):
@@ -76,6 +79,30 @@ def test_say_names_a_state_file_left_by_a_farm_that_stopped(tmp_path):
     proc = voxfarm("say", "Hello.", "-o", "x.wav", cwd=tmp_path)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
     assert "var/farm.json is left from a farm that stopped" in proc.stderr
+    # That farm is the one meant: no fall back to the default server.
+    assert "127.0.0.1:8000" not in proc.stderr and "no farm runs from var" in proc.stderr
+
+
+def test_a_var_dir_without_a_running_farm_is_an_error_never_the_default(tmp_path):
+    # --var (or VOXFARM_VAR) names the farm meant; the default server would be another one.
+    for args, env in (((("--var", "elsewhere")), {}), ((), {"VOXFARM_VAR": "elsewhere"})):
+        for cmd in (("say", "Hello.", "-o", "x.wav"), ("book", "render", __file__, "-o", "o")):
+            proc = voxfarm(*cmd, *args, cwd=tmp_path, **env)
+            assert proc.returncode == 1, proc.stdout + proc.stderr
+            assert proc.stderr.strip().splitlines() == [
+                "Error: no farm runs from elsewhere: there is no elsewhere/farm.json. Start it "
+                "with `voxfarm up --var elsewhere` (or `make run`), or name a running farm "
+                "with --server / VOXFARM_SERVER"], proc.stderr
+            assert "wrote" not in proc.stdout
+
+
+def test_the_default_server_is_named_before_it_is_used(tmp_path):
+    # No flag, no VOXFARM_SERVER, no farm.json where it runs: the default, said first. (An
+    # empty text: whatever may answer there is asked for no work.)
+    proc = voxfarm("say", "", "-o", "x.wav", cwd=tmp_path)
+    assert proc.stderr.splitlines()[0] == (
+        "using http://127.0.0.1:8000 (the default: no var/farm.json here, no --server, no "
+        "VOXFARM_SERVER)"), proc.stderr
 
 
 def test_say_to_a_farm_still_starting_says_so(tmp_path):

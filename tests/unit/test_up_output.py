@@ -1,0 +1,63 @@
+"""What `voxfarm up` shows of its processes: each one's whole output in its log file, and only
+its warnings and errors on the terminal (tests/e2e/test_two_farms.py watches a real farm)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from app import cli
+
+CHILD = r'''
+import json, sys
+def record(level, msg):
+    print(json.dumps({"level": level, "logger": "x", "msg": msg}), file=sys.stderr, flush=True)
+print(" -------------- banner@host v5.7.0", flush=True)
+print("[tasks]", flush=True)
+print("  . voxfarm.acoustic.synthesize", flush=True)
+record("INFO", "worker ready")
+record("WARNING", "heartbeat to Redis failed")
+print("[I 261202 08:18:52 command:187] Registered tasks:", file=sys.stderr)
+print("    ['celery.accumulate',", file=sys.stderr)
+print("[W 261202 08:18:54 inspector:98] Inspect method stats failed", file=sys.stderr)
+print(json.dumps({"level": "INFO", "logger": "gunicorn.access", "msg": "GET / 200"}), flush=True)
+print("Traceback (most recent call last):", file=sys.stderr)
+print('  File "x.py", line 1, in <module>', file=sys.stderr)
+print("ValueError: the end", file=sys.stderr, flush=True)
+'''
+
+
+def test_only_warnings_and_errors_reach_the_terminal_and_everything_the_log(tmp_path, capsys):
+    sup = cli.Supervisor({}, tmp_path / "log")
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "pool.log").write_text("the last run's\n")
+    sup.start("pool", [sys.executable, "-c", CHILD])
+    sup.children["pool"].proc.wait(30)
+    log = tmp_path / "log" / "pool.log"
+    deadline = time.monotonic() + 10
+    while "ValueError: the end" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # the other stream's thread, done with it too
+    logged = log.read_text().splitlines()
+    assert len(logged) == 12 and "[tasks]" in logged and "ValueError: the end" in logged
+    assert (tmp_path / "log" / "pool.log.1").read_text() == "the last run's\n"
+    shown = [line.split(" | ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert sorted(shown) == sorted([
+        json.dumps({"level": "WARNING", "logger": "x", "msg": "heartbeat to Redis failed"}),
+        "[W 261202 08:18:54 inspector:98] Inspect method stats failed",
+        "Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+        "ValueError: the end"])
+
+
+def test_which_lines_are_worth_showing():
+    def record(level: str) -> str:
+        return json.dumps({"ts": "t", "level": level, "msg": "m"})
+
+    assert [cli.worth_showing(record(level), True) for level in
+            ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")] == [False, False, True, True, True]
+    assert not cli.worth_showing("[I 261202 08:18:52 command:177] Visit me", True)
+    assert cli.worth_showing("[E 261202 08:18:52 x:1] broken", True)
+    assert cli.worth_showing("voxfarm web: VOXFARM_JOB_TTL is not a number", True)
+    assert not cli.worth_showing(" -------------- banner", False)
+    assert not cli.worth_showing("", True)
