@@ -89,15 +89,21 @@ class Heartbeat:
     """
 
     def __init__(self, celery: Celery, queues: tuple[str, ...], name: str,
-                 redelivery: Redelivery, slots: int = 1) -> None:
+                 redelivery: Redelivery, slots: int = 1, warm: WarmCount | None = None) -> None:
         self.celery, self.queues, self.name, self.slots = celery, queues, name, slots
-        self.redelivery = redelivery
+        self.redelivery, self.warm = redelivery, warm
         self._stop = threading.Event()
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="voxfarm-heartbeat", daemon=True).start()
 
     def _run(self) -> None:
+        # Live (so /readyz counts this pool, and `up` says ready) only once every process of
+        # the pool has its models loaded and warmed: the first request is then as fast as
+        # the later ones.
+        while self.warm is not None and not self.warm.all_warm():
+            if self._stop.wait(0.1):
+                return
         farm = runtime.farm(self.celery)
         in_touch_since, beats, broker_run = None, 0, ""
         while not self._stop.is_set():
@@ -148,6 +154,24 @@ class Heartbeat:
                 runtime.farm(self.celery).worker_gone(queue, self.name)
         except Exception:
             log.warning("could not remove the heartbeat", exc_info=True)
+
+
+class WarmCount:
+    """How many processes of this pool have warmed their models, shared across the pool's
+    fork (an anonymous shared-memory counter made before Celery forks its children)."""
+
+    def __init__(self, needed: int) -> None:
+        import multiprocessing
+
+        self.needed = needed
+        self._count = multiprocessing.get_context("fork").Value("i", 0)
+
+    def one_more(self) -> None:
+        with self._count.get_lock():
+            self._count.value += 1
+
+    def all_warm(self) -> bool:
+        return self._count.value >= self.needed
 
 
 def worker_queues(queue: str, work: str = "all", overflow: bool = False) -> tuple[str, ...]:
@@ -274,8 +298,11 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     redelivery = Redelivery(celery, farm.redis, farm.settings.key_prefix, WORKER_STALE_S)
     # A prefork pool runs `concurrency` segments at once, a batching pool `batch` to a
     # forward pass: the admission's wait estimate counts each (Farm.expected_wait_s).
+    runs_model = queue not in (BOOK_QUEUE, QUALITY_QUEUE)  # these pools run no voice model
+    # Warmed once per child of a prefork pool, once in the only process otherwise.
+    warm = WarmCount(concurrency if pool == "prefork" and runs_model else int(runs_model))
     heartbeat = Heartbeat(celery, queues, hostname, redelivery,
-                          slots=concurrency if pool == "prefork" else batch)
+                          slots=concurrency if pool == "prefork" else batch, warm=warm)
 
     def predecessor(**_: object) -> None:
         # Before consuming: a worker restarted under its old name hands back what its
@@ -295,8 +322,9 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
         # After the fork (prefork) or in the only process (solo): load the model this pool
         # runs and run it once, so the first segment pays for neither (the first torch call
         # of a process allocates its thread pool and caches, ~100x a warm call).
-        if queue not in (BOOK_QUEUE, QUALITY_QUEUE):  # these pools run no voice model
+        if runs_model:
             runtime.warm_up(queue)
+            warm.one_more()
         if memory_ruled:
             watch_memory(queue, hostname)
 
