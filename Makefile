@@ -35,18 +35,23 @@ test: $(STAMP)
 
 # The fault and canary tests that take a minute or more each (marked slow): Redis and worker
 # kills under `voxfarm up`, a 30 s Redis outage, redelivery, the canary's two decisions.
-# About 8 minutes; .ci/run runs them after `make test`.
+# Also the longest of the rest: load bursts, the web-only install, two farms side by side,
+# TLS on every hop, the second run of tests that repeat a burst. About 12 minutes; .ci/run
+# runs them after `make test`.
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 # The farm tests again with RabbitMQ as the broker (VOXFARM_TEST_BROKER=amqp, see
-# tests/brokers.py): a representative subset (jobs, a killed worker, books across the batch
-# queues, interactive before batch, a killed book worker), about a minute, because the whole
-# integration suite takes about 8 minutes per broker on two cores. All of it:
-# `make test-amqp AMQP_TESTS=tests/integration`. Without a reachable RabbitMQ and a
-# rabbitmqctl to make a virtual host per farm, a banner says the pass was skipped.
-AMQP_TESTS ?= tests/integration/test_farm.py \
-  tests/integration/test_books.py::test_vocoder_sigkill_mid_book_every_segment_exactly_once \
+# tests/brokers.py): a representative subset (a job's ordered chunks, cancel, a killed
+# vocoder, admission under a burst, a killed book worker, interactive before batch), under a
+# minute, because the whole integration suite takes several minutes more per broker on two
+# cores. All of it: `make test-amqp AMQP_TESTS=tests/integration` (CI does). Without a
+# reachable RabbitMQ and a rabbitmqctl to make a virtual host per farm, a banner says the pass
+# was skipped.
+AMQP_TESTS ?= tests/integration/test_farm.py::test_job_renders_speech_in_ordered_chunks \
+  tests/integration/test_farm.py::test_cancel_stops_pending_segments \
+  tests/integration/test_farm.py::test_killed_vocoder_loses_no_segment \
+  tests/integration/test_farm.py::test_a_burst_of_submissions_at_once_is_admitted_only_up_to_the_bound \
   tests/integration/test_books.py::test_interactive_job_overtakes_a_book \
   tests/integration/test_books.py::test_book_worker_sigkill_mid_assembly_book_still_completes
 test-amqp: $(STAMP)

@@ -78,6 +78,7 @@ def load_farm(redis_url, tmp_path_factory):
         yield tf, base
 
 
+@pytest.mark.slow
 def test_bursts_of_streaming_and_job_clients_all_get_answers(load_farm):
     tf, base = load_farm
     for round_no in range(ROUNDS):

@@ -91,6 +91,7 @@ def test_events_of_a_job_canceled_before_any_chunk_expire_with_the_job(farm):
 # -- 8. a stream client that stops reading is dropped ----------------------------------------
 
 
+@pytest.mark.slow
 def test_a_stream_client_that_stops_reading_is_dropped(farm, tmp_path):
     from tests.helpers import gunicorn_server
 

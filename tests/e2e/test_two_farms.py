@@ -211,6 +211,7 @@ def test_up_keeps_the_terminal_to_a_few_lines_and_each_log_in_var_log(farms):
     assert (farms.b / "var" / "log" / "vocoder.log").exists()
 
 
+@pytest.mark.slow
 def test_two_farms_side_by_side_and_say_finds_its_farm(farms):
     a, b, port_a, port_b = farms.a, farms.b, farms.port_a, farms.port_b
     metrics_a, metrics_b, flower_a, url_b = (farms.metrics_a, farms.metrics_b, farms.flower_a,

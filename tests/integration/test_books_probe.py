@@ -33,7 +33,7 @@ def app_client(tf):
     return create_app(tf.settings, tf.farm).test_client()
 
 
-@pytest.mark.parametrize("run", range(2))
+@pytest.mark.parametrize("run", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_a_burst_of_books_at_a_fresh_book_worker_all_render(redis_url, tmp_path, run):
     # Before: nine POSTs within half a second of startup left books in `preparing` for
     # good: the book pool's thread-pool threads all waited on eSpeak's monkey-patched lock.

@@ -91,6 +91,7 @@ def job_audio(client, job_id: str) -> np.ndarray:
     return wav_to_pcm(resp.data)[0]
 
 
+@pytest.mark.slow
 def test_a_short_gpu_worker_hands_every_segment_to_the_cpu_pool(redis_url, tmp_path):
     from web import create_app
 

@@ -169,6 +169,7 @@ def test_openai_voice_names_are_the_neural_default(client):
     assert resp.headers["X-Voxfarm-Voice"] == DEFAULT
 
 
+@pytest.mark.slow
 def test_a_batching_farm_serves_concurrent_jobs_each_its_own_speech(redis_url, tmp_path):
     """Pools with dynamic batching on (issue 9; off by default on CPU): jobs submitted at
     once share forward passes, and each still gets its own intelligible audio, every chunk
@@ -221,7 +222,8 @@ def chunk_order(farm, job_id: str) -> dict[str, int]:
     return order
 
 
-@pytest.mark.parametrize("give_way", [True, False], ids=["gives-way", "setting-off"])
+@pytest.mark.parametrize("give_way", [True, pytest.param(False, marks=pytest.mark.slow)],
+                         ids=["gives-way", "setting-off"])
 def test_a_segment_gives_way_after_its_first_window_to_listeners_waiting_for_first_audio(
         redis_url, tmp_path, give_way):
     """Issue 9, first window first: one vocoder process, a long sentence's segment and

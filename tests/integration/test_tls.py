@@ -136,6 +136,7 @@ def _healthy(base: str, ca: Path) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_every_hop_is_encrypted_https_to_the_web_and_mutual_tls_to_redis(tls_redis, tmp_path):
     """A client speaks HTTPS to the web; the web, the workers, the broker, the store and the
     cache speak TLS with client certificates to Redis; the audio comes back as speech."""

@@ -46,6 +46,7 @@ def corpus_wer(transcripts: list[str]) -> float:
     return errors / words
 
 
+@pytest.mark.slow
 def test_neural_voice_is_intelligible():
     torch.set_num_threads(2)
     voice = load_piper_voice(joe.model_path())

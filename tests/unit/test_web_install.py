@@ -30,6 +30,7 @@ def tree_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
+@pytest.mark.slow
 @pytest.mark.install
 @pytest.mark.timeout(600)
 def test_web_only_install_has_no_torch_and_serves_the_web(tmp_path):
