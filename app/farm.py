@@ -8,6 +8,7 @@ job record and enqueues one `acoustic -> vocoder` chain per segment.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Iterable, Sized
@@ -39,7 +40,7 @@ from app.celery_app import (
 )
 from app.jobs import JobStore, dead_field
 from app.keys import Keys
-from app.listeners import ListenerLeases
+from app.listeners import ListenerLeases, StoreContact
 from app.melcache import MelCache
 from app.metrics import JobObserver
 from app.redis_conn import blocking_client, redis_client
@@ -154,8 +155,11 @@ class Farm:
         self.sealer = Sealer.from_keyring(settings.at_rest_keys)
         self.jobs = JobStore(self.redis, self.keys, settings.job_ttl,
                              waiting=blocking_client(settings.redis_url), sealer=self.sealer)
-        # The stream jobs this process listens for (the web's streams hold them).
-        self.listeners = ListenerLeases(self.jobs, settings.stream_lease_s)
+        # The stream jobs this process listens for (the web's streams hold them), and how
+        # long this process has been in touch with the store (whether a lapsed lease means
+        # a dead listener: `leases_tell`).
+        self.store_contact = StoreContact()
+        self.listeners = ListenerLeases(self.jobs, settings.stream_lease_s, self.store_contact)
         self.mel_cache = MelCache(self.cache_redis, self.keys, settings.mel_cache_ttl,
                                   sealer=self.sealer)
         self._run_ewma = self.redis.register_script(_RUN_EWMA)
@@ -247,25 +251,31 @@ class Farm:
         queues before any of them has published, and each would see room that the others
         are taking (a 128-client burst from idle had all 128 admitted with the estimate at
         4x the bound a second later). The check and the ticket are one Lua call."""
-        exhausted = self.memory_exhausted()
-        if exhausted:
-            raise GpuMemoryExhausted(exhausted, self.stage_depth(ACOUSTIC_QUEUE),
-                                     self.settings.retry_after_s)
-        acoustic = self.stage_depth(ACOUSTIC_QUEUE)
-        vocoder = self.stage_depth(VOCODER_QUEUE)
-        per_segment = self._segment_s()
-        ticket_id = uuid.uuid4().hex
-        settings = self.settings
-        for look in ("1", "0"):
-            answer = self._admit_script(
-                keys=[self.keys.admitting, self.keys.admission, self.keys.listened],
-                args=[repr(time.time()), settings.publish_grace_s, acoustic, vocoder,
-                      "" if per_segment is None else repr(per_segment),
-                      settings.max_queue_depth, settings.max_queue_wait_s,
-                      ticket_id, segments, look])
-            if answer[0] != 3:
-                break
-            self.sweep_unlistened()
+        try:  # what admission sees of the store is this process's touch with it
+            exhausted = self.memory_exhausted()
+            if exhausted:
+                raise GpuMemoryExhausted(exhausted, self.stage_depth(ACOUSTIC_QUEUE),
+                                         self.settings.retry_after_s)
+            acoustic = self.stage_depth(ACOUSTIC_QUEUE)
+            vocoder = self.stage_depth(VOCODER_QUEUE)
+            per_segment = self._segment_s()
+            ticket_id = uuid.uuid4().hex
+            settings = self.settings
+            for look in ("1", "0"):
+                answer = self._admit_script(
+                    keys=[self.keys.admitting, self.keys.admission, self.keys.listened],
+                    args=[repr(time.time()), settings.publish_grace_s, acoustic, vocoder,
+                          "" if per_segment is None else repr(per_segment),
+                          settings.max_queue_depth, settings.max_queue_wait_s,
+                          ticket_id, segments, look])
+                if answer[0] != 3:
+                    break
+                # A lapse that tells nothing yet (the store was away) leaves its job counting.
+                self.sweep_unlistened()
+        except redis.RedisError:
+            self.store_contact.lost()
+            raise
+        self.store_contact.reached()
         refused = answer[0]
         if refused == 1:
             waiting = int(answer[1])
@@ -293,14 +303,48 @@ class Farm:
         except redis.RedisError:
             pass
 
-    def sweep_unlistened(self) -> list[str]:
+    def sweep_unlistened(self, in_touch_s: float | None = None) -> list[str] | None:
         """Cancel the stream jobs whose listener lease lapsed: the web process that streamed
         each stopped renewing it (it died, or was stopped with the stream open), so nobody
         will hear the rest. A lapsed lease of a job that is over is only forgotten. Returns
-        the ids it canceled."""
+        the ids it canceled, or None when a lapse proves nothing yet (`leases_tell`: the
+        store or the sweeper was away within the last lease period). `in_touch_s`: how long
+        the sweeper has been in touch with the store (default: this process's record)."""
+        if not self.leases_tell(in_touch_s):
+            return None
+        return self._cancel_leased(time.time())
+
+    def leases_tell(self, in_touch_s: float | None = None) -> bool:
+        """Whether a lapsed listener lease now tells that its web process is gone: the store
+        has run, and the sweeper has been in touch with it, for a whole lease period, so a
+        live web renewed its leases since it last could not (a store restart or an outage
+        lets every lease lapse, none of them abandoned). `in_touch_s` as in
+        `sweep_unlistened`."""
+        lease_s = self.settings.stream_lease_s
+        if in_touch_s is None:
+            in_touch_s = self.store_contact.in_touch_s()
+        return in_touch_s >= lease_s and self.store_uptime_s() >= lease_s
+
+    def store_uptime_s(self) -> float:
+        """Seconds since the store (Redis) started: INFO's uptime. Infinite where INFO is
+        not allowed (a managed Redis may rename it): only the sweeper's touch counts then."""
+        try:
+            return float(self.redis.info("server")["uptime_in_seconds"])
+        except redis.ResponseError:
+            return math.inf
+
+    def cancel_every_stream(self) -> list[str]:
+        """Cancel every stream job that has a listener lease, lapsed or not. Only for a farm
+        none of whose web processes runs, on a store no other farm shares: `voxfarm up`
+        before it starts the web on its own embedded Redis, where the streams of its last
+        run died with it and a lease still running proves nothing. Their queued segments
+        stop counting at once, so the restarted farm takes new work at once."""
+        return self._cancel_leased(math.inf)
+
+    def _cancel_leased(self, lapsed_by: float) -> list[str]:
         canceled = []
         reason = LISTENER_GONE.format(s=self.settings.stream_lease_s)
-        while ids := self.jobs.claim_lapsed_leases():
+        while ids := self.jobs.claim_lapsed_leases(lapsed_by=lapsed_by):
             canceled += [job_id for job_id in ids if self.jobs.cancel(job_id, reason)[0]]
         return canceled
 
