@@ -106,6 +106,7 @@ class ListenerLeases:
         try:
             self.jobs.end_lease(job_id)
         except redis.RedisError:  # it lapses; the sweep forgets it (or cancels a live job)
+            self.contact.lost()
             log.warning("could not end the lease of job %s", job_id, exc_info=True)
 
     def held(self) -> list[str]:

@@ -282,10 +282,12 @@ def test_leases_that_lapsed_while_the_store_was_away_cancel_no_live_stream(tmp_p
 
 
 def test_a_farm_started_on_its_own_store_cancels_every_stream_of_its_last_run(redis_url,
-                                                                              tmp_path):
+                                                                              tmp_path, capsys):
     """`voxfarm up` on its embedded Redis cancels every stream job before it starts the web
     (app/cli.py): no web of the farm is alive, so even a lease still running is nobody's,
     and the farm takes new work at once rather than after a lease period."""
+    from app.cli import Supervisor, _cancel_last_runs_streams
+
     with running_farm(redis_url, DB, tmp_path, workers=False, max_queue_depth=3,
                       stream_lease_s=60.0) as tf:
         client, farm = app_client(tf), tf.farm
@@ -296,6 +298,8 @@ def test_a_farm_started_on_its_own_store_cancels_every_stream_of_its_last_run(re
         rest = post_phonemes(client, 1)
         assert rest.status_code == 503  # the farm is full of its last run's streams
         assert not farm.sweep_unlistened()  # none lapsed: the sweep alone would wait
-        assert sorted(farm.cancel_every_stream()) == sorted(streamed)
+        _cancel_last_runs_streams(Supervisor({}), tf.settings)  # what `up` runs at start
+        assert "3 stream job(s) of the last run canceled" in capsys.readouterr().out
         assert {farm.jobs.state(j) for j in streamed} == {"canceled"}
+        assert farm.jobs.get(streamed[0])["error"] == LISTENER_GONE.format(s=60.0)
         assert post_phonemes(client, 3).status_code == 202
