@@ -1,8 +1,9 @@
 """Admission counts the work that will run (docs/reliability.md, "Admission counts the work
 that will run"): one job's segments are capped and counted against the bound, a stopped job's
 queued segments do not count, the ledger counts each message off once whatever the delivery
-does, and a stream job whose listener lease lapsed is canceled. Real Redis and real queues;
-the farms here have no workers, so what is queued stays queued."""
+does, and a stream job whose listener lease lapsed is canceled, though not for a lapse that
+a store outage caused, and at once when `up` starts a farm on its own Redis. Real Redis and
+real queues; the farms here have no workers, so what is queued stays queued."""
 
 from __future__ import annotations
 
