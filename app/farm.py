@@ -284,9 +284,11 @@ class Farm:
             if exhausted:
                 raise GpuMemoryExhausted(exhausted, self.stage_depth(ACOUSTIC_QUEUE),
                                          self.settings.retry_after_s)
-            read_at = time.time()  # a ticket published after this is not in the depth
-            acoustic = self.stage_depth(ACOUSTIC_QUEUE)
-            vocoder = self.stage_depth(VOCODER_QUEUE)
+            # When the depths were read: a ticket published after that is not in them.
+            read_at, depths = self.broker.depths(
+                [LEAD_QUEUES[ACOUSTIC_QUEUE], ACOUSTIC_QUEUE,
+                 LEAD_QUEUES[VOCODER_QUEUE], VOCODER_QUEUE])
+            acoustic, vocoder = depths[0] + depths[1], depths[2] + depths[3]
             per_segment = self._segment_s()
             ticket_id = uuid.uuid4().hex
             settings = self.settings
