@@ -1,6 +1,6 @@
 """What the farm asks the broker directly, beside Celery: how deep a queue is, and is it up.
 
-Two brokers, one interface (`depth(queue)`, `ping()`):
+Two brokers, one interface (`depth(queue)`, `depths(queues)`, `ping()`):
 
 - Redis (`redis://`): kombu keeps a queue as a list under the queue's name, so depth is one
   LLEN on the broker's Redis client.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import kombu
 from amqp import spec
@@ -37,6 +38,15 @@ class RedisQueues:
     def depth(self, queue: str) -> int:
         return int(self.redis.llen(queue))
 
+    def depths(self, queues: list[str]) -> tuple[float, list[int]]:
+        """The depth of each queue, read at once (one MULTI), and when the read was sent:
+        admission tells by it whether a job published then is in the depth."""
+        with self.redis.pipeline(transaction=True) as p:
+            for queue in queues:
+                p.llen(queue)
+            sent_at = time.time()
+            return sent_at, [int(n) for n in p.execute()]
+
     def ping(self) -> None:
         self.redis.ping()
 
@@ -53,16 +63,30 @@ class AmqpQueues:
     def depth(self, queue: str) -> int:
         return self._call(queue)
 
+    def depths(self, queues: list[str]) -> tuple[float, list[int]]:
+        """The depth of each queue, and when the first was asked, once the connection was
+        free: callers queue for it, and admission tells by that moment whether a job
+        published then is in the depth (the wait for the lock would count it twice)."""
+        started: list[float] = []
+        counts = self._call(queues, started)
+        return started[0], counts
+
     def ping(self) -> None:
         self._call(None)
 
-    def _call(self, queue: str | None) -> int:
+    def _call(self, queue, started: list[float] | None = None):
+        """`queue`: one name (its depth), a list (their depths) or None (a ping). `started`
+        gets the moment the first question went out."""
         if not self._lock.acquire(timeout=self.timeout_s):
             raise OperationalError(f"the broker probe stayed busy for {self.timeout_s} s")
         try:
             # A connection that went stale (broker restarted) fails once; a fresh one decides.
             for attempt in (1, 2):
+                if started is not None:
+                    started[:] = [time.time()]
                 try:
+                    if isinstance(queue, list):
+                        return [self._declare_or_empty(q) for q in queue]
                     return self._declare(queue)
                 except NotFound:  # not declared yet: nothing waits on it
                     self._channel = None
@@ -75,6 +99,13 @@ class AmqpQueues:
             raise AssertionError("unreachable")
         finally:
             self._lock.release()
+
+    def _declare_or_empty(self, queue: str) -> int:
+        try:
+            return self._declare(queue)
+        except NotFound:  # not declared yet: nothing waits on it (the channel closed)
+            self._channel = None
+            return 0
 
     def _declare(self, queue: str | None) -> int:
         channel = self._open_channel()

@@ -475,6 +475,7 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
             bound = (f"at most {redis_server.maxmemory / 2**30:.1f} GiB"
                      if redis_server.maxmemory else "no memory bound")
             sup.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis, {bound})")
+            _cancel_last_runs_streams(sup, settings.with_(redis_url=redis_url))
         sup.echo(f"starting the web and {len(pools)} worker pools"
                  + (" and Flower" if with_flower else "") + f"; their logs: {log_dir}/")
         for name, args in commands.items():
@@ -495,6 +496,26 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
         farmstate.remove_state(var)
         sup.stop()
         click.echo("voxfarm stopped")
+
+
+def _cancel_last_runs_streams(sup: Supervisor, settings) -> None:
+    """Cancel the stream jobs that this farm's last run left on its own embedded Redis,
+    before any web starts: their web processes died with that run, so nobody listens, and a
+    lease still running proves nothing. The sweep after a store restart waits a lease period
+    (a live web may not have renewed yet: app/listeners.py); here no web of the farm lives,
+    and the farm takes new work at once instead of counting those streams' segments."""
+    import redis
+
+    from app.farm import Farm
+
+    try:
+        canceled = Farm(settings).cancel_every_stream()
+    except redis.RedisError as exc:  # the sweep cancels them once a lease period has passed
+        sup.echo(f"could not cancel the last run's streams: {exc}", err=True)
+        return
+    if canceled:
+        sup.echo(f"{len(canceled)} stream job(s) of the last run canceled: their listeners "
+                 "left with it")
 
 
 # How long `up` waits for readiness before it says what is missing (and waits on): a first

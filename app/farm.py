@@ -8,6 +8,7 @@ job record and enqueues one `acoustic -> vocoder` chain per segment.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Iterable, Sized
@@ -39,7 +40,7 @@ from app.celery_app import (
 )
 from app.jobs import JobStore, dead_field
 from app.keys import Keys
-from app.listeners import ListenerLeases
+from app.listeners import ListenerLeases, StoreContact
 from app.melcache import MelCache
 from app.metrics import JobObserver
 from app.redis_conn import blocking_client, redis_client
@@ -72,45 +73,65 @@ redis.call('HSET', KEYS[1], ARGV[1], tostring(new))
 return tostring(new)
 """
 
-# Admission, atomically (Farm._admit). KEYS: the admissions zset (ticket "id:segments" ->
-# when it stops counting), the admission hash (app/jobs.py: dead:STAGE, reserved), the
-# listener leases. ARGV: now, a new ticket's life, messages on the acoustic stage's lead and
-# main queues, the same on the vocoder stage's, seconds a segment ('' while unknown), the
-# depth bound, the wait bound, the ticket id, the job's segments, '1' to look for lapsed
-# leases first. A stage's live work is its messages less those of stopped jobs; a queue seen
-# empty has none of those, which rights a count that a lost message left behind. Returns
-# {0, ahead} with the ticket counted; refused, {1, acoustic waiting} or {2, ahead, seconds};
+# Admission, atomically (Farm._admit). KEYS: the tickets of admitted jobs not all on the
+# queue yet (zset "id:segments" -> when it stops counting, should its web die first), the
+# tickets of jobs that are (zset -> when their last segment was published), the admission
+# hash (app/jobs.py: dead:STAGE), the listener leases. A stage's live work is its messages
+# less those of stopped jobs; a queue seen empty has none of those, which rights a count that
+# a lost message left behind. Each segment counts once: a job published before the queues
+# were read is in their depth, so its ticket counts only if it was published after. Returns
+# {0, ahead} with the ticket taken; refused, {1, acoustic waiting} or {2, ahead, seconds};
 # {3} when a listener lease lapsed (sweep, then ask again without looking).
 _ADMIT = """
-if ARGV[10] == '1' and #redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, 1) > 0
+local now = tonumber(ARGV[1])
+local ticket_life = tonumber(ARGV[2])   -- s a ticket counts while its job is not all queued
+local read_at = ARGV[3]                 -- when the caller began to read the queues
+local acoustic_depth = tonumber(ARGV[4])  -- messages on the acoustic lead and main queues
+local vocoder_depth = tonumber(ARGV[5])   -- the same, the vocoder stage's
+local segment_s = tonumber(ARGV[6])     -- s each segment ahead adds; nil while unknown ('')
+local depth_bound = tonumber(ARGV[7])
+local wait_bound = tonumber(ARGV[8])
+local ticket = ARGV[9] .. ':' .. ARGV[10]
+local segments = tonumber(ARGV[10])
+local look_for_lapsed = ARGV[11] == '1'
+local kept_s = tonumber(ARGV[12])       -- s a published ticket is kept (TICKET_KEPT_S)
+if look_for_lapsed and #redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 1) > 0
 then return {3} end
-local reserved = tonumber(redis.call('HGET', KEYS[2], 'reserved') or '0')
-for _, ticket in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])) do
-  reserved = reserved - tonumber(string.match(ticket, ':(%d+)$') or '1')
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - kept_s)
+local function held(tickets)
+  local n = 0
+  for _, t in ipairs(tickets) do n = n + tonumber(string.match(t, ':(%d+)$') or '1') end
+  return n
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if reserved < 0 or redis.call('ZCARD', KEYS[1]) == 0 then reserved = 0 end
-redis.call('HSET', KEYS[2], 'reserved', reserved)
+local reserved = held(redis.call('ZRANGE', KEYS[1], 0, -1))
+  + held(redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. read_at, '+inf'))
 local function live(depth, field)
-  local dead = tonumber(redis.call('HGET', KEYS[2], field) or '0')
-  if depth == 0 and dead ~= 0 then redis.call('HSET', KEYS[2], field, 0) end
+  local dead = tonumber(redis.call('HGET', KEYS[3], field) or '0')
+  if depth == 0 and dead ~= 0 then redis.call('HSET', KEYS[3], field, 0) end
   return math.max(0, depth - dead)
 end
-local segments = tonumber(ARGV[9])
-local acoustic = live(tonumber(ARGV[3]), 'dead:acoustic') + reserved
-if acoustic + segments > tonumber(ARGV[6]) then return {1, tostring(acoustic)} end
-local ahead = acoustic + live(tonumber(ARGV[4]), 'dead:vocoder')
-if ARGV[5] ~= '' and ahead * tonumber(ARGV[5]) > tonumber(ARGV[7]) then
-  return {2, tostring(ahead), tostring(ahead * tonumber(ARGV[5]))}
+local acoustic = live(acoustic_depth, 'dead:acoustic') + reserved
+if acoustic + segments > depth_bound then return {1, tostring(acoustic)} end
+local ahead = acoustic + live(vocoder_depth, 'dead:vocoder')
+if segment_s and ahead * segment_s > wait_bound then
+  return {2, tostring(ahead), tostring(ahead * segment_s)}
 end
-redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[2]), ARGV[8] .. ':' .. segments)
-redis.call('HSET', KEYS[2], 'reserved', reserved + segments)
+redis.call('ZADD', KEYS[1], now + ticket_life, ticket)
 return {0, tostring(ahead)}
 """
-# An admitted job counts in its ticket until its segments are on the queue, and this long
-# after: longer than any admission takes between reading the queues and its check, so one
-# that read them before the job's segments arrived still counts the job.
-ADMITTED_OVERLAP_S = 1.0
+# A ticket's job is on the queue: from its publish on, the queues' depth counts it. KEYS: the
+# unpublished and published tickets. ARGV: the ticket, when its last segment was published
+# ('' when none was: it stops counting).
+_PUBLISHED = """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 and ARGV[2] ~= '' then
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+end
+"""
+# A published ticket counts for admissions that began to read the queues before its publish
+# and check after it; this outlasts any such gap (a read and its check take milliseconds, a
+# lapsed-lease sweep between them longer). Kept longer costs nothing: later readers skip it.
+TICKET_KEPT_S = 10.0
 # The reason a stream job whose listener lease lapsed is canceled with (its `error`).
 LISTENER_GONE = ("canceled: nobody listens any more (its stream's web process stopped or "
                  "lost touch for {s:g} s)")
@@ -154,12 +175,16 @@ class Farm:
         self.sealer = Sealer.from_keyring(settings.at_rest_keys)
         self.jobs = JobStore(self.redis, self.keys, settings.job_ttl,
                              waiting=blocking_client(settings.redis_url), sealer=self.sealer)
-        # The stream jobs this process listens for (the web's streams hold them).
-        self.listeners = ListenerLeases(self.jobs, settings.stream_lease_s)
+        # The stream jobs this process listens for (the web's streams hold them), and how
+        # long this process has been in touch with the store (whether a lapsed lease means
+        # a dead listener: `leases_tell`).
+        self.store_contact = StoreContact()
+        self.listeners = ListenerLeases(self.jobs, settings.stream_lease_s, self.store_contact)
         self.mel_cache = MelCache(self.cache_redis, self.keys, settings.mel_cache_ttl,
                                   sealer=self.sealer)
         self._run_ewma = self.redis.register_script(_RUN_EWMA)
         self._admit_script = self.redis.register_script(_ADMIT)
+        self._published_script = self.redis.register_script(_PUBLISHED)
         # The per-job figures (first chunk, jobs by final state), counted once from the job
         # record by whoever sees the change first: a segment task or the web's cancel.
         self.job_observer = JobObserver(self.redis, self.keys)
@@ -195,9 +220,11 @@ class Farm:
             raise queueing.TooManySegments(cap)
         with self.work_slot(key) as slot:
             tickets: list[str] = []
+            published: list[float] = []  # when each segment's publish returned
             try:
                 job = queueing.submit(self.celery, self.jobs, segments,
                                       admit=lambda: tickets.append(self._admit(count)),
+                                      published=lambda: published.append(time.time()),
                                       voice=voice, speed=speed, fmt=fmt, chars=chars,
                                       sample_rate=sample_rate, request_id=request_id,
                                       owner=key.id if key else "",
@@ -205,7 +232,7 @@ class Farm:
                                       lease_s=self.settings.stream_lease_s if listened else 0.0)
             finally:
                 for ticket in tickets:
-                    self._admitted(ticket)
+                    self._admitted(ticket, published[-1] if published else None)
             slot.started(job["id"])
         return job
 
@@ -239,33 +266,48 @@ class Farm:
 
         Live work is what will run: the messages on a stage's lead and main queues less
         those of canceled or failed jobs, which the workers skip (the ledger: app/jobs.py).
-        A stream job whose listener lease lapsed is canceled first (`sweep_unlistened`), so
-        a farm restarted under a backlog of abandoned streams takes new work at once.
+        A stream job whose listener lease lapsed is canceled first (`sweep_unlistened`, once
+        a lapse tells that its web is gone), so a farm restarted under a backlog of abandoned
+        streams takes new work at once.
 
-        Returns the job's admission ticket, which `_admitted` lets go once the job is on the
-        queue. Until then the job counts as its segments waiting: a burst's requests read the
-        queues before any of them has published, and each would see room that the others
-        are taking (a 128-client burst from idle had all 128 admitted with the estimate at
-        4x the bound a second later). The check and the ticket are one Lua call."""
-        exhausted = self.memory_exhausted()
-        if exhausted:
-            raise GpuMemoryExhausted(exhausted, self.stage_depth(ACOUSTIC_QUEUE),
-                                     self.settings.retry_after_s)
-        acoustic = self.stage_depth(ACOUSTIC_QUEUE)
-        vocoder = self.stage_depth(VOCODER_QUEUE)
-        per_segment = self._segment_s()
-        ticket_id = uuid.uuid4().hex
-        settings = self.settings
-        for look in ("1", "0"):
-            answer = self._admit_script(
-                keys=[self.keys.admitting, self.keys.admission, self.keys.listened],
-                args=[repr(time.time()), settings.publish_grace_s, acoustic, vocoder,
-                      "" if per_segment is None else repr(per_segment),
-                      settings.max_queue_depth, settings.max_queue_wait_s,
-                      ticket_id, segments, look])
-            if answer[0] != 3:
-                break
-            self.sweep_unlistened()
+        Returns the job's admission ticket, which `_admitted` marks published once the job
+        is on the queue. Until then the job counts as its segments waiting: a burst's
+        requests read the queues before any of them has published, and each would see room
+        that the others are taking (a 128-client burst from idle had all 128 admitted with
+        the estimate at 4x the bound a second later). After, it counts only for an admission
+        that began to read the queues before its publish: for one that read them after, the
+        depth holds the job (a ticket counted for a second past its publish counted such a
+        job twice, and a burst of 24 at a bound of 6 had 4 admitted). The check and the
+        ticket are one Lua call."""
+        try:  # what admission sees of the store is this process's touch with it
+            exhausted = self.memory_exhausted()
+            if exhausted:
+                raise GpuMemoryExhausted(exhausted, self.stage_depth(ACOUSTIC_QUEUE),
+                                         self.settings.retry_after_s)
+            # When the depths were read: a ticket published after that is not in them.
+            read_at, depths = self.broker.depths(
+                [LEAD_QUEUES[ACOUSTIC_QUEUE], ACOUSTIC_QUEUE,
+                 LEAD_QUEUES[VOCODER_QUEUE], VOCODER_QUEUE])
+            acoustic, vocoder = depths[0] + depths[1], depths[2] + depths[3]
+            per_segment = self._segment_s()
+            ticket_id = uuid.uuid4().hex
+            settings = self.settings
+            for look in ("1", "0"):
+                answer = self._admit_script(
+                    keys=[self.keys.admitting, self.keys.admitted, self.keys.admission,
+                          self.keys.listened],
+                    args=[repr(time.time()), settings.publish_grace_s, repr(read_at),
+                          acoustic, vocoder, "" if per_segment is None else repr(per_segment),
+                          settings.max_queue_depth, settings.max_queue_wait_s,
+                          ticket_id, segments, look, TICKET_KEPT_S])
+                if answer[0] != 3:
+                    break
+                # A lapse that tells nothing yet (the store was away) leaves its job counting.
+                self.sweep_unlistened()
+        except redis.RedisError:
+            self.store_contact.lost()
+            raise
+        self.store_contact.reached()
         refused = answer[0]
         if refused == 1:
             waiting = int(answer[1])
@@ -284,23 +326,60 @@ class Farm:
                              f"job, and the bound is {settings.max_queue_wait_s:g} s")
         return f"{ticket_id}:{segments}"  # the zset's member, as the script wrote it
 
-    def _admitted(self, ticket: str) -> None:
-        """The ticket's job is on the queue (or failed): it stops counting
-        `ADMITTED_OVERLAP_S` from now. If Redis is away, its life ends it."""
+    def _admitted(self, ticket: str, published_at: float | None) -> None:
+        """The ticket's job is on the queue (or failed) since `published_at`, when its last
+        segment's publish returned (None: nothing of it was published). From then on it
+        counts only for admissions that began to read the queues before. If Redis is away,
+        its life ends it."""
         try:
-            self.redis.zadd(self.keys.admitting,
-                            {ticket: time.time() + ADMITTED_OVERLAP_S}, xx=True)
+            self._published_script(keys=[self.keys.admitting, self.keys.admitted],
+                                   args=[ticket, "" if published_at is None
+                                         else repr(published_at)])
         except redis.RedisError:
             pass
 
-    def sweep_unlistened(self) -> list[str]:
+    def sweep_unlistened(self, in_touch_s: float | None = None) -> list[str] | None:
         """Cancel the stream jobs whose listener lease lapsed: the web process that streamed
         each stopped renewing it (it died, or was stopped with the stream open), so nobody
         will hear the rest. A lapsed lease of a job that is over is only forgotten. Returns
-        the ids it canceled."""
+        the ids it canceled, or None when a lapse proves nothing yet (`leases_tell`: the
+        store or the sweeper was away within the last lease period). `in_touch_s`: how long
+        the sweeper has been in touch with the store (default: this process's record)."""
+        if not self.leases_tell(in_touch_s):
+            return None
+        return self._cancel_leased(time.time())
+
+    def leases_tell(self, in_touch_s: float | None = None) -> bool:
+        """Whether a lapsed listener lease now tells that its web process is gone: the store
+        has run, and the sweeper has been in touch with it, for a whole lease period, so a
+        live web renewed its leases since it last could not (a store restart or an outage
+        lets every lease lapse, none of them abandoned). `in_touch_s` as in
+        `sweep_unlistened`."""
+        lease_s = self.settings.stream_lease_s
+        if in_touch_s is None:
+            in_touch_s = self.store_contact.in_touch_s()
+        return in_touch_s >= lease_s and self.store_uptime_s() >= lease_s
+
+    def store_uptime_s(self) -> float:
+        """Seconds since the store (Redis) started: INFO's uptime. Infinite where INFO is
+        not allowed (a managed Redis may rename it): only the sweeper's touch counts then."""
+        try:
+            return float(self.redis.info("server")["uptime_in_seconds"])
+        except redis.ResponseError:
+            return math.inf
+
+    def cancel_every_stream(self) -> list[str]:
+        """Cancel every stream job that has a listener lease, lapsed or not. Only for a farm
+        none of whose web processes runs, on a store no other farm shares: `voxfarm up`
+        before it starts the web on its own embedded Redis, where the streams of its last
+        run died with it and a lease still running proves nothing. Their queued segments
+        stop counting at once, so the restarted farm takes new work at once."""
+        return self._cancel_leased(math.inf)
+
+    def _cancel_leased(self, lapsed_by: float) -> list[str]:
         canceled = []
         reason = LISTENER_GONE.format(s=self.settings.stream_lease_s)
-        while ids := self.jobs.claim_lapsed_leases():
+        while ids := self.jobs.claim_lapsed_leases(lapsed_by=lapsed_by):
             canceled += [job_id for job_id in ids if self.jobs.cancel(job_id, reason)[0]]
         return canceled
 

@@ -39,6 +39,7 @@ it was made before the farm had keys (`sealed_by` empty), else refused like a ta
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Iterable
@@ -447,9 +448,13 @@ class JobStore:
         and the sweep cancels the job if nobody did)."""
         self._end_lease(keys=[self.keys.listened, self.keys.job(job_id)], args=[job_id])
 
-    def claim_lapsed_leases(self, limit: int = 100) -> list[str]:
-        """Take the leases that lapsed out of the set; their job ids."""
-        ids = self._claim_lapsed(keys=[self.keys.listened], args=[repr(time.time()), limit])
+    def claim_lapsed_leases(self, limit: int = 100,
+                            lapsed_by: float | None = None) -> list[str]:
+        """Take the leases that lapsed by `lapsed_by` (default now; infinity: every lease) out
+        of the set; their job ids."""
+        until = time.time() if lapsed_by is None else lapsed_by
+        ids = self._claim_lapsed(keys=[self.keys.listened],
+                                 args=["+inf" if until == math.inf else repr(until), limit])
         return [i.decode() for i in ids]
 
     def note_spec(self, job_id: str, spec: dict) -> None:

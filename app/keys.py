@@ -26,10 +26,12 @@ Layout (prefix `vf` by default):
                                  until the stall sweeper finds it finished or stuck
     {p}:jobs:resuming     string an acoustic pool's claim on the lost-segment sweep (TTL)
     {p}:jobs:admitting    zset   admission ticket ("id:segments") -> when it stops counting:
-                                 jobs admitted whose segments may not be on the queue yet
+                                 jobs admitted whose segments are not all on the queue yet
+    {p}:jobs:admitted     zset   admission ticket -> when its job's last segment was published
+                                 (counted by admissions that read the queues before that)
     {p}:admission         hash   dead:acoustic, dead:vocoder (messages waiting on a stage's
                                  queues whose job was canceled or failed: they neither render
-                                 nor count), reserved (segments the live tickets hold)
+                                 nor count)
     {p}:jobs:listened     zset   stream job id -> when its listener lease lapses (renewed by
                                  the web process that streams it; app/listeners.py)
     {p}:broker            hash   run (the broker server's run id when last seen), restarted_at
@@ -113,6 +115,10 @@ class Keys:
     @property
     def admitting(self) -> str:
         return f"{self.prefix}:jobs:admitting"
+
+    @property
+    def admitted(self) -> str:
+        return f"{self.prefix}:jobs:admitted"
 
     @property
     def admission(self) -> str:

@@ -15,6 +15,14 @@ and admission whenever a lease has lapsed) cancels those jobs, so their queued s
 neither render nor count against new work. A REST job (`POST /v1/jobs`) is polled, not
 listened to: it has no lease, and nobody polling it is no reason to cancel it.
 
+A lease also lapses while the store is away (restarted, or out of reach), though the web
+that holds it is alive: it cannot renew what it cannot reach. So a lapsed lease proves a
+dead listener only once the store has been up, and the sweeper in touch with it, for a whole
+lease period (`Farm.leases_tell`): by then every live web process has renewed its leases at
+least twice. `StoreContact` is a process's own record of that touch. A farm that `voxfarm up`
+starts on its own embedded Redis has no live web yet, so it cancels every stream job at
+start (`Farm.cancel_every_stream`) and takes new work at once.
+
 Concurrency: one `ListenerLeases` per Farm per process. Under gunicorn's gevent workers the
 stream handlers are greenlets and the renewer a greenlet too (threading is monkey-patched
 there); under the Flask development server or a test client they are native threads. Both
@@ -26,6 +34,7 @@ process never holds one, so it never starts. Every Redis call has the client's t
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
@@ -36,12 +45,35 @@ from app.jobs import JobStore
 log = logging.getLogger("voxfarm.listeners")
 
 
+class StoreContact:
+    """How long this process has been in touch with the store without a break: forever for
+    one that never failed to reach it (it knows of no outage), else since its first success
+    after its last failure. The renewer and admission report what they see; plain
+    assignments, so greenlets and native threads may report at once."""
+
+    def __init__(self) -> None:
+        self._since: float | None = -math.inf  # monotonic; None while out of touch
+
+    def lost(self) -> None:
+        self._since = None
+
+    def reached(self) -> None:
+        if self._since is None:
+            self._since = time.monotonic()
+
+    def in_touch_s(self) -> float:
+        since = self._since
+        return 0.0 if since is None else time.monotonic() - since
+
+
 class ListenerLeases:
     """The stream jobs this process listens for, and the renewer of their leases."""
 
-    def __init__(self, jobs: JobStore, lease_s: float) -> None:
+    def __init__(self, jobs: JobStore, lease_s: float,
+                 contact: StoreContact | None = None) -> None:
         self.jobs = jobs
         self.lease_s = lease_s
+        self.contact = contact or StoreContact()
         self._held: dict[str, int] = {}  # job id -> streams of this process holding it
         self._lock = threading.Lock()
         self._renewer: threading.Thread | None = None
@@ -74,6 +106,7 @@ class ListenerLeases:
         try:
             self.jobs.end_lease(job_id)
         except redis.RedisError:  # it lapses; the sweep forgets it (or cancels a live job)
+            self.contact.lost()
             log.warning("could not end the lease of job %s", job_id, exc_info=True)
 
     def held(self) -> list[str]:
@@ -84,7 +117,10 @@ class ListenerLeases:
         try:
             self.jobs.renew_leases(job_ids, self.lease_s)
         except redis.RedisError:  # the next round tries again, well inside the lease
+            self.contact.lost()
             log.warning("could not renew %d listener lease(s)", len(job_ids), exc_info=True)
+        else:
+            self.contact.reached()
 
     def _renew(self) -> None:
         while True:

@@ -80,7 +80,8 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
            voice: str, speed: float, fmt: str, chars: int, sample_rate: int,
            request_id: str = "", owner: str = "",
            version_for: Callable[[str, str], str] | None = None,
-           max_segments: int | None = None, lease_s: float = 0.0) -> dict:
+           max_segments: int | None = None, lease_s: float = 0.0,
+           published: Callable[[], None] | None = None) -> dict:
     """Create the job and enqueue its segments as `segments` yields them.
 
     Publish as you go: segment 0 is on the acoustic queue while the frontend still works
@@ -99,7 +100,8 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
     so one job never mixes versions of a voice. Past `max_segments` segments the job is
     failed and TooManySegments raised. `lease_s`: the job is a stream's (app/listeners.py).
     Each segment is marked in the admission ledger once it is on the queue
-    (`JobStore.mark_queued`).
+    (`JobStore.mark_queued`), and `published()` is called the moment its publish returns
+    (admission tells by when a job was published whether the queues' depth holds it).
     """
     segments = iter(segments)
     first = next(segments, None)
@@ -132,6 +134,8 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
                 publish_segments(celery, [body])
             except Exception as exc:  # broker down, pool exhausted, publish timed out
                 raise Unavailable(str(exc)) from exc
+            if published is not None:
+                published()
             # After the publish: a worker that took it first has marked it taken already.
             jobs.mark_queued(job_id, "acoustic", seg.index)
             count += 1

@@ -79,9 +79,10 @@ class Heartbeat:
 
     The acoustic pool's heartbeat also sweeps jobs whose web process died mid-submit (see
     `Farm.sweep_unpublished`), cancels stream jobs whose web process died with the stream
-    open (`Farm.sweep_unlistened`), and queues again what a broker restart lost of the jobs
-    accepted before it (`Farm.resume_lost_jobs`): the web cannot sweep its own, being dead,
-    and the acoustic pool is the one every job needs anyway.
+    open (`Farm.sweep_unlistened`, once it and the store have been in touch for a lease
+    period: an outage lets live leases lapse too), and queues again what a broker restart
+    lost of the jobs accepted before it (`Farm.resume_lost_jobs`): the web cannot sweep its
+    own, being dead, and the acoustic pool is the one every job needs anyway.
 
     Every heartbeat also hands the unacked messages of peers whose heartbeat went stale back
     to their queue (`app.redelivery`), once this worker has itself been in touch with Redis
@@ -126,7 +127,10 @@ class Heartbeat:
                     for job_id in farm.sweep_stalled():
                         log.warning("job %s failed: no progress for %d s", job_id,
                                     farm.settings.job_stall_s)
-                    for job_id in farm.sweep_unlistened():
+                    # Only once this worker and the store have been in touch for a lease
+                    # period: a lease that lapsed in an outage may be a live web's.
+                    in_touch_s = time.monotonic() - in_touch_since
+                    for job_id in farm.sweep_unlistened(in_touch_s) or []:
                         log.info("stream job %s canceled: its listener lease lapsed", job_id)
                     for job_id, restored, published in farm.resume_lost_jobs(self.redelivery):
                         log.warning("job %s resumed after the broker's restart: %d segment(s) "

@@ -1,11 +1,13 @@
 """Admission counts the work that will run (docs/reliability.md, "Admission counts the work
 that will run"): one job's segments are capped and counted against the bound, a stopped job's
 queued segments do not count, the ledger counts each message off once whatever the delivery
-does, and a stream job whose listener lease lapsed is canceled. Real Redis and real queues;
-the farms here have no workers, so what is queued stays queued."""
+does, and a stream job whose listener lease lapsed is canceled, though not for a lapse that
+a store outage caused, and at once when `up` starts a farm on its own Redis. Real Redis and
+real queues; the farms here have no workers, so what is queued stays queued."""
 
 from __future__ import annotations
 
+import math
 import time
 from types import SimpleNamespace
 
@@ -226,3 +228,79 @@ def test_a_stream_job_whose_lease_lapsed_is_canceled_and_stops_counting(redis_ur
                    "the released lease never lapsed")
         assert farm.jobs.state(held["id"]) == "canceled"
         assert farm.jobs.state(rest["id"]) == "queued"
+
+
+def test_leases_that_lapsed_while_the_store_was_away_cancel_no_live_stream(tmp_path):
+    """A store outage lets every lease lapse, a live web's too: it cannot renew what it
+    cannot reach. Back from it, neither admission nor a sweep cancels the stream of a live
+    web; once the store has been up, and the sweeper in touch, for a lease period, the live
+    stream's lease is renewed and only the abandoned one is canceled."""
+    from app.embedded_redis import EmbeddedRedis
+
+    lease = 2.0
+    server = EmbeddedRedis(tmp_path / "redis", persist=True).start()
+    try:
+        with running_farm(server.url, 1, tmp_path, workers=False, max_queue_depth=5,
+                          stream_lease_s=lease) as tf:
+            client, farm = app_client(tf), tf.farm
+            segments = [SimpleNamespace(index=i, phonemes="ə", pause_ms=0) for i in range(2)]
+
+            def stream_job() -> str:
+                return farm.submit(list(segments), voice=tf.settings.default_voice, speed=1.0,
+                                   fmt="wav", chars=2, sample_rate=22050, listened=True)["id"]
+
+            def lease_of(job_id: str) -> float | None:
+                return farm.redis.zscore(farm.keys.listened, job_id)
+
+            live, orphan = stream_job(), stream_job()
+            farm.listeners.hold(live)  # this process is the live job's web
+            lapses_at = max(lease_of(live), lease_of(orphan))
+            server.stop()  # everything written to its AOF first
+            wait_until(lambda: farm.store_contact.in_touch_s() == 0, 10,
+                       "the renewer never found the store away")
+            wait_until(lambda: time.time() > lapses_at, 10, "the leases never lapsed")
+            server.start()  # the same data: both leases lapsed
+            # Before: admission swept both streams at once and took both new jobs.
+            assert post_phonemes(client, 1).status_code == 202  # 2 + 2 + 1: full
+            error(post_phonemes(client, 1), 503, "overloaded")
+            assert farm.sweep_unlistened(in_touch_s=math.inf) is None  # the store is new
+            assert farm.jobs.state(live) == farm.jobs.state(orphan) == "queued"
+
+            # A lease period on, the live web has renewed; the abandoned lease tells.
+            wait_until(lambda: farm.sweep_unlistened() == [orphan], 10,
+                       "the abandoned stream was never canceled")
+            assert farm.jobs.state(live) == "queued" and lease_of(live) > time.time()
+            assert farm.jobs.get(orphan)["error"] == LISTENER_GONE.format(s=lease)
+            # A sweeper that has just come back in touch cancels nothing, even with a store
+            # that stayed up: the outage may have been its own, or the whole network's.
+            farm.listeners.release(live)
+            wait_until(lambda: lease_of(live) < time.time(), 10, "the lease never lapsed")
+            assert farm.sweep_unlistened(in_touch_s=0.0) is None
+            assert farm.jobs.state(live) == "queued"
+            assert farm.sweep_unlistened() == [live]
+    finally:
+        server.stop()
+
+
+def test_a_farm_started_on_its_own_store_cancels_every_stream_of_its_last_run(redis_url,
+                                                                              tmp_path, capsys):
+    """`voxfarm up` on its embedded Redis cancels every stream job before it starts the web
+    (app/cli.py): no web of the farm is alive, so even a lease still running is nobody's,
+    and the farm takes new work at once rather than after a lease period."""
+    from app.cli import Supervisor, _cancel_last_runs_streams
+
+    with running_farm(redis_url, DB, tmp_path, workers=False, max_queue_depth=3,
+                      stream_lease_s=60.0) as tf:
+        client, farm = app_client(tf), tf.farm
+        streamed = [farm.submit([SimpleNamespace(index=0, phonemes="ə", pause_ms=0)],
+                                voice=tf.settings.default_voice, speed=1.0, fmt="wav",
+                                chars=1, sample_rate=22050, listened=True)["id"]
+                    for _ in range(3)]
+        rest = post_phonemes(client, 1)
+        assert rest.status_code == 503  # the farm is full of its last run's streams
+        assert not farm.sweep_unlistened()  # none lapsed: the sweep alone would wait
+        _cancel_last_runs_streams(Supervisor({}), tf.settings)  # what `up` runs at start
+        assert "3 stream job(s) of the last run canceled" in capsys.readouterr().out
+        assert {farm.jobs.state(j) for j in streamed} == {"canceled"}
+        assert farm.jobs.get(streamed[0])["error"] == LISTENER_GONE.format(s=60.0)
+        assert post_phonemes(client, 3).status_code == 202

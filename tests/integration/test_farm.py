@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from app.farm import ADMITTED_OVERLAP_S
 from tests.helpers import (
     SR,
     assert_chunk_order,
@@ -264,6 +263,19 @@ def test_a_burst_of_submissions_at_once_is_admitted_only_up_to_the_bound(redis_u
         assert len(job_ids(tf.farm)) == bound  # a refused job writes nothing
 
 
+def test_a_job_just_queued_counts_once_for_the_next_admission(redis_url, tmp_path):
+    """A job on the queue is in its depth: the next admission counts its segments there and
+    not its admission ticket as well. Before, a ticket counted for a second past its job's
+    publish, and a farm with room for two refused the second job within that second."""
+    bound = 2
+    with running_farm(redis_url, 3, tmp_path, workers=False, max_queue_depth=bound) as tf:
+        for i in range(bound):
+            segment = SimpleNamespace(index=0, phonemes=f"nˈʌmbɚ {i}.", pause_ms=0)
+            tf.farm.submit([segment], voice="en-us", speed=1.0, fmt="wav", chars=9,
+                           sample_rate=22050)
+        assert tf.farm.stage_depth("acoustic") == bound
+
+
 def test_a_segment_that_gave_way_is_timed_once_as_a_whole_segment(redis_url, tmp_path,
                                                                   monkeypatch):
     """Admission estimates from each stage's recent run time a segment. A segment that gave
@@ -300,7 +312,6 @@ def test_a_farm_too_slow_for_its_backlog_says_503_with_when_to_come_back(redis_u
         client = create_app(tf.settings, tf.farm).test_client()
         text = " ".join(f"Sentence {i} waits for a worker." for i in range(8))
         submit(client, text)  # no run time known yet: nothing to estimate, admitted
-        time.sleep(ADMITTED_OVERLAP_S)  # from here its segments count, not its admission
         tf.farm.record_run("acoustic", 0.5)
         tf.farm.record_run("vocoder", 2.0)  # the slower stage: 8 ahead x 2 s = 16 s > 5 s
         assert tf.farm.expected_wait_s() == pytest.approx(16.0)
