@@ -219,8 +219,7 @@ def celery_config(settings: Settings) -> dict:
     }
 
 
-def make_celery(settings: Settings | None = None) -> Celery:
-    settings = settings or Settings.from_env()
+def make_celery(settings: Settings) -> Celery:
     celery = Celery("voxfarm")
     celery.conf.update(celery_config(settings))
     celery.voxfarm_settings = settings

@@ -297,24 +297,34 @@ def worth_showing(line: str, is_stderr: bool) -> bool:
 
 
 def _settings():
-    """The settings from the environment; one that does not parse (a malformed
-    VOXFARM_AT_REST_KEYS, a VOXFARM_JOB_TTL that is no number) stops the command with one
-    line naming the variable, not a traceback."""
-    from app.settings import Settings
+    """The settings from the environment, read once per command (kept on the command's root
+    context: the option defaults and the command share them); one that does not parse (a
+    malformed VOXFARM_AT_REST_KEYS, a VOXFARM_JOB_TTL that is no number) stops the command
+    with one line naming the variable, not a traceback."""
+    from app.settings import Settings  # read at the command, not when the CLI is imported
 
-    try:
-        return Settings.from_env()
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    ctx = click.get_current_context(silent=True)
+    meta = ctx.find_root().meta if ctx is not None else {}
+    if "voxfarm.settings" not in meta:
+        try:
+            meta["voxfarm.settings"] = Settings.from_env()
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+    return meta["voxfarm.settings"]
+
+
+def _default(name: str):
+    """A setting's default, to tell whether the environment configured it."""
+    from app.settings import Settings  # read at the command, not when the CLI is imported
+
+    return Settings.model_fields[name].default
 
 
 def _configured_redis_url() -> str:
     """The Redis URL the settings were given, or "" when they hold the default (no URL was
     configured: `up` starts an embedded Redis, `flower` watches the farm in farm.json)."""
-    from app.settings import Settings
-
     url = _settings().redis_url
-    return "" if url == Settings().redis_url else url
+    return "" if url == _default("redis_url") else url
 
 
 def _access_line(redis_url: str, host: str) -> str:
@@ -430,7 +440,8 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
                           *(["--control-socket", control_socket]
                             if len(control_socket) <= _MAX_SOCKET_PATH
                             else ["--no-control-socket"])]}
-    if with_flower and not (settings.flower_user and settings.flower_password):
+    if with_flower and not (settings.flower_user
+                            and settings.flower_password.get_secret_value()):
         if not _is_loopback(host):
             raise click.UsageError("--flower on a non-loopback --host needs "
                                    "VOXFARM_FLOWER_USER and VOXFARM_FLOWER_PASSWORD")
@@ -448,7 +459,7 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
         redis_server = EmbeddedRedis(var / "redis", maxmemory=maxmemory_bytes(
             settings.embedded_redis_maxmemory))
         redis_url = env["VOXFARM_REDIS_URL"] = redis_server.url
-    if settings.store_dir == Settings().store_dir:  # not configured: this farm's own
+    if settings.store_dir == _default("store_dir"):  # not configured: this farm's own
         env["VOXFARM_STORE"] = str(var / "store")
     commands = {name: runnable(expand(command, env)) + extra_args.get(name, [])
                 for name, command in procfile.items()}
@@ -571,7 +582,7 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
            name: str | None, metrics_port: int, metrics_addr: str,
            threads: int, work: str, nice: int, batch: int) -> None:
     """Run one worker pool on its queue."""
-    _settings()  # every option given on the command line: the settings are still checked
+    settings = _settings()  # every option given on the command line: still checked
     # The book pool orchestrates (waits on Redis, the store, the broker): gevent, many
     # greenlets. It must patch before the worker opens a socket.
     pool = pool or ("gevent" if queue == "book" else "prefork")
@@ -580,17 +591,17 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
         from gevent import monkey
 
         monkey.patch_all()
-    os.environ["VOXFARM_ROLE"] = queue
     if metrics_port:
         # Before anything imports prometheus_client: the pool's processes share the files.
         from app import multiproc
 
-        multiproc.prepare(f"{queue}-{metrics_port}")
-    from workers.main import run_worker
+        multiproc.prepare(f"{queue}-{metrics_port}", settings.metrics_dir)
+    from workers.main import run_worker  # torch and the tasks load for `worker` alone
 
     run_worker(queue, device=device, concurrency=concurrency, pool=pool, loglevel=loglevel,
                name=name, metrics_port=metrics_port, metrics_addr=metrics_addr,
-               threads=threads, work=work, nice=nice, batch=batch)
+               threads=threads, work=work, nice=nice, batch=batch,
+               settings=settings.with_(role=queue))
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -612,14 +623,12 @@ def flower(port: int, address: str, no_auth: bool, var_dir: str,
 
     from app import farmstate
     from app.celery_app import make_celery
-    from app.settings import Settings
-
+    settings = _settings()
     if not _configured_redis_url():
         running = farmstate.live_state(var_dir)
         if running is not None:  # the farm `voxfarm up` started (its embedded Redis)
-            os.environ["VOXFARM_REDIS_URL"] = running.redis_url
-    settings = Settings.from_env()
-    user, password = settings.flower_user, settings.flower_password
+            settings = settings.with_(redis_url=running.redis_url)
+    user, password = settings.flower_user, settings.flower_password.get_secret_value()
     if no_auth:
         try:
             loopback = ipaddress.ip_address(address).is_loopback
@@ -661,8 +670,9 @@ def _http():
     import requests
 
     session = requests.Session()
-    if _settings().api_key:
-        session.headers["Authorization"] = f"Bearer {_settings().api_key}"
+    api_key = _settings().api_key.get_secret_value()
+    if api_key:
+        session.headers["Authorization"] = f"Bearer {api_key}"
     return session
 
 
@@ -689,10 +699,8 @@ _VAR_HELP = ("Where `voxfarm up` wrote farm.json [env VOXFARM_VAR; default: var]
 
 def _var_given(ctx: click.Context) -> bool:
     """Whether the user named the var dir (--var, or VOXFARM_VAR): its farm is the one meant."""
-    from app.settings import Settings
-
     return (ctx.get_parameter_source("var_dir") != click.core.ParameterSource.DEFAULT
-            or _settings().var_dir != Settings().var_dir)
+            or _settings().var_dir != _default("var_dir"))
 
 
 def _find_server(flag: str | None, var_dir: str, var_given: bool = False) -> tuple[str, str]:

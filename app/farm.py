@@ -151,7 +151,7 @@ class Farm:
         self.broker_redis = self.broker.redis
         # One sealer per process (app/sealing.py): audio and features at rest are encrypted
         # with `at_rest_keys`, or pass through as they are without keys.
-        self.sealer = Sealer.from_keyring(settings.at_rest_keys)
+        self.sealer = Sealer.from_keyring(settings.at_rest_keys.get_secret_value())
         self.jobs = JobStore(self.redis, self.keys, settings.job_ttl,
                              waiting=blocking_client(settings.redis_url), sealer=self.sealer)
         # The stream jobs this process listens for (the web's streams hold them).

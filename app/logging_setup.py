@@ -24,18 +24,12 @@ import sys
 import time
 
 from app import tracing
-from app.settings import Settings
 
 TRACE_FIELDS = ("request_id", "job_id", "segment", "task_id")
 
 # LogRecord attributes that are not user extras.
 _RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "message", "asctime", "taskName", "sampled"}
-
-
-def sample_rate_from_env() -> float:
-    """The settings' `log_sample_rate` (VOXFARM_LOG_SAMPLE_RATE), held to 0..1."""
-    return min(1.0, max(0.0, Settings.from_env().log_sample_rate))
 
 
 def job_sampled(job_id: str | None, rate: float) -> bool:
@@ -51,9 +45,10 @@ def job_sampled(job_id: str | None, rate: float) -> bool:
 class SegmentSampler(logging.Filter):
     """Drops the per-segment lines of the jobs outside the sample; passes everything else."""
 
-    def __init__(self, rate: float | None = None) -> None:
+    def __init__(self, rate: float = 1.0) -> None:
+        """`rate`: the settings' `log_sample_rate` (VOXFARM_LOG_SAMPLE_RATE), held to 0..1."""
         super().__init__()
-        self.rate = sample_rate_from_env() if rate is None else rate
+        self.rate = min(1.0, max(0.0, rate))
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not getattr(record, "sampled", False):
@@ -114,19 +109,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, ensure_ascii=False)
 
 
-def json_handler(stream=None, role: str | None = None) -> logging.Handler:
+def json_handler(stream=None, role: str | None = None,
+                 sample_rate: float = 1.0) -> logging.Handler:
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter(static={"role": role} if role else None))
-    handler.addFilter(SegmentSampler())
+    handler.addFilter(SegmentSampler(sample_rate))
     return handler
 
 
-def configure_logging(level: str | int = "INFO", role: str | None = None, stream=None) -> None:
-    """Send every logger of this process to one JSON-lines handler on stderr."""
+def configure_logging(level: str | int = "INFO", role: str | None = None, stream=None,
+                      sample_rate: float = 1.0) -> None:
+    """Send every logger of this process to one JSON-lines handler on stderr, keeping the
+    per-segment lines of `sample_rate` of the jobs."""
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
-    root.addHandler(json_handler(stream, role))
+    root.addHandler(json_handler(stream, role, sample_rate))
     root.setLevel(level if isinstance(level, int) else level.upper())
     # Celery configures these with their own handlers when it sets up logging itself; here
     # they propagate to the root's JSON handler instead.
@@ -136,7 +134,7 @@ def configure_logging(level: str | int = "INFO", role: str | None = None, stream
         lg.propagate = True
 
 
-def gunicorn_logconfig(level: str = "info") -> dict:
+def gunicorn_logconfig(level: str = "info", sample_rate: float = 1.0) -> dict:
     """`logconfig_dict` for gunicorn: its error and access logs and the app's, as JSON."""
     handler = {"class": "logging.StreamHandler", "formatter": "json",
                "filters": ["sampler"], "stream": "ext://sys.stderr"}
@@ -145,7 +143,8 @@ def gunicorn_logconfig(level: str = "info") -> dict:
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": "app.logging_setup.JsonFormatter",
                                 "static": {"role": "web"}}},
-        "filters": {"sampler": {"()": "app.logging_setup.SegmentSampler"}},
+        "filters": {"sampler": {"()": "app.logging_setup.SegmentSampler",
+                                "rate": sample_rate}},
         "handlers": {"json": handler,
                      "json_access": {**handler, "stream": "ext://sys.stdout"}},
         "root": {"level": level.upper(), "handlers": ["json"]},

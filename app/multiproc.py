@@ -19,23 +19,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-from app.settings import Settings
-
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
-def base_dir() -> Path:
+def base_dir(metrics_dir: str = "") -> Path:
     """The settings' `metrics_dir` (VOXFARM_METRICS_DIR), else one per user in the temp dir."""
-    return Path(Settings.from_env().metrics_dir
-                or Path(tempfile.gettempdir()) / f"voxfarm-metrics-{os.getuid()}")
+    return Path(metrics_dir or Path(tempfile.gettempdir()) / f"voxfarm-metrics-{os.getuid()}")
 
 
-def prepare(role: str) -> Path:
-    """Create (emptied) the directory for `role` and point prometheus_client at it."""
+def prepare(role: str, metrics_dir: str = "") -> Path:
+    """Create (emptied) the directory for `role` under `metrics_dir` (the settings') and point
+    prometheus_client at it."""
     if "prometheus_client" in sys.modules and not os.environ.get(ENV):
         raise RuntimeError("prometheus_client was imported before multiprocess mode was set "
                            "up; call app.multiproc.prepare() first")
-    path = base_dir() / role
+    path = base_dir(metrics_dir) / role
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)

@@ -38,7 +38,7 @@ if _settings.tls_cert:
 # the access line carries the request id the app echoed in X-Request-ID.
 access_log_format = '"%(r)s" %(s)s %(b)s %(M)sms'
 logconfig_dict = __import__("app.logging_setup", fromlist=["gunicorn_logconfig"]) \
-    .gunicorn_logconfig(loglevel)
+    .gunicorn_logconfig(loglevel, _settings.log_sample_rate)
 
 
 def _json_error(sock, status_int, reason, mesg):
@@ -77,7 +77,7 @@ def on_starting(server):
     # directory (emptied now, before any worker forks) and /metrics sums them.
     from app import multiproc
 
-    multiproc.prepare(f"web-{_role_suffix(server.cfg.bind)}")
+    multiproc.prepare(f"web-{_role_suffix(server.cfg.bind)}", _settings.metrics_dir)
 
 
 def child_exit(server, worker):

@@ -23,7 +23,6 @@ from celery import signals
 from app import metrics, multiproc, queueing, tracing
 from app.celery_app import LEAD_QUEUES, VOCODER_QUEUE
 from app.logging_setup import configure_logging
-from app.settings import Settings
 from tasks import runtime
 
 seglog = logging.getLogger("voxfarm.segments")
@@ -128,8 +127,9 @@ _role: dict[str, str] = {}  # the pool this worker serves, given to install()
 
 
 def _setup_logging(loglevel=None, **_: object) -> None:
-    role = _role.get("name") or Settings.from_env().role or "worker"
-    configure_logging(loglevel or "INFO", role=role)
+    settings = runtime.settings()
+    role = _role.get("name") or settings.role or "worker"
+    configure_logging(loglevel or "INFO", role=role, sample_rate=settings.log_sample_rate)
 
 
 def _process_init(**_: object) -> None:

@@ -31,9 +31,20 @@ def configure(device: str, threads: int = 0) -> None:
     os.environ["VOXFARM_DEVICE"] = device  # for any process this one starts
 
 
+def settings(celery=None) -> Settings:
+    """The worker's settings: read once by its entry point (`voxfarm worker`) and kept on its
+    Celery app by `make_celery`, which a forked pool process inherits."""
+    from celery import current_app  # celery's proxy to the app this process made
+
+    found = getattr(celery or current_app, "voxfarm_settings", None)
+    if found is None:
+        raise RuntimeError("no settings: build the worker's app with make_celery(settings)")
+    return found
+
+
 def device() -> str:
     """Where this process's models run: the worker's `--device`, else the settings'."""
-    return _device or Settings.from_env().device
+    return _device or settings().device
 
 
 def _mine() -> dict:
@@ -48,11 +59,11 @@ def farm(celery=None) -> Farm:
     if "farm" not in st:
         with _lock:
             if "farm" not in st:
-                settings = getattr(celery, "voxfarm_settings", None) or Settings.from_env()
-                from models.voices import use_voices_dir
+                chosen = settings(celery)
+                from models.voices import use_voices_dir  # torch-free; kept beside its use
 
-                use_voices_dir(settings.voices_dir)
-                st["farm"] = Farm(settings, celery)
+                use_voices_dir(chosen.voices_dir)
+                st["farm"] = Farm(chosen, celery)
     return st["farm"]
 
 
@@ -175,12 +186,12 @@ def parse_memory_probe(value: str) -> float | None:
     return fixed
 
 
-def memory_ruled(settings: Settings | None = None) -> bool:
+def memory_ruled(chosen: Settings | None = None) -> bool:
     """Whether this process's device is under the GPU memory rule: a CUDA device, or any whose
     probe the settings fix (tests, drills). Such a worker never consumes an overflow queue: it
     would take back what it handed on."""
-    settings = settings or Settings.from_env()
-    return device().startswith("cuda") or parse_memory_probe(settings.memory_probe) is not None
+    chosen = chosen or settings()
+    return device().startswith("cuda") or parse_memory_probe(chosen.memory_probe) is not None
 
 
 def free_fraction() -> float:
@@ -208,11 +219,11 @@ def short_of_memory(stage: str, worker: str) -> bool:
     (less than `gpu_min_free` free). What the probe saw goes to the free-memory gauge and to
     the worker's short mark, which admission and /readyz read. Always False for a worker
     outside the rule (a CPU pool), without a probe."""
-    settings = farm().settings
-    if not memory_ruled(settings):
+    chosen = farm().settings
+    if not memory_ruled(chosen):
         return False
     free = free_fraction()
-    short = free < settings.gpu_min_free
+    short = free < chosen.gpu_min_free
     from app import metrics
 
     metrics.GPU_MEMORY_FREE.labels(worker, device()).set(free)

@@ -9,8 +9,9 @@ from app.settings import Settings
 from web.errors import register_error_handlers
 
 
-def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Flask:
-    settings = settings or Settings.from_env()
+def create_app(settings: Settings, farm: Farm | None = None) -> Flask:
+    """The web app for `settings` (read by the entry point: web/wsgi.py), serving `farm`
+    (default: a new `Farm(settings)`)."""
     app = Flask(__name__)
     # A JSON body holds at most max_text_chars characters of up to 4 UTF-8 bytes each,
     # plus the other fields; anything bigger is refused before it is read.

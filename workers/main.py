@@ -47,9 +47,9 @@ log = logging.getLogger("voxfarm.workers")
 HEARTBEAT_EVERY_S = 3.0
 
 
-def build_worker_app(settings: Settings | None = None) -> Celery:
+def build_worker_app(settings: Settings) -> Celery:
     """The Celery app of a worker process, with the tasks registered."""
-    celery = make_celery(settings or Settings.from_env())
+    celery = make_celery(settings)
     if celery.conf.broker_url.startswith(("redis://", "rediss://")):
         # A consumer parses what it pops: kombu's Redis transport, hardened to drop (and
         # log) queue items that are not messages the farm sends instead of stopping the
@@ -248,14 +248,16 @@ def lower_priority(nice: int) -> None:
 def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str = "prefork",
                loglevel: str = "INFO", name: str | None = None, metrics_port: int = 0,
                metrics_addr: str = "0.0.0.0", threads: int = 0, work: str = "all",
-               nice: int = 0, batch: int = 0) -> None:
+               nice: int = 0, batch: int = 0, *, settings: Settings) -> None:
+    """Run the pool of `queue` with `settings` (read once by the entry point, `voxfarm
+    worker`)."""
     if queue not in WORKER_QUEUES:
         raise SystemExit(f"unknown queue {queue!r}; one of {', '.join(WORKER_QUEUES)}")
     if nice:
         lower_priority(nice)
     runtime.configure(device, threads)
     try:
-        memory_ruled = queue in OVERFLOW_QUEUES and runtime.memory_ruled()
+        memory_ruled = queue in OVERFLOW_QUEUES and runtime.memory_ruled(settings)
     except ValueError as exc:  # a bad VOXFARM_MEMORY_PROBE: say so at start
         raise SystemExit(str(exc)) from None
     queues = worker_queues(queue, work, overflow=queue in OVERFLOW_QUEUES and not memory_ruled)
@@ -264,14 +266,13 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
         # Dynamic batching (tasks/batching.py): the pool's segments run on `batch` threads of
         # one process, whose one batcher thread runs their forward passes together.
         pool, concurrency = "threads", batch
-        from tasks import batching
+        from tasks import batching  # only a batching pool starts its batcher
 
-        settings = Settings.from_env()
         batching.configure(queue, batch, settings.batch_linger_ms / 1000,
                            limit_s=settings.task_time_limit)
         log.info("batching up to %d items a forward pass (linger %.1f ms)", batch,
                  settings.batch_linger_ms)
-    celery = build_worker_app()
+    celery = build_worker_app(settings)
     # JSON logs, trace ids, task timing and metrics (tasks/observability.py). The metrics
     # endpoint serves every pool process's samples (multiprocess mode, set up by the CLI).
     from tasks import observability
