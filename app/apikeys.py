@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import redis
 
+from app.errors import FarmError
+
 PREFIX = "vf_"
 _ID_BYTES, _SECRET_BYTES = 4, 32
 NAME_MAX_CHARS = 100
@@ -108,12 +110,15 @@ class Refusal:
     retry_after_s: int
 
 
-class LimitExceeded(Exception):
+class LimitExceeded(FarmError):
     """A key is over one of its limits (the web answers 429 with Retry-After)."""
+
+    status = 429
 
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(refusal.message)
         self.refusal = refusal
+        self.code, self.retry_after_s = refusal.code, refusal.retry_after_s
 
 
 def check_name(name: str) -> str:

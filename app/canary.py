@@ -38,6 +38,7 @@ from pathlib import Path
 
 import redis
 
+from app.errors import FarmError
 from app.keys import Keys
 from app.settings import Settings
 from models.piper_voice import INFERENCE_RANGES, Inference
@@ -55,13 +56,17 @@ DECISIONS_KEPT = 1000
 SCORED_TTL_S = 7 * 24 * 3600
 
 
-class CanaryError(ValueError):
+class CanaryError(FarmError, ValueError):
     """An operator's request that cannot be done (no such voice or version, a candidate is
     already running, a file that is not a voice); the message says why."""
+
+    status, code, retry = 422, "invalid_candidate", False
 
 
 class CanaryRunning(CanaryError):
     """The voice has a candidate already: promote or roll it back first."""
+
+    status, code = 409, "canary_running"
 
 
 @dataclass(frozen=True)

@@ -410,7 +410,6 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     Redis on the same port, with its data); Ctrl-C stops them all."""
     from app import farmstate
     from app.embedded_redis import EmbeddedRedis, maxmemory_bytes
-    from app.settings import Settings
 
     var = Path(var_dir).resolve()
     running = farmstate.live_state(var)

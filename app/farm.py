@@ -37,6 +37,7 @@ from app.celery_app import (
     VOCODER_QUEUE,
     make_celery,
 )
+from app.errors import FarmError
 from app.jobs import JobStore, dead_field
 from app.keys import Keys
 from app.listeners import ListenerLeases
@@ -116,9 +117,11 @@ LISTENER_GONE = ("canceled: nobody listens any more (its stream's web process st
                  "lost touch for {s:g} s)")
 
 
-class Overloaded(Exception):
+class Overloaded(FarmError):
     """The farm cannot take the job now; the caller should come back later. The message
     names what admission judged: `depth` is the segments it counted."""
+
+    code = "overloaded"
 
     def __init__(self, depth: int, retry_after_s: int, message: str = "") -> None:
         super().__init__(message or f"the farm is busy ({depth} segments waiting)")
@@ -130,6 +133,8 @@ class GpuMemoryExhausted(Overloaded):
     """Every live worker of a stage is short of GPU memory and no CPU pool takes its overflow
     (the GPU memory rule: docs/operations.md). The web answers 507 with Retry-After; a web
     that maps only Overloaded still answers 503 with it."""
+
+    status, code = 507, "gpu_memory_exhausted"
 
     def __init__(self, stages: list[str], depth: int, retry_after_s: int) -> None:
         Exception.__init__(self, "no worker of the " + " and ".join(stages) + " stage has the "

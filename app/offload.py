@@ -11,7 +11,7 @@ Which code runs where (STYLE.md 18):
   has global state and runs one call at a time anyway, and a single thread means the
   frontend's locks (eSpeak's, jieba's first-use lock) are never contended between native
   threads. Under monkey-patching those locks are gevent locks, and gevent locks waited on by
-  one native thread and released by another can hang for good: issue 13's book worker stuck
+  one native thread and released by another can hang for good: a book worker stuck
   in `Espeak.phonemize` was four thread-pool threads doing exactly that. eSpeak's own lock
   is a real OS lock besides (models/espeak.py).
 * What a thread and a greenlet share crosses only through gevent's ThreadPool (made for it).
@@ -31,14 +31,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from app.errors import FarmError
+
 T = TypeVar("T")
 
 _pools: dict[str, object] = {}
 _SIZES = {"frontend": 1, "encode": 2}
 
 
-class OffloadTimeout(TimeoutError):
+class OffloadTimeout(FarmError, TimeoutError):
     """The call did not finish within its bound; the caller should answer 'busy'."""
+
+    code, retry_in_body = "busy", False
+    public = "the server is busy; try again shortly"
 
 
 def _gevent_active() -> bool:

@@ -31,6 +31,7 @@ from app.celery_app import (
     QUALITY_TASK,
     VOCODER_TASK,
 )
+from app.errors import FarmError
 from app.states import BookState
 
 if TYPE_CHECKING:  # the stores import nothing of this module, nor it of them
@@ -40,9 +41,12 @@ if TYPE_CHECKING:  # the stores import nothing of this module, nor it of them
     from app.jobs import JobStore
 
 
-class Unavailable(Exception):
+class Unavailable(FarmError):
     """The broker did not take the job's segments in time. The job is marked failed with the
     reason before this is raised, so nothing waits for segments that were never queued."""
+
+    code = "broker_unavailable"
+    public = "the farm could not queue the job in time; nothing was queued"
 
 
 class TooManySegments(Exception):
@@ -164,7 +168,7 @@ def publish_segments(celery: Celery, specs: Iterable[dict], regenerations: int =
     `celery.chain` sends too. `chain(...).apply_async(producer=p)` would drop `p` and take
     a second producer from the same pool for every segment: with as many concurrent
     submitters as `broker_pool_limit`, each holding one producer while it waits for
-    another, the pool deadlocks for ever (the web wedge of issue 17). The acquire is
+    another, the pool deadlocks for ever (the web wedged that way under a burst of clients). The acquire is
     bounded by `broker_pool_acquire_timeout`, and the publish by the socket timeouts.
     `regenerations` counts how often these segments' features expired before the vocoder
     ran (see `publish_again`).

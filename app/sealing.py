@@ -51,6 +51,8 @@ from typing import BinaryIO
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from app.errors import FarmError
+
 log = logging.getLogger(__name__)
 
 VERSION = 1
@@ -99,15 +101,25 @@ def generate_key(key_id: str | None = None) -> str:
     return f"{key_id}:{base64.b64encode(os.urandom(KEY_BYTES)).decode()}"
 
 
-class KeyUnavailable(Exception):
+class KeyUnavailable(FarmError):
     """A blob (or a sealed file) sealed with at-rest key `key_id`, which this process's
     keyring lacks. Not tampering and not a missing object (deliberately no KeyError): the
     bytes are intact and open again once the key is back in `VOXFARM_AT_REST_KEYS`, so a
     reader must neither play it, nor count it as gone, nor fail what it belongs to."""
 
+    code, retry_in_body = "key_unavailable", False
+
     def __init__(self, key_id: str, context: str = "") -> None:
         super().__init__(key_id, context)
         self.key_id, self.context = key_id, context
+
+    def message(self) -> str:
+        return (f"what was asked for is sealed at rest with key '{self.key_id}', which this "
+                "server's VOXFARM_AT_REST_KEYS lacks; nothing was changed, and it reads again "
+                "once the key is back")
+
+    def extra(self) -> dict:
+        return {"key_id": self.key_id}
 
     def __str__(self) -> str:
         return (f"sealed at rest with key '{self.key_id}', which VOXFARM_AT_REST_KEYS does not "

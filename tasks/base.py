@@ -11,15 +11,18 @@ from __future__ import annotations
 from celery import Task
 from celery.exceptions import Ignore, Reject
 
+from app.errors import FarmError
 from models.errors import SpeechError
 from tasks import runtime
 
 
-class NoRoom(Exception):
+class NoRoom(FarmError):
     """No pool can run a segment stage: every worker of it is short of GPU memory and no CPU
     pool is live, or it was handed on `max_reroutes` times already. Final, like a business
     error: its job (or book) fails with this reason rather than waiting on memory that may
     never come back (the web refuses new jobs with 507 meanwhile)."""
+
+    status, code = 507, "no_room"
 
 
 class FarmTask(Task):

@@ -17,7 +17,7 @@ from flask import Blueprint, request
 from app.canary import Canary, CanaryError, CanaryRunning, check_candidate, voice_key
 from models.errors import UnknownSpeaker, UnknownVoice
 from models.piper_voice import Inference
-from web.errors import ApiError
+from web.errors import ApiError, farm_error
 from web.helpers import farm, iso_time, json_body, parse
 from web.schemas import CanaryRequest
 
@@ -64,11 +64,11 @@ def start_canary(voice: str):
     try:
         check_candidate(name, req.file, inference)
         canary.start(name, req.file, inference, req.share, req.note)
-    except CanaryRunning as exc:
-        raise ApiError(409, "canary_running", str(exc)) from None
-    except CanaryError as exc:
-        raise ApiError(422, "invalid_candidate", str(exc),
-                       field="file" if req.file and "file" in str(exc) else None) from None
+    except CanaryError as exc:  # 409 one running already, 422 a candidate it cannot take
+        err = farm_error(exc, farm().settings.retry_after_s)
+        if not isinstance(exc, CanaryRunning) and req.file and "file" in str(exc):
+            err.field = "file"
+        raise err from None
     return versions_of(canary, name), 201
 
 

@@ -18,18 +18,18 @@ from collections.abc import Callable, Iterator
 import redis
 
 from app import metrics
-from app.apikeys import LimitExceeded
-from app.farm import Farm, GpuMemoryExhausted, Overloaded
+from app.errors import FarmError
+from app.farm import Farm
 from app.jobs import Chunk
 from app.offload import offload
-from app.queueing import TooManySegments, Unavailable
+from app.queueing import TooManySegments
 from app.sealing import KeyUnavailable
 from app.states import JOB_FINAL, JobState
 from models.errors import BreakTooLong, NoSpeakableText
 from models.frontend import Segment, TextRun, iter_run_segments, iter_segments
 from models.voices import Voice
 from web.auth import current_key
-from web.errors import ApiError, limit_error
+from web.errors import ApiError, farm_error
 from web.helpers import break_error, no_speakable_text, ssml_or_422, voice_or_422
 
 log = logging.getLogger("voxfarm.web")
@@ -81,20 +81,9 @@ def submit_segments(farm: Farm, segments, voice: Voice, speed: float, fmt: str, 
         raise no_speakable_text() from None
     except BreakTooLong as exc:
         raise break_error(exc, "text") from None
-    except GpuMemoryExhausted as exc:
-        raise ApiError(507, "gpu_memory_exhausted", str(exc),
-                       headers={"Retry-After": exc.retry_after_s},
-                       retry_after=exc.retry_after_s) from None
-    except LimitExceeded as exc:
-        raise limit_error(exc) from None
-    except Overloaded as exc:
-        raise ApiError(503, "overloaded", str(exc), headers={"Retry-After": exc.retry_after_s},
-                       retry_after=exc.retry_after_s) from None
-    except Unavailable:
-        retry_after = farm.settings.retry_after_s
-        raise ApiError(503, "broker_unavailable",
-                       "the farm could not queue the job in time; nothing was queued",
-                       headers={"Retry-After": retry_after}, retry_after=retry_after) from None
+    except FarmError as exc:  # busy, over a key's limits, the broker away: as ApiError, so
+        # the WebSocket's frames (which catch ApiError) say it as the HTTP answers do
+        raise farm_error(exc, farm.settings.retry_after_s) from None
     metrics.JOBS_SUBMITTED.labels(entry).inc()
     return job
 
