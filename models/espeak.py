@@ -259,7 +259,7 @@ class Espeak:
         state across calls that no API resets (the pitch-flutter phase is a function-static
         in ``AdvanceParameters``, untouched even by ``espeak_Terminate``/``Initialize``), so
         a render depended on everything the process rendered before: the same sentence came
-        out a few samples longer or shorter, and a book rendered twice differed (issue 13).
+        out a few samples longer or shorter, and a book rendered twice differed.
         So this process never synthesises itself: each call runs in a forked child, which
         starts from the state of an engine that has never spoken and exits after one render.
         A fork costs about a millisecond next to the render itself.

@@ -1,4 +1,4 @@
-"""Word timestamps against gunicorn (gevent workers) on the shared farm (issue 15): the
+"""Word timestamps against gunicorn (gevent workers) on the shared farm: the
 WebSocket's chunk events carry their words, and captions download as files."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bursts of concurrent clients against gunicorn with gevent workers (issue 17).
+"""Bursts of concurrent clients against gunicorn with gevent workers.
 
 Before the fix, a burst of 32 streaming clients wedged a web worker for good: every submitter
 held one pooled broker producer while `chain.apply_async` waited for a second one from the

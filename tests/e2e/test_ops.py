@@ -153,7 +153,7 @@ def test_alert_rules_use_exported_metrics_and_cover_the_checklist():
     gpu = alerts["VoxfarmGpuSaturated"]
     assert "0.85" in gpu["expr"] and gpu["for"] == "90s"
     assert "voxfarm_workers_live" in alerts["VoxfarmQueueWithoutWorker"]["expr"]
-    # The voice canary's rollbacks (issue 16).
+    # The voice canary's rollbacks.
     assert 'decision="rollback"' in alerts["VoxfarmCanaryRolledBack"]["expr"]
 
 

@@ -1,4 +1,4 @@
-"""Defects an adversarial probe found in the landed farm (issue 13, items 4 and 6-9), each
+"""Defects an adversarial probe found in the landed farm, each
 against the app as gunicorn serves it. Every test here failed before its fix."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What an adversarial probe of the landed farm found (issue 13), over HTTP against gunicorn:
+"""What an adversarial probe of the landed farm found, over HTTP against gunicorn:
 each input here once reached a silent fallback, a lenient answer or a burnt core, and now gets
 the answer the README promises."""
 

@@ -1,4 +1,4 @@
-"""Book defects an adversarial probe found (issue 13, items 1-3), on real worker processes.
+"""Book defects an adversarial probe found, on real worker processes.
 Each test here failed before its fix."""
 
 from __future__ import annotations

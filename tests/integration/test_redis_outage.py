@@ -1,4 +1,4 @@
-"""Redis gone for 30 s, then back on the same port with its data (issue 11).
+"""Redis gone for 30 s, then back on the same port with its data.
 
 Meanwhile the web answers 503 with Retry-After in the one JSON error shape (never a 5xx of
 another kind, never a hang); once Redis returns, the workers consume again by themselves,

@@ -1,5 +1,5 @@
-"""`voxfarm up` supervises its processes (issue 11): a killed Redis or worker comes back,
-Ctrl-C leaves nothing behind, and the processes are the Procfile's (issue 10).
+"""`voxfarm up` supervises its processes: a killed Redis or worker comes back,
+Ctrl-C leaves nothing behind, and the processes are the Procfile's.
 
 One farm, as `make run` starts it (embedded Redis, every pool), for the whole module; the
 tests run in order: the processes, a SIGKILLed Redis, a SIGKILLed worker, then Ctrl-C."""

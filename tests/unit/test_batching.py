@@ -1,4 +1,4 @@
-"""Dynamic batching (tasks/batching.py, issue 9): the items of a process's threads go into
+"""Dynamic batching (tasks/batching.py): the items of a process's threads go into
 one call per key, a batch waits only for tasks that are running, and the neural voice's
 batched forward passes give each item what it gets alone."""
 

@@ -1,4 +1,4 @@
-"""The farm's state file, and what the client commands say when no farm answers (issue 14).
+"""The farm's state file, and what the client commands say when no farm answers.
 
 No farm runs here: `voxfarm up` refuses before it starts anything, and `voxfarm say` finds
 nothing to talk to. tests/e2e/test_two_farms.py runs real farms."""

@@ -1,4 +1,4 @@
-"""Pronunciation lexicons and phonemes given instead of text (issue 15), in the frontend."""
+"""Pronunciation lexicons and phonemes given instead of text, in the frontend."""
 
 from __future__ import annotations
 

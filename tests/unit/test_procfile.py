@@ -1,4 +1,4 @@
-"""`voxfarm up` and honcho start the same farm: the Procfile's lines (issue 10).
+"""`voxfarm up` and honcho start the same farm: the Procfile's lines.
 
 `up` reads the Procfile and runs its lines with the variables it sets; these tests hold the
 Procfile to the pools the README promises, and `up`'s reading of it to what the shell

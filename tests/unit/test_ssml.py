@@ -1,4 +1,4 @@
-"""The SSML subset (issue 15): what each element does to the frontend's runs and segments,
+"""The SSML subset: what each element does to the frontend's runs and segments,
 and the precise errors for everything outside it."""
 
 from __future__ import annotations

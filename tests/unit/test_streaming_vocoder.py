@@ -1,5 +1,5 @@
 """The streaming vocoder: a segment's latent vocoded window by window, each with context
-frames on both sides, joins into exactly the whole segment's audio (issue 9)."""
+frames on both sides, joins into exactly the whole segment's audio."""
 
 from __future__ import annotations
 

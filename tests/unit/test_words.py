@@ -1,4 +1,4 @@
-"""Word timestamps, pure parts (issue 15): which phonemes say which word, where each word came
+"""Word timestamps, pure parts: which phonemes say which word, where each word came
 from in the submitted text, durations to seconds, and captions."""
 
 from __future__ import annotations
