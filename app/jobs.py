@@ -381,9 +381,6 @@ class JobStore:
 
     # Each transition returns (moved, state afterwards); state is None for an unknown job.
 
-    def mark_running(self, job_id: str) -> tuple[bool, str | None]:
-        return self._move(job_id, (JobState.QUEUED,), JobState.RUNNING, "started_at")
-
     def cancel(self, job_id: str, reason: str = "") -> tuple[bool, str | None]:
         """Cancel a live job; `reason` (its `error`) says why when the client did not ask."""
         return self._move(job_id, JOB_LIVE, JobState.CANCELED, "finished_at", reason)

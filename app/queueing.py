@@ -168,8 +168,9 @@ def publish_segments(celery: Celery, specs: Iterable[dict], regenerations: int =
     `celery.chain` sends too. `chain(...).apply_async(producer=p)` would drop `p` and take
     a second producer from the same pool for every segment: with as many concurrent
     submitters as `broker_pool_limit`, each holding one producer while it waits for
-    another, the pool deadlocks for ever (the web wedged that way under a burst of clients). The acquire is
-    bounded by `broker_pool_acquire_timeout`, and the publish by the socket timeouts.
+    another, the pool deadlocks for ever (the web wedged that way under a burst of
+    clients). The acquire is bounded by `broker_pool_acquire_timeout`, and the publish by
+    the socket timeouts.
     `regenerations` counts how often these segments' features expired before the vocoder
     ran (see `publish_again`).
     """

@@ -282,11 +282,6 @@ def _record_context(context: bytes, n: int, last: bool) -> bytes:
     return context + b"\x00" + n.to_bytes(8, "big") + (b"\x01" if last else b"\x00")
 
 
-def record_overhead(key_id: str) -> int:
-    """Bytes a record adds to its plaintext when sealed with key `key_id`."""
-    return 4 + len(MAGIC) + 1 + len(key_id.encode()) + NONCE_BYTES + TAG_BYTES
-
-
 class SealedFileWriter:
     """A write-only file object that seals what is written to it into `raw`, a record at a
     time; :meth:`close` seals the last record (it does not close `raw`)."""

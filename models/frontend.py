@@ -202,13 +202,9 @@ def _merge_short(pieces: list[str], limit: int, joiner: str, shortest: int) -> l
     return merged
 
 
-def _parse_breaks(text: str) -> list[tuple[str, int]]:
-    """Cut ``text`` at break tags: (text before the tag, pause in ms) pairs; the last has 0."""
-    return [(chunk, pause_ms) for _, chunk, pause_ms in _parse_breaks_at(text)]
-
-
 def _parse_breaks_at(text: str) -> list[tuple[int, str, int]]:
-    """:func:`_parse_breaks` with each piece's offset in ``text``."""
+    """Cut ``text`` at break tags: (offset in ``text``, text before the tag, pause in ms)
+    triples; the last pause is 0."""
     chunks: list[tuple[int, str, int]] = []
     position = 0
     for match in _BREAK_TAG.finditer(text):

@@ -257,11 +257,6 @@ def ids_and_positions(phonemes: str, config: PiperConfig) -> tuple[list[int], li
     return ids, positions
 
 
-def text_to_ids(text: str, config: PiperConfig) -> list[int]:
-    """``ids_for(piper_phonemes(text, config.espeak_voice), config)``."""
-    return ids_for(piper_phonemes(text, config.espeak_voice), config)
-
-
 def config_path_for(onnx_path: str | Path) -> Path:
     """Piper's convention: the config sits beside the model as ``NAME.onnx.json``."""
     onnx_path = Path(onnx_path)
