@@ -135,6 +135,7 @@ def check_candidate(voice: str, file: str = "", inference: Inference | None = No
     readable Piper voice whose config parses and speaks at the voice's sample rate (a job
     carries its voice's rate), and the overrides are within INFERENCE_RANGES. Returns the
     voice's name (without a speaker). Raises CanaryError, UnknownVoice, UnknownSpeaker."""
+    # voice files are read only to check an operator.s request
     from models.piper_voice import PiperConfig, VoiceFileError, config_path_for
     from models.voices import PIPER, get_voice
 
@@ -459,6 +460,7 @@ class Canary:
         if result.startswith("!"):
             raise CanaryRunning(f"voice {name} has a candidate already ({result[1:]}): promote "
                               "or roll it back first")
+        # after multiproc.prepare(): prometheus_client picks its mode when first imported
         from app import metrics
 
         metrics.CANARY_DECISIONS.labels(name, START, "operator").inc()
@@ -493,6 +495,7 @@ class Canary:
                   repr(time.time()), DECISIONS_KEPT])
         if not applied:
             return None
+        # after multiproc.prepare(): prometheus_client picks its mode when first imported
         from app import metrics
 
         metrics.CANARY_DECISIONS.labels(name, action, by).inc()
@@ -571,6 +574,7 @@ class Canary:
     @staticmethod
     def export(voice: str, version: str, figures: Figures) -> None:
         """A version's figures as `voxfarm_canary_score` gauges."""
+        # after multiproc.prepare(): prometheus_client picks its mode when first imported
         from app import metrics
 
         for figure, value in figures.summary().items():

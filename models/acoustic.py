@@ -120,6 +120,7 @@ class EspeakAcoustic(AcousticModel):
 
     def render(self, phonemes: str, voice: str, speed: float = 1.0) -> np.ndarray:
         """eSpeak's int16 audio ``(samples,)`` at 22,050 Hz for ``[[phonemes]]``."""
+        # eSpeak's library loads on first use
         from models.espeak import get_engine
 
         return get_engine().synthesize(f"[[{phonemes}]]", voice, speed)
@@ -140,6 +141,7 @@ class EspeakAcoustic(AcousticModel):
         """:meth:`synthesize`, and where espeak starts each word (each space-separated group
         of ``phonemes``): ``[phoneme index, ms, phoneme index, ms, ...]``, flat, as the
         features cache keeps it (``app.melcache``; ms past 65,535 are clamped)."""
+        # eSpeak's library loads on first use
         from models.espeak import get_engine
 
         pcm, words = get_engine().synthesize_timed(f"[[{phonemes}]]", voice, speed)

@@ -8,6 +8,7 @@ resampled to 48 kHz first, which every player expects of Ogg Opus.
 from __future__ import annotations
 
 import io
+import struct
 import wave
 
 import av
@@ -126,7 +127,6 @@ def stream_content_type(fmt: str, sample_rate: int) -> str:
 
 def wav_stream_header(sample_rate: int) -> bytes:
     """A 44-byte 16-bit mono WAV header whose RIFF and data sizes are open (0xFFFFFFFF)."""
-    import struct
 
     return b"".join([
         b"RIFF", struct.pack("<I", WAV_OPEN_LENGTH), b"WAVE",

@@ -109,6 +109,7 @@ class EspeakError(RuntimeError):
 def _os_lock():
     """A lock of the OS, whether or not gevent has patched ``threading``."""
     try:
+        # gevent only where the hub runs (a plain process has no patching)
         from gevent.monkey import get_original
     except ImportError:
         return threading.Lock()

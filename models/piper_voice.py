@@ -206,6 +206,7 @@ def piper_phonemes(text: str, espeak_voice: str) -> str:
     dash, a very long clause), Piper glues the two clauses' phonemes together; here a space
     keeps the words apart.
     """
+    # eSpeak's library loads on first use
     from models.espeak import get_engine
 
     pieces: list[str] = []
@@ -309,6 +310,7 @@ def read_onnx_weights(path: str | Path) -> OnnxWeights:
     Raises:
         VoiceFileError: the file is missing or not an ONNX model.
     """
+    # onnx is the worker extra's: the web reads only the voice's .json
     import onnx
     from onnx import helper, numpy_helper
 

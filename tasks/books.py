@@ -104,6 +104,7 @@ class ChapterUnreadable(Exception):
 
 def _plan(chapters: list[dict], voice: str, speed: float = 1.0
           ) -> list[tuple[str, list[dict]]]:
+    # the frontend and encoders load on first use: every pool imports this
     from models import ssml
     from models.frontend import iter_run_segments
     from models.frontend import prepare as frontend
@@ -283,6 +284,7 @@ def segment_failed(farm, spec: dict, exc: BaseException) -> None:
 
 
 def _assemble(farm, rec: dict) -> dict:
+    # the frontend and encoders load on first use: every pool imports this
     from models.assemble import BookMeta, ChapterAudio, assemble_book
 
     store, book_id = farm.store, rec["id"]
@@ -347,6 +349,7 @@ def _write_captions(store, book_id: str, title: str, manifest: dict,
                     chapter_words: list[list[dict]]) -> None:
     """SRT and WebVTT per chapter and for the whole book (chapters at their start in the
     book), listed in the manifest under `captions`."""
+    # the frontend and encoders load on first use: every pool imports this
     from models import captions
 
     whole = []

@@ -13,6 +13,7 @@ fork too, since probing CUDA in a prefork parent would initialise CUDA before it
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 
@@ -72,6 +73,7 @@ def acoustic_model():
     if "acoustic" not in st:
         with _lock:
             if "acoustic" not in st:
+                # models load after the fork, in the process that runs them
                 from models.acoustic import load_acoustic
 
                 st["acoustic"] = load_acoustic(farm().settings.acoustic_model, device=device())
@@ -83,6 +85,7 @@ def vocoder():
     if "vocoder" not in st:
         with _lock:
             if "vocoder" not in st:
+                # models load after the fork, in the process that runs them
                 from models.vocoder import load_vocoder
 
                 st["vocoder"] = load_vocoder(farm().settings.vocoder, device=device())
@@ -97,6 +100,7 @@ def _piper(kind: str, model_path: str, inference=None):
     if key not in st:
         with _lock:
             if key not in st:
+                # models load after the fork, in the process that runs them
                 from models.errors import VoiceUnavailable
                 from models.piper import PiperAcoustic, PiperVocoder
                 from models.piper_voice import VoiceFileError
@@ -112,6 +116,7 @@ def _piper(kind: str, model_path: str, inference=None):
 
 def acoustic_for(voice):
     """The acoustic model that renders `voice` (a models.voices.Voice)."""
+    # models load after the fork, in the process that runs them
     from models.voices import PIPER
 
     if voice.engine != PIPER:
@@ -121,6 +126,7 @@ def acoustic_for(voice):
 
 def vocoder_for(voice):
     """The vocoder that renders `voice`'s features."""
+    # models load after the fork, in the process that runs them
     from models.voices import PIPER
 
     return _piper("vocoder", voice.model_path) if voice.engine == PIPER else vocoder()
@@ -134,11 +140,15 @@ def warm_up(queue: str) -> None:
     this process counts in `voxfarm_model_processes_warm`.
     """
     if _threads > 0:
+        # torch loads in the model pools, after the fork (CUDA is not fork-safe)
         import torch
 
         torch.set_num_threads(_threads)
-    import math
+# models load after the fork, in the process that runs them
+# torch loads in the model pools, after the fork (CUDA is not fork-safe)
 
+    # models load after the fork, in the process that runs them
+    # torch loads in the model pools, after the fork (CUDA is not fork-safe)
     import torch
 
     from models.voices import PIPER, list_voices
@@ -163,7 +173,9 @@ def warm_up(queue: str) -> None:
                 decoder.vocode([torch.zeros(decoder.mel_config.n_mels, 8)])
         except Exception as exc:  # a broken voice file must not stop the others
             log.error("voice %s cannot be loaded: %s", voice.name, exc)
+    # after multiproc.prepare(): prometheus_client picks its mode when first imported
     from app import metrics
+# after multiproc.prepare(): prometheus_client picks its mode when first imported
 
     metrics.MODELS_WARM.set(1)
 
@@ -205,7 +217,9 @@ def free_fraction() -> float:
     dev_name = device()
     if not dev_name.startswith("cuda"):
         return 1.0
+    # torch loads in the model pools, after the fork (CUDA is not fork-safe)
     import torch
+# torch loads in the model pools, after the fork (CUDA is not fork-safe)
 
     dev = torch.device(dev_name)
     index = dev.index if dev.index is not None else torch.cuda.current_device()
@@ -224,7 +238,9 @@ def short_of_memory(stage: str, worker: str) -> bool:
         return False
     free = free_fraction()
     short = free < chosen.gpu_min_free
+    # after multiproc.prepare(): prometheus_client picks its mode when first imported
     from app import metrics
+# after multiproc.prepare(): prometheus_client picks its mode when first imported
 
     metrics.GPU_MEMORY_FREE.labels(worker, device()).set(free)
     try:

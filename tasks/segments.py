@@ -180,6 +180,7 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
     task.request.mel_cache_hit = hit  # the canary times a version's model on misses only
     if not hit:
         _run_here_or_hand_over(task, ACOUSTIC_QUEUE, spec, (spec,), {}, reroutes)
+        # torch loads on first use: the book and quality pools import this too
         from models.mel import mel_to_bytes
 
         durations = None
@@ -236,6 +237,7 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
     _run_here_or_hand_over(task, VOCODER_QUEUE, spec, (mel_key, spec),
                            {"regenerations": regenerations, "from_window": from_window,
                             "spent_s": spent_s}, reroutes)
+    # torch loads on first use: the book and quality pools import this too
     from models.mel import mel_from_bytes
 
     voice = canary.voice_for(farm, spec)
@@ -267,6 +269,7 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
 
 
 def _pcm(audio: np.ndarray, pause: np.ndarray | None = None) -> bytes:
+    # torch loads on first use: the book and quality pools import this too
     from models.encode import pcm16
 
     if pause is not None and len(pause):
@@ -292,6 +295,7 @@ def _vocode_piece(vocoder, voice, features, piece=None) -> np.ndarray:
     batch with other segments' windows or wholes where the pool batches."""
     if voice.engine == PIPER:
         if piece is None:
+            # torch loads on first use: the book and quality pools import this too
             from models.hifigan import Window
 
             piece = Window.whole(int(features.shape[-1]))
@@ -320,6 +324,7 @@ def _word_times(farm, vocoder, voice, mel_key: str, spec: dict,
         log.warning("segment %s of %s: no timing cached; no word timestamps",
                     spec["index"], spec.get("job_id"))
         return []
+    # torch loads on first use: the book and quality pools import this too
     from models.piper_voice import ids_and_positions
     from models.words import WordSpan, espeak_word_times, word_times
 

@@ -35,6 +35,7 @@ def create_app(settings: Settings, farm: Farm | None = None) -> Flask:
 
     app.register_blueprint(auth)
 
+    # the views load with the app: importing web.schemas alone stays light
     from web.api import api
     from web.books import books_api
     from web.captioned import captioned

@@ -18,6 +18,7 @@ takes its stage's overflow queue, where the short ones hand them.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import socket
 import threading
@@ -61,6 +62,7 @@ def build_worker_app(settings: Settings) -> Celery:
     # waiting on a socket, and a retry whose publish fails is dropped by Celery for good.
     celery.conf.task_publish_retry_policy = {"max_retries": 12, "interval_start": 0.5,
                                              "interval_step": 0.5, "interval_max": 2}
+    # the tasks register on the app built above
     import tasks.books  # noqa: F401  (book orchestration; the segment tasks call it too)
     import tasks.quality  # noqa: F401  (the voice canary's scoring, on the quality pool)
     import tasks.segments  # noqa: F401  (registers the shared tasks on this app)
@@ -161,8 +163,6 @@ class WarmCount:
     fork (an anonymous shared-memory counter made before Celery forks its children)."""
 
     def __init__(self, needed: int) -> None:
-        import multiprocessing
-
         self.needed = needed
         self._count = multiprocessing.get_context("fork").Value("i", 0)
 
@@ -280,8 +280,10 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     in_main = pool in ("solo", "threads")  # tasks run in this process: no child to init
     observability.install(solo=in_main, role=queue)
     if metrics_port:
+        # after multiproc.prepare(): prometheus_client picks its mode when first imported
         from app.metrics import start_metrics_server
 
+        # after multiproc.prepare(): prometheus_client picks its mode when first imported
         start_metrics_server(metrics_port, metrics_addr)
     # One name per pool and host, the same after a restart (a restarted worker hands back
     # what its previous life held under that name: app/redelivery.py). The work mode is in

@@ -86,6 +86,7 @@ def _utf16_without_bom(data: bytes, head: bytes) -> str | None:
 
 
 def _legacy_text(data: bytes) -> str | None:
+    # charset-normalizer loads when an encoding must be guessed
     from charset_normalizer import from_bytes
 
     # The non-ASCII bytes are what tell encodings apart: the detector gets the lines that

@@ -25,6 +25,7 @@ _SKIP_TYPES = ("cover", "toc", "copyright-page", "landmarks", "page-list", "titl
 def parse_epub(data: bytes) -> Book:
     zf = check_epub_archive(data)
     zf.close()
+    # ebooklib loads when an EPUB is read
     import ebooklib
     from ebooklib import epub
 
@@ -111,6 +112,7 @@ def _guide_skips(book) -> set[str]:
 
 
 def _cover(book) -> tuple[bytes | None, str | None]:
+    # ebooklib loads when an EPUB is read
     import ebooklib
 
     candidates = list(book.get_items_of_type(ebooklib.ITEM_COVER))

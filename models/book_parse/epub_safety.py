@@ -78,6 +78,7 @@ def check_epub_archive(data: bytes) -> zipfile.ZipFile:
 
 
 def _check_xml(zf: zipfile.ZipFile, name: str) -> None:
+    # defusedxml loads when an EPUB is read
     from defusedxml import DefusedXmlException
     from defusedxml.ElementTree import ParseError, fromstring
 

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 
 import click
 
+from app.cli.common import farm_redis, read_settings
+
 _VAR = click.option("--var", "var_dir", default=None,
                     help="The farm's var directory, when VOXFARM_REDIS_URL is not set "
                          "(default: var, or VOXFARM_VAR).")
@@ -32,14 +34,14 @@ def models() -> None:
 
 @contextmanager
 def _canary(var_dir: str | None):
-    from app import cli
+    # loaded by the command that uses it: the CLI starts without it
     from app.canary import Canary
     from app.keys import Keys
     from models.voices import use_voices_dir
 
-    settings = cli._settings()
+    settings = read_settings()
     use_voices_dir(settings.voices_dir)
-    with cli.farm_redis(var_dir or settings.var_dir) as client:
+    with farm_redis(var_dir or settings.var_dir) as client:
         yield Canary(client, Keys(settings.key_prefix), settings)
 
 
@@ -88,6 +90,7 @@ def start(voice: str, file: str, noise_scale: float | None, length_scale: float 
           noise_w: float | None, share: float | None, note: str, var_dir: str | None) -> None:
     """Start a candidate version of VOICE: it takes a share of new jobs until the rule (or
     an operator) promotes or rolls it back."""
+    # loaded by the command that uses it: the CLI starts without it
     from app.canary import CanaryError, check_candidate
     from models.errors import UnknownVoice
     from models.piper_voice import Inference
