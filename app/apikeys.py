@@ -24,6 +24,7 @@ request is refused later (overload, nothing speakable) or lapses if its web proc
 
 from __future__ import annotations
 
+import builtins  # `list` in ApiKeys is the method; annotations need the type
 import hashlib
 import hmac
 import secrets
@@ -271,7 +272,7 @@ class ApiKeys:
                        max(1, 60 - int(now % 60)))
 
     @contextmanager
-    def slot(self, key: ApiKey, is_active: Callable[[Iterable[str]], list[bool]],
+    def slot(self, key: ApiKey, is_active: Callable[[Iterable[str]], builtins.list[bool]],
              retry_after_s: int = 5) -> Iterator[Slot]:
         """A place for one more job or book of `key`, or LimitExceeded while it already has
         its quota of them running. Counting and taking are one Lua call, so concurrent

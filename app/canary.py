@@ -35,6 +35,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import cast
 
 import redis
 
@@ -250,7 +251,8 @@ def decide(rule: Rule, live: Figures, candidate: Figures) -> Decision:
     if candidate.scored < rule.min_scored or live.scored < rule.min_scored:
         return Decision(WAIT, (f"scored {candidate.scored} candidate and {live.scored} live "
                                f"segments of {rule.min_scored}",))
-    bad, good = [], []
+    bad: list[str] = []
+    good: list[str] = []
     if candidate.wer is not None and live.wer is not None:
         line = (f"WER {candidate.wer:.3f} vs live {live.wer:.3f} "
                 f"(+{candidate.wer - live.wer:.3f}, margin {rule.max_wer_increase})")
@@ -466,7 +468,7 @@ class Canary:
         metrics.CANARY_DECISIONS.labels(name, START, "operator").inc()
         log.warning("canary %s: start %s (%s) at %.0f%% of jobs", name, result,
                     cand.describe(), share * 100)
-        return self.version(name, result)
+        return cast(Version, self.version(name, result))  # just added
 
     def promote(self, voice: str, by: str = "operator", reasons: tuple[str, ...] = (),
                 candidate: str | None = None) -> str | None:

@@ -43,6 +43,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import redis
 
@@ -277,7 +278,7 @@ class JobStore:
         """A new queued job. `lease_s`: the job is a stream's, listened to; its listener lease
         starts now and lapses after `lease_s` unless renewed (`renew_leases`)."""
         job_id = uuid.uuid4().hex
-        record = {
+        record: dict[str, Any] = {
             "id": job_id, "state": JobState.QUEUED, "total": total, "done": 0,
             "voice": voice, "speed": speed, "format": fmt, "chars": chars,
             "sample_rate": sample_rate, "created_at": time.time(),
@@ -297,7 +298,7 @@ class JobStore:
             if lease_s:
                 p.zadd(self.keys.listened, {job_id: record["created_at"] + lease_s})
             p.execute()
-        return self.get(job_id)
+        return cast(dict, self.get(job_id))  # just written, in one MULTI
 
     def owner(self, job_id: str) -> str | None:
         """The id of the key that made the job ("" for none); None for an unknown job."""
@@ -533,7 +534,7 @@ class JobStore:
         raw = self.r.hgetall(self.keys.job(job_id))
         if not raw:
             return None
-        rec = {k.decode(): v.decode() for k, v in raw.items()}
+        rec: dict[str, Any] = {k.decode(): v.decode() for k, v in raw.items()}
         stored = {int(k[len("audio_samples_"):]): int(v) for k, v in rec.items()
                   if k.startswith("audio_samples_")}
         lengths = {int(k[len("segment_samples_"):]): int(v) for k, v in rec.items()
@@ -659,7 +660,7 @@ class JobStore:
 
     def last_event_id(self, job_id: str) -> bytes:
         last = self.r.xrevrange(self.keys.events(job_id), count=1)
-        return last[0][0] if last else b"0-0"
+        return cast(bytes, last[0][0]) if last else b"0-0"
 
     def wait_event(self, job_id: str, after_id: bytes, timeout_s: float) -> bool:
         """Block until an event newer than `after_id` exists or the timeout passes."""

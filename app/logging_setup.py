@@ -22,6 +22,7 @@ import json
 import logging
 import sys
 import time
+from typing import Any
 
 from app import tracing
 
@@ -86,7 +87,7 @@ class JsonFormatter(logging.Formatter):
             f".{int(created % 1 * 1000):03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": self._ts(record.created), "level": record.levelname,
+        out: dict[str, Any] = {"ts": self._ts(record.created), "level": record.levelname,
                "logger": record.name}
         if record.name == "gunicorn.access":
             out["msg"] = record.getMessage()

@@ -43,7 +43,7 @@ def prepare(role: str, metrics_dir: str = "") -> Path:
 
 def enabled() -> bool:
     path = os.environ.get(ENV)
-    return bool(path) and Path(path).is_dir()
+    return bool(path) and Path(path or "").is_dir()
 
 
 def mark_process_dead(pid: int) -> None:

@@ -29,13 +29,13 @@ was never set and the caller waited out its whole bound for a "busy".
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from app.errors import FarmError
 
 T = TypeVar("T")
 
-_pools: dict[str, object] = {}
+_pools: dict[str, Any] = {}  # gevent ThreadPools, made on first use
 _SIZES = {"frontend": 1, "encode": 2}
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import redis
 
@@ -145,7 +145,7 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
         raise
     jobs.seal(job_id, count)
     jobs.mark_published(job_id)
-    return jobs.get(job_id)
+    return cast(dict, jobs.get(job_id))  # made above
 
 
 def _abandon(jobs: JobStore, job_id: str, exc: BaseException) -> None:

@@ -170,7 +170,7 @@ class Sealer:
             return plaintext
         context = context.encode() if isinstance(context, str) else context
         nonce = os.urandom(NONCE_BYTES)
-        aead = self._aeads[self.sealing_key_id.encode()]
+        aead = self._aeads[(self.sealing_key_id or "").encode()]
         return self._prefix + nonce + aead.encrypt(nonce, plaintext, self._prefix + context)
 
     def open(self, blob: bytes, context: bytes | str) -> bytes | None:

@@ -81,7 +81,7 @@ class _Output:
         self.cover = None
         size = _cover_size(meta.cover) if meta.cover and meta.cover_mime in COVER_CODECS else None
         if size:
-            pic = self.container.add_mux_stream(COVER_CODECS[meta.cover_mime], width=size[0],
+            pic = self.container.add_mux_stream(COVER_CODECS[meta.cover_mime or ""], width=size[0],
                                                 height=size[1])
             pic.disposition = av.stream.Disposition.attached_pic
             self.cover = (pic, meta.cover)

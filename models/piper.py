@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -305,7 +305,8 @@ class PiperVocoder(_PiperHalf, Vocoder):
             batch[i, :, : spans[i]] = z[:, w.lo:w.hi].to(self.device, torch.float32)
         speakers = [self.voice.config.speaker_id(s) for _, _, s in pieces]
         audio = self.voice.decoder.decode(
-            batch, spans, None if None in speakers else speakers, max_batch=max_batch)
+            batch, spans, None if None in speakers else cast(list[int], speakers),
+            max_batch=max_batch)
         hop = self.voice.hop_length
         return [audio[i, (w.start - w.lo) * hop:(w.end - w.lo) * hop]
                 for i, (_, w, _) in enumerate(pieces)]

@@ -443,7 +443,7 @@ class StochasticDurationPredictor(nn.Module):
         order = order[:-2] + [order[-1]]  # the skipped spline flow, then the affine one
         z = noise
         for flow in order:
-            z = flow.reverse(z, x_mask, g=x)
+            z = flow.reverse(z, x_mask, g=x)  # type: ignore[operator]  # a flow module
         return z[:, :1]
 
 
@@ -497,16 +497,16 @@ class ResidualCouplingLayer(nn.Module):
 
     def __init__(self, cfg: VitsConfig) -> None:
         super().__init__()
-        self.half = cfg.inter_channels // 2
-        self.pre = nn.Conv1d(self.half, cfg.hidden_channels, 1)
+        self.half_channels = cfg.inter_channels // 2
+        self.pre = nn.Conv1d(self.half_channels, cfg.hidden_channels, 1)
         self.enc = WaveNet(cfg.hidden_channels, cfg.flow_kernel_size, cfg.flow_dilation_rate,
                            cfg.flow_n_layers, cfg.gin_channels)
-        self.post = nn.Conv1d(cfg.hidden_channels, self.half, 1)
+        self.post = nn.Conv1d(cfg.hidden_channels, self.half_channels, 1)
 
     def reverse(
         self, x: torch.Tensor, x_mask: torch.Tensor, g: torch.Tensor | None = None
     ) -> torch.Tensor:
-        x0, x1 = x[:, : self.half], x[:, self.half :]
+        x0, x1 = x[:, : self.half_channels], x[:, self.half_channels :]
         h = self.enc(self.pre(x0) * x_mask, x_mask, g=g)
         mean = self.post(h) * x_mask
         return torch.cat([x0, (x1 - mean) * x_mask], dim=1)
@@ -524,7 +524,7 @@ class ResidualCouplingBlock(nn.Module):
         self, z: torch.Tensor, y_mask: torch.Tensor, g: torch.Tensor | None = None
     ) -> torch.Tensor:
         for flow in reversed(self.flows):
-            z = flow.reverse(z, y_mask, g=g)
+            z = flow.reverse(z, y_mask, g=g)  # type: ignore[operator]  # a flow module
         return z
 
 

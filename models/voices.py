@@ -159,7 +159,8 @@ def _piper_voice(model_path: Path) -> Voice | None:
     base = config.espeak_voice.lower()
     head = base.split("-", 1)[0]
     language = _LANGUAGE_PREFIXES.get(head, head)
-    speakers = tuple(sorted(config.speaker_id_map, key=config.speaker_id_map.get)) or tuple(
+    ids = config.speaker_id_map
+    speakers = tuple(sorted(ids, key=lambda s: ids[s])) or tuple(
         str(i) for i in range(config.num_speakers) if config.num_speakers > 1)
     name = model_path.name.removesuffix(".onnx").lower()
     return Voice(name=name, language=language, display_name=f"{name} (Piper neural)", base=base,

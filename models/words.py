@@ -28,6 +28,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # Marks that carry no sound of their own inside a group: stress and length. Combining
 # characters (NFD diacritics) are not counted either.
@@ -384,7 +385,7 @@ def espeak_word_times(words: Sequence[WordSpan], starts: Sequence[int], phoneme_
 
     out = []
     for span in words:
-        item = {"word": span.word, "start": round(at(span.start), 3),
+        item: dict[str, Any] = {"word": span.word, "start": round(at(span.start), 3),
                 "end": round(at(span.end), 3)}
         if item["end"] <= item["start"]:
             continue

@@ -38,7 +38,7 @@ class FarmTask(Task):
         return runtime.farm(self.app)
 
     @property
-    def max_retries(self) -> int:  # type: ignore[override]
+    def max_retries(self) -> int:
         return self.farm.settings.max_retries
 
     def retry(self, *args, **kwargs):

@@ -184,7 +184,7 @@ def prepare(self: BookTask, book_id: str, **_: object) -> int:
         books.move(book_id, (BookState.PREPARING,), BookState.FAILED, finished_at=time.time(),
                    error="the book has nothing that can be spoken")
         return 0
-    for c, (_, segments) in enumerate(plan):
+    for c, (_title, segments) in enumerate(plan):
         farm.store.put(plan_key(book_id, c), json.dumps(segments).encode())
     if books.set_plan(book_id, [(title, len(segs)) for title, segs in plan]):
         start_feed(farm.celery, books, book_id)

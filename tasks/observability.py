@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from datetime import datetime
+from typing import Any
 
 from celery import signals
 
@@ -31,7 +32,7 @@ seglog = logging.getLogger("voxfarm.segments")
 # because it was canceled): only these cost the extra Redis round trip.
 _OBSERVE_OUTCOMES = frozenset({"SUCCESS", "FAILURE", "IGNORED"})
 
-_running: dict[str, tuple[float, float, object]] = {}  # task id -> (start, wait, token)
+_running: dict[str, tuple[float, float | None, Any]] = {}  # task id -> (start, wait, token)
 
 
 def _stage(task_name: str) -> str:

@@ -16,7 +16,7 @@ def create_app(settings: Settings, farm: Farm | None = None) -> Flask:
     # A JSON body holds at most max_text_chars characters of up to 4 UTF-8 bytes each,
     # plus the other fields; anything bigger is refused before it is read.
     app.config["MAX_CONTENT_LENGTH"] = settings.max_text_chars * 4 + 64 * 1024
-    app.json.sort_keys = False
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # Flask's default provider's
     app.extensions["voxfarm"] = farm or Farm(settings)
     register_error_handlers(app, settings.retry_after_s)
     # The voice list comes from libespeak-ng once per process: read it now, so no request

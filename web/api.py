@@ -6,6 +6,7 @@ Thin on purpose: validate, call one function of the farm or the frontend, shape 
 from __future__ import annotations
 
 import base64
+from typing import cast
 
 import numpy as np
 from flask import Blueprint, Response, g, jsonify, request, url_for
@@ -175,9 +176,10 @@ def get_chunks(job_id: str):
         raise ApiError(422, "out_of_range", f"'after' is past the last chunk (index "
                        f"{count - 1}); the job has {count} chunks", field="after",
                        last=count - 1)
-    job, chunks = farm().jobs.wait_for_chunks(job_id, after, query.wait, query.max)
-    if job is None:
+    found, chunks = farm().jobs.wait_for_chunks(job_id, after, query.wait, query.max)
+    if found is None:
         raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
+    job = found
     cursor = chunks[-1].index if chunks else after
     end = (job["state"] == JobState.DONE and job["chunks"] is not None
            and cursor >= job["chunks"] - 1)
@@ -222,7 +224,7 @@ def get_audio(job_id: str):
     parts = farm().jobs.all_chunks(job_id, job["total"])
     if any(p is None for p in parts):
         raise ApiError(410, "audio_expired", "the job's audio has expired")
-    pcm = np.frombuffer(b"".join(parts), dtype="<i2")
+    pcm = np.frombuffer(b"".join(cast(list[bytes], parts)), dtype="<i2")
     rate = job["sample_rate"]
     data = wav_bytes(pcm, rate) if fmt == "wav" else offload("encode", encode, pcm, rate, fmt)
     return Response(data, mimetype=CONTENT_TYPES[fmt], headers={

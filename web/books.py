@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import cast
 from urllib.parse import quote
 
 from flask import Blueprint, Response, jsonify, request, send_file, url_for
@@ -250,7 +251,7 @@ def create_book():
             # crashed web process, or the broker's queues were lost): every stage is
             # idempotent and stored segments are skipped, so nothing is rendered twice.
             resume(f.celery, f.books, book_id)
-    resp = jsonify(book_view(f.books.get(book_id)))
+    resp = jsonify(book_view(cast(dict, f.books.get(book_id))))  # read above
     resp.status_code = 202 if created else 200
     resp.headers["Location"] = url_for("books.get_book", book_id=book_id)
     return resp
@@ -379,6 +380,6 @@ def retry(book_id: str):
                           else "submit it again to render it"), state=rec["state"])
     f = farm()
     resume(f.celery, f.books, book_id)
-    resp = jsonify(book_view(f.books.get(book_id)))
+    resp = jsonify(book_view(cast(dict, f.books.get(book_id))))  # read above
     resp.status_code = 202
     return resp

@@ -7,6 +7,7 @@ gets an HTML page or a bare 500.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
 from flask import Flask, current_app, jsonify, request
@@ -21,14 +22,14 @@ log = logging.getLogger("voxfarm.web")
 
 class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, field: str | None = None,
-                 headers: dict | None = None, **extra: object) -> None:
+                 headers: dict | None = None, **extra: Any) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
         self.headers = headers or {}
         self.extra = extra
 
     def body(self) -> dict:
-        err = {"code": self.code, "message": self.message}
+        err: dict[str, object] = {"code": self.code, "message": self.message}
         if self.field:
             err["field"] = self.field
         err.update(self.extra)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from flask import Request, current_app
 from pydantic import BaseModel, ValidationError
@@ -195,7 +195,7 @@ def lexicon_or_422(value: object, voice: Voice, field: str = "lexicon") -> dict[
     try:
         return check_lexicon(value, voice)
     except InvalidLexicon as exc:
-        extra = {"entry": exc.word} if exc.word else {}
+        extra: dict[str, Any] = {"entry": exc.word} if exc.word else {}
         if exc.position >= 0:
             extra.update(position=exc.position, symbols=exc.symbols)
         raise ApiError(422, "invalid_lexicon", str(exc), field=field, **extra) from None
@@ -219,7 +219,7 @@ def phonemes_or_422(value: object, voice: Voice, max_chars: int,
     try:
         return phoneme_segments(value, voice.name)
     except InvalidPhonemes as exc:
-        extra = {"item": exc.segment} if isinstance(value, list) else {}
+        extra: dict[str, Any] = {"item": exc.segment} if isinstance(value, list) else {}
         if exc.position >= 0:
             extra["position"] = exc.position
         if exc.symbols:
@@ -251,6 +251,6 @@ def ssml_or_422(text: str, text_type: str | None, voice: Voice, speed: float,
     try:
         return offload("frontend", parse_ssml, text, voice, speed)
     except SsmlError as exc:
-        extra = {"element": exc.element} if exc.element else {}
+        extra: dict[str, Any] = {"element": exc.element} if exc.element else {}
         raise ApiError(422, exc.code, str(exc), field=field, **extra, line=exc.line,
                        column=exc.column, offset=exc.offset, **exc.extra) from None

@@ -34,7 +34,7 @@ openapi = Blueprint("openapi", __name__)
 
 _REF = "#/components/schemas/{model}"
 # A key is needed only once the farm has one: no key, or either header (web/auth.py).
-_SECURITY = [{}, {"bearer": []}, {"apiKey": []}]
+_SECURITY: list[dict[str, list]] = [{}, {"bearer": []}, {"apiKey": []}]
 
 
 class _Generator(GenerateJsonSchema):
@@ -124,7 +124,7 @@ _OPENAI_HEADERS = {"X-Job-Id": _header(), "X-Voxfarm-Voice": _header(),
                    "X-Voxfarm-Speed": _header("the speed applied (clamped)")}
 _CAPTION_FILES = {"description": "SubRip or WebVTT",
                   "content": _texts(CAPTION_TYPES[f] for f in s.BOOK_CAPTION_FORMATS)}
-_PATH_PARAMS = {
+_PATH_PARAMS: dict[str, dict] = {
     "job_id": {"description": "the job's id", "schema": {"type": "string"}},
     "book_id": {"schema": {"type": "string"}},
     "n": {"description": "the chapter's index", "schema": {"type": "integer", "minimum": 0}},
@@ -137,7 +137,7 @@ def _op(tag: str, operation_id: str, summary: str, responses: dict, *,
         body: Any = None, query: type[BaseModel] | None = None, description: str = "") -> dict:
     """One operation. `body`: a request model (JSON) or {media type: model}; `query`: the
     model of its query string."""
-    out = {"tags": [tag], "operationId": operation_id, "summary": summary}
+    out: dict[str, Any] = {"tags": [tag], "operationId": operation_id, "summary": summary}
     if description:
         out["description"] = description
     if body is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import redis
 
@@ -184,7 +184,7 @@ class ChunkFollower:
             self._end("stalled")
         return chunks
 
-    def __iter__(self) -> Iterator[Chunk]:
+    def __iter__(self) -> Generator[Chunk, None, None]:
         wait_s = POLL_S if self.listener_gone is None else LISTENER_CHECK_S
         if self.listened:
             self.farm.listeners.hold(self.job_id)

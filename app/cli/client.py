@@ -7,6 +7,7 @@ import functools
 import sys
 import time
 from contextlib import contextmanager
+from typing import Any, cast
 
 import click
 
@@ -135,8 +136,8 @@ class Progress:
         # total 0: not known yet (a book before its chapters are split)
         self.label, self.total, self.done, self.note = label, total, 0, ""
         self.terminal = sys.stdout.isatty()
-        self._bar = None
-        self._printed, self._printed_at = "", None
+        self._bar: Any = None
+        self._printed, self._printed_at = "", cast(float | None, None)
         if self.terminal:
             self._bar = click.progressbar(length=max(1, total), label=label, show_eta=False,
                                           show_pos=bool(total),

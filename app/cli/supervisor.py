@@ -41,7 +41,8 @@ class Child:
     args: list[str]
     # Stopped after the others: the embedded Redis, which they need to shut down cleanly.
     last: bool = False
-    proc: subprocess.Popen | None = None
+    # Set by Supervisor._spawn before anything reads it.
+    proc: subprocess.Popen = None  # type: ignore[assignment]
     started_at: float = 0.0
     backoff_s: float = 0.0
     restart_at: float | None = None  # set while it is dead and waits for its restart
@@ -77,7 +78,7 @@ class Supervisor:
         self.env = env
         self.children: dict[str, Child] = {}
         self.log_dir = log_dir
-        self._logs: dict[str, tuple[io.BufferedWriter, threading.Lock]] = {}
+        self._logs: dict[str, tuple[io.FileIO, threading.Lock]] = {}
         self._out = threading.Lock()
 
     def echo(self, line: str, err: bool = False) -> None:
@@ -105,7 +106,7 @@ class Supervisor:
                                  daemon=True).start()
         child.proc, child.started_at, child.restart_at = proc, time.monotonic(), None
 
-    def _log(self, name: str) -> tuple[io.BufferedWriter, threading.Lock] | None:
+    def _log(self, name: str) -> tuple[io.FileIO, threading.Lock] | None:
         """The child's log file, opened once for all its runs (the last `up`'s kept as .1)."""
         path = self.log_path(name)
         if path is None:

@@ -61,7 +61,7 @@ def finish(book: Book) -> Book:
     """Drop chapters without body text, bound titles; a book with nothing to read but its
     headings is an error. The same rule for every format: a chapter that is only its title
     (a heading with nothing under it, a table of contents line) is no chapter."""
-    chapters = []
+    chapters: list[Chapter] = []
     for ch in book.chapters:
         text = _tidy(ch.text)
         if not re.search(r"\w", _body_of(Chapter(ch.title, text))):
