@@ -53,30 +53,37 @@ PENDING_S = 60
 # Revoke once: the first time stands (the audit trail), a repeat changes nothing.
 # KEYS: the key's record. ARGV: now. Returns the time it was revoked, 0 for an unknown key.
 _REVOKE = """
+local now = ARGV[1]
 if redis.call('EXISTS', KEYS[1]) == 0 then return '0' end
 local at = tonumber(redis.call('HGET', KEYS[1], 'revoked_at') or '0') or 0
 if at > 0 then return redis.call('HGET', KEYS[1], 'revoked_at') end
-redis.call('HSET', KEYS[1], 'revoked_at', ARGV[1])
-return ARGV[1]
+redis.call('HSET', KEYS[1], 'revoked_at', now)
+return now
 """
 
 # Take a place for one more job or book if the key has one free, in one step.
 # KEYS: the key's active set, its pending zset. ARGV: the quota, now, the place's life, the
 # place's token. Returns 1 (taken) or 0 (full).
 _TAKE_PLACE = """
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[2])
+local quota = ARGV[1]
+local now = ARGV[2]
+local pending_s = ARGV[3]
+local token = ARGV[4]
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local used = redis.call('SCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
-if used >= tonumber(ARGV[1]) then return 0 end
-redis.call('ZADD', KEYS[2], tonumber(ARGV[2]) + tonumber(ARGV[3]), ARGV[4])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+if used >= tonumber(quota) then return 0 end
+redis.call('ZADD', KEYS[2], tonumber(now) + tonumber(pending_s), token)
+redis.call('EXPIRE', KEYS[2], pending_s)
 return 1
 """
 
 # The place's work exists: it counts by its id from now on. KEYS: the active set, the
 # pending zset. ARGV: the place's token, the work's id.
 _PLACE_USED = """
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('SADD', KEYS[1], ARGV[2])
+local token = ARGV[1]
+local work_id = ARGV[2]
+redis.call('ZREM', KEYS[2], token)
+redis.call('SADD', KEYS[1], work_id)
 return 1
 """
 

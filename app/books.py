@@ -50,22 +50,27 @@ return 1
 # now, the book's id. A stored segment is progress for the stall sweeper too, in the same
 # round trip (BookStore.progressed says what that means).
 _STORE_SEGMENT = lua("""
+local seq = ARGV[1]
+local chapter = ARGV[2]
+local samples = ARGV[3]
+local now = ARGV[4]
+local book_id = ARGV[5]
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {-2, 0, ''} end
 if state ~= '$RENDERING' and state ~= '$ASSEMBLING' and state ~= '$FAILED' then
   return {-1, 0, state}
 end
-if redis.call('SETBIT', KEYS[2], ARGV[1], 1) == 0 then
+if redis.call('SETBIT', KEYS[2], seq, 1) == 0 then
   redis.call('HINCRBY', KEYS[1], 'done', 1)
-  redis.call('HINCRBY', KEYS[1], 'c' .. ARGV[2] .. '_done', 1)
-  redis.call('HINCRBY', KEYS[1], 'audio_samples', ARGV[3])
+  redis.call('HINCRBY', KEYS[1], 'c' .. chapter .. '_done', 1)
+  redis.call('HINCRBY', KEYS[1], 'audio_samples', samples)
 end
-redis.call('ZADD', KEYS[3], 'XX', ARGV[4], ARGV[5])
+redis.call('ZADD', KEYS[3], 'XX', now, book_id)
 redis.call('HDEL', KEYS[1], 'stall_resumes')
 local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
 local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
 if done >= total and state == '$RENDERING' then
-  redis.call('HSET', KEYS[1], 'state', '$ASSEMBLING', 'rendered_at', ARGV[4])
+  redis.call('HSET', KEYS[1], 'state', '$ASSEMBLING', 'rendered_at', now)
   state = '$ASSEMBLING'
 end
 return {done, total, state}
@@ -103,10 +108,13 @@ return {0, state}
 # The assembly finished, having packaged ARGV[1] (the formats it read). ARGV: formats, now,
 # duration. Done only if nobody added a format meanwhile; else {2, ...}: package again.
 _ASSEMBLED = lua("""
+local formats = ARGV[1]
+local now = ARGV[2]
+local duration_s = ARGV[3]
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= '$ASSEMBLING' then return {0, state or ''} end
-if (redis.call('HGET', KEYS[1], 'formats') or '') ~= ARGV[1] then return {2, state} end
-redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', ARGV[2], 'duration_s', ARGV[3])
+if (redis.call('HGET', KEYS[1], 'formats') or '') ~= formats then return {2, state} end
+redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now, 'duration_s', duration_s)
 return {1, '$DONE'}
 """, BookState)
 

@@ -296,14 +296,21 @@ def p99(samples: list[float]) -> float | None:
 # infinity) before the first write: Redis keeps what a failing script wrote, and a failed
 # start must leave no version and use no id.
 _START = """
+local voice = ARGV[1]
+local base_json_in = ARGV[2]
+local candidate_json_in = ARGV[3]
+local share = ARGV[4]
+local now = ARGV[5]
+local reasons = ARGV[6]
+local decisions_kept = ARGV[7]
 local current = redis.call('HGET', KEYS[1], 'candidate')
 if current and current ~= '' then return '!' .. current end
 local fresh = redis.call('HLEN', KEYS[2]) == 0
 local seq = fresh and 1 or tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local id = 'v' .. (seq + 1)
-local base = cjson.decode(ARGV[2])
+local base = cjson.decode(base_json_in)
 base['id'] = 'v1'
-local rec = cjson.decode(ARGV[3])
+local rec = cjson.decode(candidate_json_in)
 rec['id'] = id
 local base_json, rec_json = cjson.encode(base), cjson.encode(rec)
 if fresh then
@@ -312,11 +319,11 @@ if fresh then
 end
 redis.call('HSET', KEYS[1], 'seq', seq + 1)
 redis.call('HSET', KEYS[2], id, rec_json)
-redis.call('HSET', KEYS[1], 'candidate', id, 'share', ARGV[4])
-redis.call('SADD', KEYS[3], ARGV[1])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'ts', ARGV[5], 'action', 'start',
+redis.call('HSET', KEYS[1], 'candidate', id, 'share', share)
+redis.call('SADD', KEYS[3], voice)
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', decisions_kept, '*', 'ts', now, 'action', 'start',
            'by', 'operator', 'candidate', id, 'live', redis.call('HGET', KEYS[1], 'live'),
-           'reasons', ARGV[6], 'figures', '{}')
+           'reasons', reasons, 'figures', '{}')
 return id
 """
 
@@ -324,8 +331,15 @@ return id
 # log. ARGV: action, the candidate id it was decided for, by, reasons JSON, figures JSON,
 # now, log length. Returns 0 (and changes nothing) unless that candidate is still running.
 _DECIDE = """
+local action = ARGV[1]
+local expected = ARGV[2]
+local by = ARGV[3]
+local reasons = ARGV[4]
+local figures = ARGV[5]
+local now = ARGV[6]
+local decisions_kept = ARGV[7]
 local candidate = redis.call('HGET', KEYS[1], 'candidate')
-if not candidate or candidate == '' or candidate ~= ARGV[2] then return 0 end
+if not candidate or candidate == '' or candidate ~= expected then return 0 end
 local live = redis.call('HGET', KEYS[1], 'live')
 local function set_state(id, state)
   local raw = redis.call('HGET', KEYS[2], id)
@@ -335,7 +349,7 @@ local function set_state(id, state)
     redis.call('HSET', KEYS[2], id, cjson.encode(rec))
   end
 end
-if ARGV[1] == 'promote' then
+if action == 'promote' then
   set_state(candidate, 'live')
   if live then set_state(live, 'retired') end
   redis.call('HSET', KEYS[1], 'live', candidate, 'candidate', '')
@@ -343,23 +357,30 @@ else
   set_state(candidate, 'retired')
   redis.call('HSET', KEYS[1], 'candidate', '')
 end
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'ts', ARGV[6], 'action', ARGV[1],
-           'by', ARGV[3], 'candidate', candidate, 'live', live or '', 'reasons', ARGV[4],
-           'figures', ARGV[5])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', decisions_kept, '*', 'ts', now, 'action', action,
+           'by', by, 'candidate', candidate, 'live', live or '', 'reasons', reasons,
+           'figures', figures)
 return 1
 """
 
 # Count a scored segment once. KEYS: the version's scored set, its stats. ARGV: member,
 # errors, words, clipping, silence, loudness, ttl. Returns 1 when counted, 0 when it was.
 _SCORE = """
-if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('EXPIRE', KEYS[1], ARGV[7])
+local member = ARGV[1]
+local errors = ARGV[2]
+local words = ARGV[3]
+local clipping = ARGV[4]
+local silence = ARGV[5]
+local loudness = ARGV[6]
+local ttl = ARGV[7]
+if redis.call('SADD', KEYS[1], member) == 0 then return 0 end
+redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('HINCRBY', KEYS[2], 'scored', 1)
-redis.call('HINCRBY', KEYS[2], 'wer_errors', ARGV[2])
-redis.call('HINCRBY', KEYS[2], 'wer_words', ARGV[3])
-redis.call('HINCRBYFLOAT', KEYS[2], 'clipping_sum', ARGV[4])
-redis.call('HINCRBYFLOAT', KEYS[2], 'silence_sum', ARGV[5])
-redis.call('HINCRBYFLOAT', KEYS[2], 'loudness_sum', ARGV[6])
+redis.call('HINCRBY', KEYS[2], 'wer_errors', errors)
+redis.call('HINCRBY', KEYS[2], 'wer_words', words)
+redis.call('HINCRBYFLOAT', KEYS[2], 'clipping_sum', clipping)
+redis.call('HINCRBYFLOAT', KEYS[2], 'silence_sum', silence)
+redis.call('HINCRBYFLOAT', KEYS[2], 'loudness_sum', loudness)
 return 1
 """
 

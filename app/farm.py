@@ -66,10 +66,12 @@ BOOK_STALLED_ERROR = ("no progress for {s:.0f} s, {n} times resumed: its segment
 
 # A stage's recent run time: an exponentially weighted mean, each new run weighing 0.2.
 _RUN_EWMA = """
-local old = redis.call('HGET', KEYS[1], ARGV[1])
-local new = tonumber(ARGV[2])
+local field = ARGV[1]
+local seconds = ARGV[2]
+local old = redis.call('HGET', KEYS[1], field)
+local new = tonumber(seconds)
 if old then new = 0.8 * tonumber(old) + 0.2 * new end
-redis.call('HSET', KEYS[1], ARGV[1], tostring(new))
+redis.call('HSET', KEYS[1], field, tostring(new))
 return tostring(new)
 """
 
@@ -83,13 +85,23 @@ return tostring(new)
 # {0, ahead} with the ticket counted; refused, {1, acoustic waiting} or {2, ahead, seconds};
 # {3} when a listener lease lapsed (sweep, then ask again without looking).
 _ADMIT = """
-if ARGV[10] == '1' and #redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, 1) > 0
+local now = ARGV[1]
+local grace_s = ARGV[2]
+local acoustic_depth = ARGV[3]
+local vocoder_depth = ARGV[4]
+local per_segment_s = ARGV[5]
+local max_depth = ARGV[6]
+local max_wait_s = ARGV[7]
+local ticket_id = ARGV[8]
+local segments_in = ARGV[9]
+local look_for_lapsed = ARGV[10]
+if look_for_lapsed == '1' and #redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 1) > 0
 then return {3} end
 local reserved = tonumber(redis.call('HGET', KEYS[2], 'reserved') or '0')
-for _, ticket in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])) do
+for _, ticket in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   reserved = reserved - tonumber(string.match(ticket, ':(%d+)$') or '1')
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if reserved < 0 or redis.call('ZCARD', KEYS[1]) == 0 then reserved = 0 end
 redis.call('HSET', KEYS[2], 'reserved', reserved)
 local function live(depth, field)
@@ -97,14 +109,14 @@ local function live(depth, field)
   if depth == 0 and dead ~= 0 then redis.call('HSET', KEYS[2], field, 0) end
   return math.max(0, depth - dead)
 end
-local segments = tonumber(ARGV[9])
-local acoustic = live(tonumber(ARGV[3]), 'dead:acoustic') + reserved
-if acoustic + segments > tonumber(ARGV[6]) then return {1, tostring(acoustic)} end
-local ahead = acoustic + live(tonumber(ARGV[4]), 'dead:vocoder')
-if ARGV[5] ~= '' and ahead * tonumber(ARGV[5]) > tonumber(ARGV[7]) then
-  return {2, tostring(ahead), tostring(ahead * tonumber(ARGV[5]))}
+local segments = tonumber(segments_in)
+local acoustic = live(tonumber(acoustic_depth), 'dead:acoustic') + reserved
+if acoustic + segments > tonumber(max_depth) then return {1, tostring(acoustic)} end
+local ahead = acoustic + live(tonumber(vocoder_depth), 'dead:vocoder')
+if per_segment_s ~= '' and ahead * tonumber(per_segment_s) > tonumber(max_wait_s) then
+  return {2, tostring(ahead), tostring(ahead * tonumber(per_segment_s))}
 end
-redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[2]), ARGV[8] .. ':' .. segments)
+redis.call('ZADD', KEYS[1], tonumber(now) + tonumber(grace_s), ticket_id .. ':' .. segments)
 redis.call('HSET', KEYS[2], 'reserved', reserved + segments)
 return {0, tostring(ahead)}
 """

@@ -60,48 +60,61 @@ EVENTS_MAXLEN = 500
 # timing JSON ('' for none: a writer from before word timestamps), the whole segment's
 # samples (0 if unknown).
 _STORE_WINDOW = lua("""
+local segment = ARGV[1]
+local window = ARGV[2]
+local pcm = ARGV[3]
+local now = ARGV[4]
+local ttl = ARGV[5]
+local samples = ARGV[6]
+local events_maxlen = ARGV[7]
+local planned = ARGV[8]
+local timing = ARGV[9]
+local segment_samples = ARGV[10]
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -2 end
 if state == '$CANCELED' or state == '$FAILED' then return -1 end
-redis.call('HSETNX', KEYS[5], ARGV[1], ARGV[8])
-local plan = redis.call('HGET', KEYS[5], ARGV[1])
+redis.call('HSETNX', KEYS[5], segment, planned)
+local plan = redis.call('HGET', KEYS[5], segment)
 local count = tonumber(string.match(plan, '^(%d+)'))
-local field = ARGV[1] .. ':' .. ARGV[2]
-redis.call('HSET', KEYS[2], field, ARGV[3])
-if ARGV[9] and ARGV[9] ~= '' then redis.call('HSET', KEYS[7], field, ARGV[9]) end
-if ARGV[10] and ARGV[10] ~= '0' then
-  redis.call('HSETNX', KEYS[1], 'segment_samples_' .. ARGV[1], ARGV[10])
+local field = segment .. ':' .. window
+redis.call('HSET', KEYS[2], field, pcm)
+if timing and timing ~= '' then redis.call('HSET', KEYS[7], field, timing) end
+if segment_samples and segment_samples ~= '0' then
+  redis.call('HSETNX', KEYS[1], 'segment_samples_' .. segment, segment_samples)
 end
 if redis.call('SADD', KEYS[3], field) == 1 then
-  redis.call('HINCRBY', KEYS[1], 'audio_samples_' .. ARGV[1], ARGV[6])
-  if ARGV[1] == '0' and ARGV[2] == '0' then
-    redis.call('HSETNX', KEYS[1], 'first_chunk_at', ARGV[4])
+  redis.call('HINCRBY', KEYS[1], 'audio_samples_' .. segment, samples)
+  if segment == '0' and window == '0' then
+    redis.call('HSETNX', KEYS[1], 'first_chunk_at', now)
   end
-  if redis.call('HINCRBY', KEYS[6], ARGV[1], 1) == count then
+  if redis.call('HINCRBY', KEYS[6], segment, 1) == count then
     redis.call('HINCRBY', KEYS[1], 'done', 1)
   end
 end
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'chunk', field)
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'chunk', field)
 local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
 local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
 if total >= 0 and done >= total and state ~= '$DONE' then
-  redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', ARGV[4])
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'state', '$DONE')
+  redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now)
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'state', '$DONE')
 end
-for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
 return done
 """, JobState)
 
 # KEYS: job_keys. ARGV: total, now, events maxlen. Closes the job's segment count; the job
 # is done at once if every segment is already stored.
 _SEAL = lua("""
+local total_in = ARGV[1]
+local now = ARGV[2]
+local events_maxlen = ARGV[3]
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -2 end
-redis.call('HSET', KEYS[1], 'total', ARGV[1])
+redis.call('HSET', KEYS[1], 'total', total_in)
 local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
-if (state == '$QUEUED' or state == '$RUNNING') and done >= tonumber(ARGV[1]) then
-  redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', ARGV[2])
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'state', '$DONE')
+if (state == '$QUEUED' or state == '$RUNNING') and done >= tonumber(total_in) then
+  redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now)
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'state', '$DONE')
 end
 return done
 """, JobState)
@@ -121,13 +134,17 @@ def dead_field(stage: str) -> str:
 # KEYS: job record, its ledger, the admission hash. ARGV: kind, segment, dead field, ttl.
 # A message of the segment was just sent: "p", once; a stopped job's message is dead at once.
 _MARK_QUEUED = lua("""
+local kind = ARGV[1]
+local segment = ARGV[2]
+local dead_field = ARGV[3]
+local ttl = ARGV[4]
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 0 end
-if redis.call('HSETNX', KEYS[2], ARGV[1] .. ':' .. ARGV[2], 'p') == 0 then return 0 end
-redis.call('HINCRBY', KEYS[2], 'n:' .. ARGV[1], 1)
-redis.call('EXPIRE', KEYS[2], ARGV[4])
+if redis.call('HSETNX', KEYS[2], kind .. ':' .. segment, 'p') == 0 then return 0 end
+redis.call('HINCRBY', KEYS[2], 'n:' .. kind, 1)
+redis.call('EXPIRE', KEYS[2], ttl)
 if state == '$CANCELED' or state == '$FAILED' then
-  redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+  redis.call('HINCRBY', KEYS[3], dead_field, 1)
 end
 return 1
 """, JobState)
@@ -136,24 +153,31 @@ return 1
 # dead field, ttl, '1' to move a queued job to running, now, events maxlen. A worker took a
 # message of the segment: the first take counts it off; returns the job's state (nil: gone).
 _TAKE = lua("""
+local kind = ARGV[1]
+local segment = ARGV[2]
+local dead_field = ARGV[3]
+local ttl = ARGV[4]
+local run = ARGV[5]
+local now = ARGV[6]
+local events_maxlen = ARGV[7]
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return false end
-local field = ARGV[1] .. ':' .. ARGV[2]
+local field = kind .. ':' .. segment
 local was = redis.call('HGET', KEYS[2], field)
 if was ~= 't' then
   redis.call('HSET', KEYS[2], field, 't')
-  redis.call('EXPIRE', KEYS[2], ARGV[4])
+  redis.call('EXPIRE', KEYS[2], ttl)
   if was == 'p' then
-    redis.call('HINCRBY', KEYS[2], 'n:' .. ARGV[1], -1)
+    redis.call('HINCRBY', KEYS[2], 'n:' .. kind, -1)
     if (state == '$CANCELED' or state == '$FAILED')
-        and tonumber(redis.call('HGET', KEYS[3], ARGV[3]) or '0') > 0 then
-      redis.call('HINCRBY', KEYS[3], ARGV[3], -1)
+        and tonumber(redis.call('HGET', KEYS[3], dead_field) or '0') > 0 then
+      redis.call('HINCRBY', KEYS[3], dead_field, -1)
     end
   end
 end
-if ARGV[5] == '1' and state == '$QUEUED' then
-  redis.call('HSET', KEYS[1], 'state', '$RUNNING', 'started_at', ARGV[6])
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'state', '$RUNNING')
+if run == '1' and state == '$QUEUED' then
+  redis.call('HSET', KEYS[1], 'state', '$RUNNING', 'started_at', now)
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'state', '$RUNNING')
   redis.call('EXPIRE', KEYS[4], redis.call('TTL', KEYS[1]))
   state = '$RUNNING'
 end
@@ -164,7 +188,7 @@ return state
 # ledger, the admission hash and the listener leases: a job that stops takes what of it waits
 # off the live work, and has no listener to keep.
 _ON_STOP = lua("""
-    if ARGV[2] == '$CANCELED' or ARGV[2] == '$FAILED' then
+    if to_state == '$CANCELED' or to_state == '$FAILED' then
       local n = redis.call('HMGET', KEYS[3], 'n:acoustic', 'n:vocoder', 'n:rest')
       local acoustic = tonumber(n[1] or '0')
       local vocoder = tonumber(n[2] or '0') + tonumber(n[3] or '0')
@@ -177,7 +201,9 @@ _ON_STOP = lua("""
 # KEYS: the listener leases. ARGV: now, how many at most. Claims (removes) the leases that
 # lapsed and returns their job ids.
 _CLAIM_LAPSED = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+local now = ARGV[1]
+local limit = ARGV[2]
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 if #ids > 0 then redis.call('ZREM', KEYS[1], unpack(ids)) end
 return ids
 """
@@ -186,9 +212,10 @@ return ids
 # its lease once its job is over (a live job keeps it until it lapses: the sweep then cancels
 # it, should the web that ended the stream not have done so).
 _END_LEASE = lua("""
+local job_id = ARGV[1]
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state or state == '$DONE' or state == '$CANCELED' or state == '$FAILED' then
-  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('ZREM', KEYS[1], job_id)
 end
 """, JobState)
 

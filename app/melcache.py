@@ -54,17 +54,19 @@ def scoped_key(digest: str, owner: str) -> str:
 
 
 _HOLD = """
+local ttl = ARGV[1]
 local n = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ttl)
 return n
 """
 
 # KEYS: the mel, its count, its durations. ARGV: '1' to drop the mel when nobody needs it.
 _RELEASE = """
+local drop = ARGV[1]
 local n = redis.call('DECR', KEYS[2])
 if n <= 0 then
   redis.call('DEL', KEYS[2])
-  if ARGV[1] == '1' then redis.call('DEL', KEYS[1], KEYS[3]) end
+  if drop == '1' then redis.call('DEL', KEYS[1], KEYS[3]) end
 end
 return n
 """

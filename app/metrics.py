@@ -271,12 +271,13 @@ def gpu_sampler(device: str, every_s: float = 5.0):
 # once, whichever process (a vocoder worker, a failing task, the web's cancel) sees it first.
 # KEYS[1] the job hash; ARGV: segment index ('' for none), now.
 _OBSERVE_JOB = lua("""
+local segment = ARGV[1]
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local samples = '0'
 local first = 0
 local first_at = redis.call('HGET', KEYS[1], 'first_chunk_at') or '0'
-if ARGV[1] ~= '' then
-  samples = redis.call('HGET', KEYS[1], 'audio_samples_' .. ARGV[1]) or '0'
+if segment ~= '' then
+  samples = redis.call('HGET', KEYS[1], 'audio_samples_' .. segment) or '0'
   if first_at ~= '0' then
     first = redis.call('HSETNX', KEYS[1], 'first_chunk_counted', '1')
   end

@@ -47,10 +47,12 @@ log = logging.getLogger("voxfarm.redelivery")
 # KEYS: the broker-run hash. ARGV: the run id seen now, when that run began. The first run
 # the farm sees is no restart (restarted_at 0): nothing was accepted before it.
 _NOTE_RUN = """
+local run_id = ARGV[1]
+local began_at = ARGV[2]
 local run = redis.call('HGET', KEYS[1], 'run')
-if run == ARGV[1] then return redis.call('HGET', KEYS[1], 'restarted_at') end
-local at = run and ARGV[2] or '0'
-redis.call('HSET', KEYS[1], 'run', ARGV[1], 'restarted_at', at)
+if run == run_id then return redis.call('HGET', KEYS[1], 'restarted_at') end
+local at = run and began_at or '0'
+redis.call('HSET', KEYS[1], 'run', run_id, 'restarted_at', at)
 return at
 """
 

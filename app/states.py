@@ -57,19 +57,22 @@ def lua(script: str, states: type[StrEnum]) -> str:
 # from-states (comma separated), the to-state, the events stream's max length, then
 # field/value pairs set with the move.
 _TRANSITION = """
+local from_states = ARGV[1]
+local to_state = ARGV[2]
+local events_maxlen = ARGV[3]
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return false end
-for s in string.gmatch(ARGV[1], '[^,]+') do
+for s in string.gmatch(from_states, '[^,]+') do
   if s == state then
-    redis.call('HSET', KEYS[1], 'state', ARGV[2])
+    redis.call('HSET', KEYS[1], 'state', to_state)
     for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
     if KEYS[2] then
-      redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'state', ARGV[2])
+      redis.call('XADD', KEYS[2], 'MAXLEN', '~', events_maxlen, '*', 'state', to_state)
       -- The event may have created the stream (no chunk yet): it lives as long as the record.
       redis.call('EXPIRE', KEYS[2], redis.call('TTL', KEYS[1]))
     end
     -- on move
-    return {1, ARGV[2]}
+    return {1, to_state}
   end
 end
 return {0, state}
