@@ -52,9 +52,8 @@ QUALITY_QUEUE = "quality"
 # priority`), in both stages. Under a burst every waiting listener's first audio comes
 # before anyone's second segment, so first audio waits behind the listeners ahead, not
 # behind all their segments; a job's later segments render while its first one plays.
-# Measured with tests/bench/bench_load.py at 32 clients of two segments each: first-audio
-# p99 7.4 s without, 3.0-4.2 s with; full-time p50 4.6 s without, 5.3-6.3 s with. The
-# vocoder lead queue also takes the rest of a segment that gave way after its first window
+# Under a burst it cut first-audio p99 and cost some full time (docs/benchmarks.md, "Figures
+# that lived in code comments"). The vocoder lead queue also takes the rest of a segment that gave way after its first window
 # to the work waiting there (tasks/segments.py, `_give_way`).
 ACOUSTIC_LEAD_QUEUE = "acoustic_lead"
 VOCODER_LEAD_QUEUE = "vocoder_lead"
@@ -156,8 +155,8 @@ def amqp_broker_config(settings: Settings) -> dict:
         "broker_transport_options": {
             # Publisher confirms: a publish returns once RabbitMQ has the message (written to
             # a quorum of replicas), not once it is in a socket buffer that a dying
-            # connection would take with it. One round trip per message: measured in the
-            # README ("Broker: Redis or RabbitMQ").
+            # connection would take with it. One round trip per message: measured in
+            # docs/benchmarks.md ("Brokers: Redis vs RabbitMQ").
             "confirm_publish": True,
         },
         # Dead consumers are found by heartbeats (a killed process closes its socket and

@@ -125,10 +125,8 @@ def bucket_groups(lengths: Sequence[int], max_batch: int | None = None
 def default_max_batch(device: torch.device) -> int:
     """Items per sub-batch: 1 on CPU, 16 on accelerators.
 
-    On CPU, measured with the 15.6 M-parameter Piper medium voice on 2 threads, batching buys
-    nothing (the acoustic half took 0.169 s for six segments batched against 0.175 s one by one;
-    the decoder 0.84 s against 0.61 s), while oneDNN picks kernels by batch size, so batching
-    moved some items' z by ~1e-4. One at a time, an item's result never depends on its batch.
+    On CPU batching buys nothing (docs/benchmarks.md, "Figures that lived in code comments"),
+    while oneDNN picks kernels by batch size, so batching moved some items' z slightly. One at a time, an item's result never depends on its batch.
     On a GPU, batching is where the throughput is; there the last bits may depend on the batch.
     """
     return 1 if device.type == "cpu" else 16

@@ -129,7 +129,7 @@ class GriffinLimVocoder(Vocoder):
     """Fast Griffin-Lim from the mel pseudo-inverse, batched, deterministic.
 
     The STFT pair is written out (unfold + rfft, irfft + strided overlap-add) instead of
-    ``torch.stft``/``torch.istft``: it is ~1.6x faster on CPU, keeps the frame-major layout
+    ``torch.stft``/``torch.istft``: it is faster on CPU (docs/benchmarks.md), keeps the frame-major layout
     between iterations, and lets each item of a padded batch have its own synthesis window
     envelope. That envelope is zero past an item's end, which is what makes a batched call
     return exactly what per-item calls return: padding frames have zero target magnitude and
@@ -146,7 +146,7 @@ class GriffinLimVocoder(Vocoder):
         max_batch_frames: cap on ``items x longest frames`` of one padded batch; a bigger
             call runs as several batches (same result: batching is exact). Default 4096 on
             CPU, where batches past a few tens of MB spend their time in page faults
-            (8 x 30 s ran 3.5x slower per second of audio than 1 x 30 s); none on GPUs.
+            (docs/benchmarks.md, "Figures that lived in code comments"); none on GPUs.
     """
 
     name: ClassVar[str] = "griffinlim"

@@ -321,8 +321,9 @@ def word_times(words: Sequence[WordSpan], phonemes: str, id_positions: Sequence[
     A word ends with its last phoneme's frames. It starts where its lead-in starts: the
     space before it (and its pad), or for a segment's first word the pad after the start
     marker. Measured against pocketsphinx's forced alignment, that is where the listener
-    hears the word begin (median 15 ms away; from the first phoneme itself the words came
-    out 60 ms late: VITS spends the space's frames on the transition into the next word).
+    hears the word begin (docs/benchmarks.md, "Word timestamps"; from the first phoneme itself
+    the words came out late: VITS spends the space's frames on the transition into the next
+    word).
     Punctuation before a word (the pause at a comma) stays a gap between words.
     """
     phonemes = unicodedata.normalize("NFD", phonemes)
