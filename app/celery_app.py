@@ -53,8 +53,8 @@ QUALITY_QUEUE = "quality"
 # before anyone's second segment, so first audio waits behind the listeners ahead, not
 # behind all their segments; a job's later segments render while its first one plays.
 # Under a burst it cut first-audio p99 and cost some full time (docs/benchmarks.md, "Figures
-# that lived in code comments"). The vocoder lead queue also takes the rest of a segment that gave way after its first window
-# to the work waiting there (tasks/segments.py, `_give_way`).
+# that lived in code comments"). The vocoder lead queue also takes the rest of a segment
+# that gave way after its first window to the work waiting there (tasks/segments.py, `_give_way`).
 ACOUSTIC_LEAD_QUEUE = "acoustic_lead"
 VOCODER_LEAD_QUEUE = "vocoder_lead"
 LEAD_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_LEAD_QUEUE, VOCODER_QUEUE: VOCODER_LEAD_QUEUE}

@@ -126,7 +126,8 @@ def default_max_batch(device: torch.device) -> int:
     """Items per sub-batch: 1 on CPU, 16 on accelerators.
 
     On CPU batching buys nothing (docs/benchmarks.md, "Figures that lived in code comments"),
-    while oneDNN picks kernels by batch size, so batching moved some items' z slightly. One at a time, an item's result never depends on its batch.
+    while oneDNN picks kernels by batch size, so batching moved some items' z slightly. One
+    at a time, an item's result never depends on its batch.
     On a GPU, batching is where the throughput is; there the last bits may depend on the batch.
     """
     return 1 if device.type == "cpu" else 16

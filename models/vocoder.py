@@ -129,11 +129,11 @@ class GriffinLimVocoder(Vocoder):
     """Fast Griffin-Lim from the mel pseudo-inverse, batched, deterministic.
 
     The STFT pair is written out (unfold + rfft, irfft + strided overlap-add) instead of
-    ``torch.stft``/``torch.istft``: it is faster on CPU (docs/benchmarks.md), keeps the frame-major layout
-    between iterations, and lets each item of a padded batch have its own synthesis window
-    envelope. That envelope is zero past an item's end, which is what makes a batched call
-    return exactly what per-item calls return: padding frames have zero target magnitude and
-    padding samples are forced to zero, so nothing leaks from one length into another.
+    ``torch.stft``/``torch.istft``: it is faster on CPU (docs/benchmarks.md), keeps the frame-
+    major layout between iterations, and lets each item of a padded batch have its own synthesis
+    window envelope. That envelope is zero past an item's end, which is what makes a batched
+    call return exactly what per-item calls return: padding frames have zero target magnitude
+    and padding samples are forced to zero, so nothing leaks from one length into another.
 
     Args:
         device: where the loop runs (``"cpu"``, ``"cuda:0"``...).
