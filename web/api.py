@@ -19,6 +19,8 @@ from models.encode import CONTENT_TYPES, encode, wav_bytes
 from models.errors import BreakTooLong, NoSpeakableText
 from models.frontend import iter_run_segments, prepare
 from models.voices import PIPER, list_voices
+from web import apidoc as doc
+from web import schemas
 from web.errors import ApiError
 from web.helpers import (
     break_error,
@@ -291,3 +293,83 @@ def readyz():
         resp.status_code = 503
         resp.headers["Retry-After"] = str(farm().settings.retry_after_s)
     return resp
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    job = doc.json(schemas.Job, "the job")
+    return {
+        "/v1/jobs": {"post": doc.op(
+            "jobs", "createJob", "Submit text; the job renders in the background", {
+                "202": doc.json(schemas.Job, "accepted: the job, with links to follow it",
+                                {"Location": doc.header()}), **doc.JSON_BODY},
+            body=schemas.JobRequest)},
+        "/v1/phonemize": {"post": doc.op(
+            "jobs", "phonemize", "The phonemes a job of this text would speak, segment by "
+            "segment", {
+                "200": doc.json(schemas.Phonemized, "the segments and their phonemes"),
+                **doc.JSON_BODY,
+                "422": doc.error("a field is wrong, a lexicon entry has phonemes the voice lacks "
+                                 "(`invalid_lexicon`, with `entry`, `position` and `symbols`), "
+                                 "or nothing is speakable")},
+            body=schemas.PhonemizeRequest, description=(
+                "Runs the same frontend as `POST /v1/jobs` (normalisation, segments, the "
+                "lexicons, G2P) and queues nothing. The segments can be edited and sent back "
+                "as a job's `phonemes`."))},
+        "/v1/jobs/{job_id}": {
+            "get": doc.op("jobs", "getJob", "A job's state and progress", {
+                "200": job, "404": doc.JOB_NOT_FOUND, "503": doc.UNAVAILABLE}),
+            "delete": doc.op("jobs", "cancelJob", "Cancel a job (its waiting segments)", {
+                "200": doc.json(schemas.Job, "canceled"), "404": doc.JOB_NOT_FOUND,
+                "409": doc.error("already finished (`job_finished`)"), "503": doc.UNAVAILABLE})},
+        "/v1/jobs/{job_id}/chunks": {"get": doc.op(
+            "jobs", "getChunks", "Long-poll the next rendered chunks after a cursor", {
+                "200": doc.json(schemas.ChunkPage, "the chunks after the cursor, in order"),
+                "204": {"description": "nothing new within `wait`; ask again from "
+                                       "`X-Next-After`",
+                        "headers": {"X-Next-After": doc.header()}},
+                "404": doc.JOB_NOT_FOUND, "422": doc.INVALID, "503": doc.UNAVAILABLE},
+            query=schemas.ChunksQuery)},
+        "/v1/jobs/{job_id}/audio": {"get": doc.op(
+            "jobs", "getAudio", "The whole audio of a finished job", {
+                "200": doc.files(CONTENT_TYPES.values(), "the audio file"),
+                "404": doc.JOB_NOT_FOUND,
+                "409": doc.error("the job is not done yet (`job_not_done`), or will never be: it "
+                                 "was canceled (`job_canceled`) or failed (`job_failed`)"),
+                "410": doc.error("the job's audio expired (`audio_expired`)"),
+                "422": doc.INVALID, "503": doc.UNAVAILABLE},
+            query=schemas.AudioQuery)},
+        "/v1/jobs/{job_id}/captions": {"get": doc.op(
+            "jobs", "getCaptions", "A finished job's word timestamps, as JSON, SRT or WebVTT", {
+                "200": {"description": "the captions", "content": {
+                    **doc.texts(captions.CONTENT_TYPES[f] for f in captions.CAPTION_FORMATS),
+                    "application/json": {"schema": schemas.Captions}}},
+                "404": doc.JOB_NOT_FOUND,
+                "409": doc.error("SRT/VTT of a job not done yet (`job_not_done`), or a "
+                                 "canceled or failed job (`job_canceled`, `job_failed`)"),
+                "410": doc.error("the job's audio expired (`audio_expired`)"),
+                "422": doc.INVALID, "503": doc.UNAVAILABLE},
+            query=schemas.CaptionsQuery, description=(
+                "Each word's start and end in the job's audio (a neural voice's durations, "
+                "eSpeak's word events). SRT and VTT group the words into cues of at most 42 "
+                "characters and exist once the job is done; JSON also while it renders "
+                "(`complete: false`, the words so far)."))},
+        "/v1/voices": {"get": doc.op("farm", "listVoices", "The voices offered", {
+            "200": doc.json(schemas.Voices, "every voice name `voice` accepts")})},
+        "/v1/stats": {"get": doc.op(
+            "farm", "stats", "Mel cache counters, queue depths and live workers", {
+                "200": doc.json(schemas.Stats, "the farm's counters"), "503": doc.UNAVAILABLE})},
+        "/healthz": {"get": doc.op("health", "healthz", "The web process is up", {
+            "200": doc.json(schemas.Health, "alive")})},
+        "/readyz": {"get": doc.op(
+            "health", "readyz", "Redis reachable and a live worker on every interactive pool", {
+                "200": doc.json(schemas.Ready, "ready"),
+                "503": doc.json(schemas.NotReady, "not ready, and why", doc.RETRY_AFTER)},
+            description=(
+                "`workers` counts the live workers consuming each queue (acoustic, vocoder, "
+                "their batch queues, book). Readiness needs the acoustic and vocoder queues; a "
+                "book or batch queue with no worker (scaled to zero) is a `warnings` entry."))},
+    }

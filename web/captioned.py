@@ -32,6 +32,8 @@ from flask import Blueprint, jsonify, request
 from app.offload import offload
 from app.states import JOB_FINAL
 from models.encode import StreamEncoder
+from web import apidoc as doc
+from web import schemas
 from web.errors import ApiError
 from web.helpers import farm, json_body, openai_errors, parse
 from web.openai_compat import farm_speed, resolve_voice, submit_speech
@@ -129,3 +131,33 @@ def _lines(follower: ChunkFollower, encoder: StreamEncoder, fmt: str, want_words
         if not completed:
             encoder.close()
             cancel_unless_done()
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def _captioned(operation_id: str, summary: str) -> dict:
+    return doc.op("openai", operation_id, summary, {
+        "200": {"description": "the audio (base64) and its word timestamps",
+                "headers": {"X-Job-Id": doc.header()}, "content": {
+                    "application/json": {"schema": schemas.CaptionedSpeech},
+                    "application/x-ndjson": {"schema": {"type": "string"}}}},
+        **doc.JSON_BODY,
+        "409": doc.error("the job ended early (`job_failed`, `job_canceled`, `job_stalled`)"),
+    }, body=schemas.CaptionedSpeechRequest, description=(
+        "The body of `POST /v1/audio/speech` plus `stream` (default false) and "
+        "`return_timestamps` (default true). `stream: false`: one JSON object once the job is "
+        "done. `stream: true`: newline-delimited JSON, one object per rendered chunk (its "
+        "encoded audio and the words that start in it), ending with the encoder's tail, or an "
+        "`error` object if the job ended early."))
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    return {
+        "/v1/audio/captioned_speech": {"post": _captioned(
+            "createCaptionedSpeech", "Speech and its word timestamps as JSON (Kokoro-FastAPI's "
+            "captioned speech)")},
+        "/dev/captioned_speech": {"post": _captioned(
+            "createCaptionedSpeechKokoro", "The same, at Kokoro-FastAPI's path")},
+    }

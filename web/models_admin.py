@@ -17,6 +17,8 @@ from flask import Blueprint, request
 from app.canary import Canary, CanaryError, CanaryRunning, check_candidate, voice_key
 from models.errors import UnknownSpeaker, UnknownVoice
 from models.piper_voice import Inference
+from web import apidoc as doc
+from web import schemas
 from web.errors import ApiError, farm_error
 from web.helpers import farm, iso_time, json_body, parse
 from web.schemas import CanaryRequest
@@ -89,3 +91,34 @@ def _decide(voice: str, decision, done: str):
     if decision(canary, name, reasons=(f"{done} by an operator through the API",)) is None:
         raise ApiError(409, "no_candidate", f"voice {voice_key(name)} has no candidate")
     return versions_of(canary, name)
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    versions = doc.json(schemas.VoiceVersions, "the voice's versions, figures and decisions")
+    return {
+        "/v1/admin/voices/{voice}/versions": {"get": doc.op(
+            "admin", "listVoiceVersions", "A voice's versions, the canary's figures and its "
+            "last decisions", {"200": versions, "404": doc.VOICE_NOT_FOUND,
+                               "503": doc.UNAVAILABLE})},
+        "/v1/admin/voices/{voice}/canary": {"post": doc.op(
+            "admin", "startCanary", "Start a candidate version: it takes a share of new jobs "
+            "until the rule (or an operator) promotes or rolls it back", {
+                "201": doc.json(schemas.VoiceVersions, "started"), **doc.JSON_BODY,
+                "404": doc.VOICE_NOT_FOUND,
+                "409": doc.error("the voice has a candidate already (`canary_running`)"),
+                "422": doc.error("a field is wrong, or the file is not a voice at the voice's "
+                                 "sample rate (`invalid_candidate`)")},
+            body=schemas.CanaryRequest)},
+        "/v1/admin/voices/{voice}/promote": {"post": doc.op(
+            "admin", "promoteCanary", "Make the candidate live now", {
+                "200": versions, "404": doc.VOICE_NOT_FOUND, "409": doc.NO_CANDIDATE,
+                "503": doc.UNAVAILABLE})},
+        "/v1/admin/voices/{voice}/rollback": {"post": doc.op(
+            "admin", "rollbackCanary", "Retire the candidate now", {
+                "200": versions, "404": doc.VOICE_NOT_FOUND, "409": doc.NO_CANDIDATE,
+                "503": doc.UNAVAILABLE})},
+    }

@@ -22,6 +22,7 @@ import time
 from flask import Blueprint, Response, current_app, g, request
 
 from app import celery_app, metrics, tracing
+from web import apidoc as doc
 from web.helpers import farm
 
 observability = Blueprint("observability", __name__)
@@ -91,3 +92,15 @@ def prometheus_metrics() -> Response:
     body = metrics.exposition([metrics.FarmCollector(farm(), celery_app.QUEUE_POOLS)])
     return Response(body, mimetype="text/plain", headers={
         "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    return {
+        "/metrics": {"get": doc.op("health", "metrics", "Prometheus metrics (text exposition "
+                                   "format)", {"200": {"description": "metrics", "content": {
+                                    "text/plain": {"schema": {"type": "string"}}}}})},
+    }

@@ -58,6 +58,8 @@ from app.apikeys import ApiKey
 from app.farm import Farm
 from app.states import JOB_FINAL
 from models.voices import get_voice
+from web import apidoc as doc
+from web import schemas
 from web.auth import check_still_live, count_request, current_key
 from web.errors import ApiError
 from web.helpers import check_unicode, farm, lexicon_or_422, parse, voice_or_422
@@ -328,3 +330,25 @@ def _close_with(ws, err: ApiError, code: int = 1011) -> None:
         ws.close(reason=code, message=err.code)
     except (ConnectionClosed, OSError):  # the client is gone already
         pass
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    frames = ", ".join(f"`{m.__name__}`" for m in schemas.SOCKET_EVENTS)
+    return {
+        "/v1/ws": {"get": doc.op(
+            "streaming", "websocket", "WebSocket: text in as it is written, PCM frames and "
+            "events out", {
+                "101": {"description": "switching protocols: the socket is open"},
+                "400": doc.error("not a WebSocket upgrade request")},
+            description=(
+                "Upgrade with `GET /v1/ws` (`Connection: Upgrade`, `Upgrade: websocket`). "
+                "Client messages are JSON text frames, `SocketMessage` (the same fields as a "
+                "job's); the server sends JSON events (" + frames + " in the schemas) and, "
+                "between `segment.started` and `segment.done`, binary frames of "
+                "16-bit little-endian mono PCM at the job's `sample_rate` (its voice's). See "
+                "the README."))},
+    }
