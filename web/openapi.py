@@ -5,11 +5,11 @@ The document is generated: every body, query and JSON answer is a model of web/s
 into `components.schemas`. What a model cannot say (each operation's path, summary and the
 statuses it answers) each blueprint declares beside its views, in its `openapi_paths()`
 (with the parts in web/apidoc.py); this module gathers them, adds what every path shares
-(the server's and the API keys' refusals, the path parameters) and serves the result. Limits that come from the settings
-(the text length, the long-poll wait) are filled in per app. Paths the running app does not
-serve are left out, and a test checks the converse: every route the app serves is
-documented. `/docs` renders the same document to one self-contained HTML page (no scripts,
-no fonts or styles from elsewhere).
+(the server's and the API keys' refusals, the path parameters) and serves the result. Limits
+that come from the settings (the text length, the long-poll wait) are filled in per app.
+Paths the running app does not serve are left out, and a test checks the converse: every
+route the app serves is documented. `/docs` renders the same document to one self-contained
+HTML page (no scripts, no fonts or styles from elsewhere).
 """
 
 from __future__ import annotations
