@@ -272,23 +272,22 @@ def stats():
     f = farm()
     # Every queue (QUEUE_POOLS, the overflow queues too), with the workers consuming it (a
     # worker heartbeats on each queue it reads) and the stage (`pool`) it belongs to.
-    return jsonify({
-        "mel_cache": {**f.mel_cache.stats(), **f.mel_cache.size()},
-        "queues": {q: {"depth": f.queue_depth(q), "workers": len(f.live_workers(q)),
-                       "pool": pool}
-                   for q, pool in QUEUE_POOLS.items()},
-    })
+    return jsonify(schemas.Stats.answer(
+        mel_cache={**f.mel_cache.stats(), **f.mel_cache.size()},
+        queues={q: {"depth": f.queue_depth(q), "workers": len(f.live_workers(q)), "pool": pool}
+                for q, pool in QUEUE_POOLS.items()},
+    ))
 
 
 @api.get("/healthz")
 def healthz():
-    return jsonify({"status": "ok"})
+    return jsonify(schemas.Health.answer(status="ok"))
 
 
 @api.get("/readyz")
 def readyz():
     report = farm().readiness()
-    resp = jsonify(report)
+    resp = jsonify((schemas.Ready if report["ready"] else schemas.NotReady).answer(**report))
     if not report["ready"]:
         resp.status_code = 503
         resp.headers["Retry-After"] = str(farm().settings.retry_after_s)

@@ -135,7 +135,8 @@ def _model(name: str) -> dict:
 @openai_compat.get("/v1/models")
 def models():
     """OpenAI's model list: the names `model` is usually given (any name works)."""
-    return jsonify({"object": "list", "data": [_model(m) for m in OPENAI_MODELS]})
+    return jsonify(schemas.ModelList.answer(object="list",
+                                            data=[_model(m) for m in OPENAI_MODELS]))
 
 
 @openai_compat.get("/v1/models/<model_id>")
@@ -144,14 +145,15 @@ def model(model_id: str):
         raise ApiError(404, "model_not_found", f"no model '{model_id}'; the farm lists "
                        f"{', '.join(OPENAI_MODELS)}", field="model", valid=list(OPENAI_MODELS),
                        type="invalid_request_error", param="model")
-    return jsonify(_model(model_id))
+    return jsonify(schemas.Model.answer(**_model(model_id)))
 
 
 @openai_compat.get("/v1/audio/voices")
 def audio_voices():
     """Every name `voice` takes, as Kokoro-FastAPI lists them: the OpenAI names first, then
     the farm's own voices (`GET /v1/voices` has the details)."""
-    return jsonify({"voices": [*openai_voice_table(), *(vc.name for vc in list_voices())]})
+    return jsonify(schemas.SpeechVoices.answer(
+        voices=[*openai_voice_table(), *(vc.name for vc in list_voices())]))
 
 
 # -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------

@@ -460,9 +460,16 @@ class SocketMessage(RequestModel):
 
 
 class ResponseModel(BaseModel):
-    """A JSON answer, for the document (the views build it as a dict)."""
+    """A JSON answer, declared once for the document and the view: a view that builds its
+    answer with `Model.answer(...)` answers what the document says, or fails loudly."""
 
     model_config = ConfigDict(extra="allow")
+
+    @classmethod
+    def answer(cls, **fields: Any) -> dict:
+        """The answer's JSON object: `fields` validated by this model and written out as given
+        (a field left out stays out; extras pass through)."""
+        return cls.model_validate(fields).model_dump(mode="json", exclude_unset=True)
 
 
 class ErrorDetail(ResponseModel):
