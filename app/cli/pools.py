@@ -82,12 +82,12 @@ def flower(port: int, address: str, no_auth: bool, var_dir: str,
            extra: tuple[str, ...]) -> None:
     """Run Flower against the farm's broker, behind basic auth from the settings
     (VOXFARM_FLOWER_USER, VOXFARM_FLOWER_PASSWORD)."""
-
     # loaded by the command that uses it: the CLI starts without it
     from kombu.utils.url import maybe_sanitize_url
 
     from app import farmstate
     from app.celery_app import make_celery
+
     settings = read_settings()
     # loaded by the command that uses it: the CLI starts without it
     if not configured_redis_url():
