@@ -144,10 +144,7 @@ def warm_up(queue: str) -> None:
         import torch
 
         torch.set_num_threads(_threads)
-# models load after the fork, in the process that runs them
-# torch loads in the model pools, after the fork (CUDA is not fork-safe)
 
-    # models load after the fork, in the process that runs them
     # torch loads in the model pools, after the fork (CUDA is not fork-safe)
     import torch
 
@@ -175,7 +172,6 @@ def warm_up(queue: str) -> None:
             log.error("voice %s cannot be loaded: %s", voice.name, exc)
     # after multiproc.prepare(): prometheus_client picks its mode when first imported
     from app import metrics
-# after multiproc.prepare(): prometheus_client picks its mode when first imported
 
     metrics.MODELS_WARM.set(1)
 
@@ -219,7 +215,6 @@ def free_fraction() -> float:
         return 1.0
     # torch loads in the model pools, after the fork (CUDA is not fork-safe)
     import torch
-# torch loads in the model pools, after the fork (CUDA is not fork-safe)
 
     dev = torch.device(dev_name)
     index = dev.index if dev.index is not None else torch.cuda.current_device()
@@ -240,7 +235,6 @@ def short_of_memory(stage: str, worker: str) -> bool:
     short = free < chosen.gpu_min_free
     # after multiproc.prepare(): prometheus_client picks its mode when first imported
     from app import metrics
-# after multiproc.prepare(): prometheus_client picks its mode when first imported
 
     metrics.GPU_MEMORY_FREE.labels(worker, device()).set(free)
     try:

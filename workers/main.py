@@ -283,7 +283,6 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
         # after multiproc.prepare(): prometheus_client picks its mode when first imported
         from app.metrics import start_metrics_server
 
-        # after multiproc.prepare(): prometheus_client picks its mode when first imported
         start_metrics_server(metrics_port, metrics_addr)
     # One name per pool and host, the same after a restart (a restarted worker hands back
     # what its previous life held under that name: app/redelivery.py). The work mode is in

@@ -26,7 +26,6 @@ def http():
     if api_key:
         session.headers["Authorization"] = f"Bearer {api_key}"
     return session
-# loaded by the command that uses it: the CLI starts without it
 
 
 def api_error(resp) -> str:
@@ -73,7 +72,6 @@ def find_server(flag: str | None, var_dir: str, var_given: bool = False) -> tupl
     if read_settings().server_url:
         server = read_settings().server_url.rstrip("/")
         click.echo(f"using {server} (from VOXFARM_SERVER)", err=True)
-        # loaded by the command that uses it: the CLI starts without it
         return server, "VOXFARM_SERVER"
     running = farmstate.live_state(var_dir)
     if running is not None:
@@ -102,7 +100,6 @@ def reaching(server: str, found_by: str, var_dir: str):
     try:
         yield
     except (requests.ConnectionError, requests.Timeout) as exc:
-        # loaded by the command that uses it: the CLI starts without it
         if found_by == str(farmstate.state_path(var_dir)):
             # Its `voxfarm up` runs: the web is still starting, or went down on its own.
             running = farmstate.read_state(var_dir)

@@ -70,7 +70,6 @@ def key_registry(var_dir: str):
 
 @contextmanager
 def farm_redis(var_dir: str):
-    # loaded by the command that uses it: the CLI starts without it
     """A client of the farm's Redis: the configured URL, else the one the running
     `voxfarm up` in --var started. A Redis error in the block is one line, naming the URL."""
     # loaded by the command that uses it: the CLI starts without it
@@ -82,7 +81,6 @@ def farm_redis(var_dir: str):
     if not url:
         running = farmstate.live_state(var_dir)
         if running is None:
-            # loaded by the command that uses it: the CLI starts without it
             raise click.ClickException(
                 "no Redis: set VOXFARM_REDIS_URL, or start the farm (`make run`) so its "
                 f"{farmstate.state_path(var_dir)} names its Redis")

@@ -41,7 +41,6 @@ def keys_create(name: str, rate_per_min: int, max_active: int, admin: bool,
         raise click.BadParameter(str(exc), param_hint="NAME") from None
     with key_registry(var_dir) as registry:
         key, token = registry.create(name, rate_per_min, max_active, admin)
-    # loaded by the command that uses it: the CLI starts without it
     click.echo(f"key {key.id} ({name}): {token}", err=True)
     click.echo(token)
 
@@ -59,7 +58,6 @@ def keys_list(var_dir: str) -> None:
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(k.created_at))
         state = "revoked" if k.revoked else "live"
         state += " admin" if k.admin else ""
-        # loaded by the command that uses it: the CLI starts without it
         click.echo(f"{k.id}  {state:<13}  {created}  rate={k.rate_per_min or 'default'}  "
                    f"max_active={k.max_active or 'default'}  {printable(k.name)}")
     if not rows:

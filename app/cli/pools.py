@@ -58,7 +58,6 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
     if metrics_port:
         # Before anything imports prometheus_client: the pool's processes share the files.
         from app import multiproc
-# loaded by the command that uses it: the CLI starts without it
 
         multiproc.prepare(f"{queue}-{metrics_port}", settings.metrics_dir)
     from workers.main import run_worker  # torch and the tasks load for `worker` alone
@@ -89,7 +88,6 @@ def flower(port: int, address: str, no_auth: bool, var_dir: str,
     from app.celery_app import make_celery
 
     settings = read_settings()
-    # loaded by the command that uses it: the CLI starts without it
     if not configured_redis_url():
         running = farmstate.live_state(var_dir)
         if running is not None:  # the farm `voxfarm up` started (its embedded Redis)

@@ -107,7 +107,6 @@ def _say(text: str, output: str, voice: str, speed: float, server: str) -> None:
         Path(output).write_bytes(wav_bytes(np.frombuffer(b"".join(pcm), dtype="<i2"), rate))
     else:
         r = http().get(f"{server}/v1/jobs/{job['id']}/audio", params={"format": fmt},
-                         # loaded by the command that uses it: the CLI starts without it
                          timeout=120)
         if r.status_code != 200:
             raise click.ClickException(api_error(r))

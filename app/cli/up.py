@@ -89,7 +89,6 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     var = Path(var_dir).resolve()
     running = farmstate.live_state(var)
     if running is not None:
-        # loaded by the command that uses it: the CLI starts without it
         raise click.UsageError(f"a farm already runs from {var_dir} (pid {running.pid}, "
                                f"{running.web_url}); stop it, or give this one a directory "
                                "of its own with --var DIR")
@@ -201,12 +200,10 @@ def _announce_when_ready(sup: Supervisor, stopping: threading.Event, started: fl
         # loaded by the command that uses it: the CLI starts without it
         import urllib3
 
-        # loaded by the command that uses it: the CLI starts without it
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     waiting, said = "the web does not answer yet", False
     while not stopping.is_set():
         try:
-            # loaded by the command that uses it: the CLI starts without it
             resp = requests.get(f"{probe}/readyz", timeout=5, verify=not tls)
             if resp.status_code == 200:
                 sup.echo(f"voxfarm ready on {web_url} after {time.monotonic() - started:.1f} s "
