@@ -5,8 +5,8 @@ caller can act on (come back later, ask for less, fix a request). Each kind carr
 status, its error code and, when coming back later helps, a Retry-After; `web/errors.py` maps
 the base once into the API's one error shape, so a new kind needs no new handler. The kinds
 live beside the code that raises them (`Overloaded` in app/farm.py, `LimitExceeded` in
-app/apikeys.py, ...); this module imports nothing of the farm, so any of them can derive from
-it. models/errors.py is the same idea for the speech side (`SpeechError`).
+app/security/apikeys.py, ...); this module imports nothing of the farm, so any of them can
+derive from it. models/errors.py is the same idea for the speech side (`SpeechError`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Which code runs where (STYLE.md 18):
   threads. Under monkey-patching those locks are gevent locks, and gevent locks waited on by
   one native thread and released by another can hang for good: a book worker stuck
   in `Espeak.phonemize` was four thread-pool threads doing exactly that. eSpeak's own lock
-  is a real OS lock besides (models/espeak.py).
+  is a real OS lock besides (models/classic/espeak.py).
 * What a thread and a greenlet share crosses only through gevent's ThreadPool (made for it).
 
 Every wait has a bound: a call still running after `timeout_s` raises `OffloadTimeout` in

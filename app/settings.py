@@ -30,8 +30,8 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from app.embedded_redis import maxmemory_bytes
-from app.sealing import parse_keyring
+from app.local.embedded_redis import maxmemory_bytes
+from app.security.sealing import parse_keyring
 
 PREFIX = "VOXFARM_"
 
@@ -75,7 +75,7 @@ class RedisSettings(_Group):
     # Prefix of every key this farm writes, so several farms (or test runs) share one server.
     key_prefix: str = "vf"
     # A Redis call that gets no answer for this long fails (the web answers 503); blocking
-    # long-poll reads have their own, longer bound (app/redis_conn.py).
+    # long-poll reads have their own, longer bound (app/stores/redis_conn.py).
     redis_timeout_s: PositiveSeconds = 5.0
 
 
@@ -92,7 +92,7 @@ class VoiceSettings(_Group):
     mel_cache_ttl: Count = 300
     # The neural vocoder streams each segment in windows, each a chunk as soon as it exists:
     # the first of this many latent frames (256 samples each; 64 is 0.74 s of audio at
-    # 22,050 Hz), each next twice the one before (models/piper.py, WINDOW_GROWTH). 64
+    # 22,050 Hz), each next twice the one before (models/neural/piper.py, WINDOW_GROWTH). 64
     # measured best (docs/benchmarks.md, "First audio"): a short first window, and growing
     # windows cost hardly more than whole segments. 0: whole segments.
     vocoder_window_frames: Count = 64
@@ -156,7 +156,7 @@ class AdmissionSettings(_Group):
     # whatever the client's pace, and a sweep cancels a live stream job whose lease lapsed
     # (its web process died or was stopped: nobody will hear the rest). A web whose renewals
     # stop for two thirds of it (a hung process) loses its streams' jobs; a restarted farm
-    # stops counting the old streams' work this long after the stop (app/listeners.py).
+    # stops counting the old streams' work this long after the stop (app/stores/listeners.py).
     stream_lease_s: PositiveSeconds = 15.0
 
 
@@ -211,17 +211,17 @@ class ProcessSettings(_Group):
     # changes while it runs (docs/operations.md, "The embedded Redis's memory").
     embedded_redis_maxmemory: str = "25%"
     # Where `voxfarm up` keeps the embedded Redis, the store and `farm.json` (the state file
-    # that tells the client commands where the farm listens: app/farmstate.py).
+    # that tells the client commands where the farm listens: app/local/farmstate.py).
     var_dir: Annotated[str, Env("VOXFARM_VAR")] = "var"
     # The farm a client command (`voxfarm say`, `book render`) talks to; empty: the one in
     # var_dir's state file, else http://127.0.0.1:8000.
     server_url: Annotated[str, Env("VOXFARM_SERVER")] = ""
     # The pool a worker process serves (its queue), set by `voxfarm worker`; names its logs.
     role: str = ""
-    # The share of jobs whose log lines are kept, 0..1 (app/logging_setup.py).
+    # The share of jobs whose log lines are kept, 0..1 (app/obs/logging_setup.py).
     log_sample_rate: Share = 1.0
     # prometheus_client's multiprocess files; empty: voxfarm-metrics-UID in the temp dir
-    # (app/multiproc.py).
+    # (app/obs/multiproc.py).
     metrics_dir: str = ""
     # `voxfarm worker`: serve the pool's Prometheus metrics on this port (0: off).
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 0
@@ -239,7 +239,7 @@ class SecuritySettings(_Group):
     # or neither; with neither the web speaks plain HTTP (behind a TLS-terminating proxy).
     tls_cert: str = ""
     tls_key: str = ""
-    # API keys (app/apikeys.py; `voxfarm keys`): per-key defaults for requests a minute and
+    # API keys (app/security/apikeys.py; `voxfarm keys`): per-key defaults for requests a minute and
     # jobs or books running at once (a key's own limits win); 0 turns a limit off. The CLI's
     # own key, sent as a Bearer token when the farm has keys.
     key_rate_per_min: Count = 600
@@ -252,22 +252,22 @@ class SecuritySettings(_Group):
     # one key what another said (a faster job, `mel_cache.hits`). True shares them across the
     # farm, for deployments whose texts are all public (fewer model runs for repeated text).
     share_feature_cache: bool = False
-    # Encryption at rest (app/sealing.py): `id:base64key,...`, 32-byte keys; the first seals
-    # cached features, job chunks and book files, every one opens (rotation: put the new key
-    # first, keep the old behind it until what it sealed has expired). Empty: nothing sealed.
-    # Parsed when the settings are built, so a bad keyring stops the process at boot.
+    # Encryption at rest (app/security/sealing.py): `id:base64key,...`, 32-byte keys; the first
+    # seals cached features, job chunks and book files, every one opens (rotation: put the new
+    # key first, keep the old behind it until what it sealed has expired). Empty: nothing
+    # sealed. Parsed when the settings are built, so a bad keyring stops the process at boot.
     at_rest_keys: SecretStr = SecretStr("")
 
 
 class CanarySettings(_Group):
-    # The voice canary (app/canary.py, docs/models.md "Voice versions and the canary"): the
+    # The voice canary (app/canary/, docs/models.md "Voice versions and the canary"): the
     # share of interactive jobs a voice's candidate version renders (sticky per job: a hash of
     # the job id), and the share of finished segments of both versions the quality pool
     # scores. 5% is the deployment checklist's canary; scoring a fifth keeps the quality pool
     # (pocketsphinx, about 0.1 s of CPU a segment) far behind the voice pools in cost.
     canary_share: Share = 0.05
     canary_sample_share: Share = 0.2
-    # The decision rule (app/canary.py `decide`): promote once both versions have this many
+    # The decision rule (app/canary/ `decide`): promote once both versions have this many
     # scored segments, if the candidate's word error rate is at most this much above live's
     # (absolute), its clipping and silence shares at most these much above, and each stage's
     # p99 run time at most this many times live's (differences under the slack ignored: a

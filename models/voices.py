@@ -37,10 +37,10 @@ from pathlib import Path
 
 import espeakng_loader
 
+from models.classic.espeak import SAMPLE_RATE as ESPEAK_SAMPLE_RATE
+from models.classic.espeak import get_engine
 from models.errors import UnknownSpeaker, UnknownVoice
-from models.espeak import SAMPLE_RATE as ESPEAK_SAMPLE_RATE
-from models.espeak import get_engine
-from models.piper_voice import Inference, PiperConfig, VoiceFileError, config_path_for
+from models.neural.voice_file import Inference, PiperConfig, VoiceFileError, config_path_for
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Voice:
     (without the variant); ``engine`` ``"piper"`` or ``"espeak"``; ``model_path`` a Piper
     voice's ``.onnx``; ``speakers`` a multi-speaker voice's speaker names (or indices);
     ``speaker`` the one asked for in ``NAME:SPEAKER``; ``version`` the voice version that
-    renders it (app/canary.py; "" for the voice's own file as offered) and ``inference`` that
+    renders it (app/canary/; "" for the voice's own file as offered) and ``inference`` that
     version's overrides of the config's inference settings.
     """
 

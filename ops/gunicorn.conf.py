@@ -10,7 +10,7 @@ import shutil
 
 from gunicorn import util
 
-from app import multiproc
+from app.obs import multiproc
 from app.settings import Settings
 
 # VOXFARM_BIND, VOXFARM_WEB_WORKERS, VOXFARM_LOG_LEVEL; --bind and --workers on the command
@@ -39,10 +39,10 @@ if bool(_settings.tls_cert) != bool(_settings.tls_key):
 if _settings.tls_cert:
     certfile, keyfile = _settings.tls_cert, _settings.tls_key
 
-# JSON lines (app/logging_setup.py) for gunicorn's error and access logs and the app's own;
+# JSON lines (app/obs/logging_setup.py) for gunicorn's error and access logs and the app's own;
 # the access line carries the request id the app echoed in X-Request-ID.
 access_log_format = '"%(r)s" %(s)s %(b)s %(M)sms'
-logconfig_dict = __import__("app.logging_setup", fromlist=["gunicorn_logconfig"]) \
+logconfig_dict = __import__("app.obs.logging_setup", fromlist=["gunicorn_logconfig"]) \
     .gunicorn_logconfig(loglevel, _settings.log_sample_rate)
 
 

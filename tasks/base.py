@@ -48,7 +48,7 @@ class FarmTask(Task):
         closed raised AttributeError, not a connection error, so kombu did not retry it).
         Requeue it instead: the task runs again from the queue (every stage is idempotent),
         and if the broker cannot take even the requeue, the message stays unacked and
-        redelivery hands it back (`app.redelivery`)."""
+        redelivery hands it back (`app.broker.redelivery`)."""
         try:
             return super().retry(*args, **kwargs)
         except Reject as rejected:

@@ -8,7 +8,7 @@ Connected to Celery's task signals once per worker (`install()`), so the task bo
   header), job id, segment and task id bound for every log line of the task;
 - after it (`task_postrun`): the run time per stage, the outcome, and the per-job figures
   (first chunk, segments and audio seconds, jobs by final state) from the job record;
-  one per-segment debug line (sampled by job, see `app/logging_setup.py`).
+  one per-segment debug line (sampled by job, see `app/obs/logging_setup.py`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any
 
 from celery import signals
 
-from app import metrics, multiproc, queueing, tracing
-from app.celery_app import LEAD_QUEUES, VOCODER_QUEUE
-from app.logging_setup import configure_logging
+from app.broker import queueing
+from app.broker.celery_app import LEAD_QUEUES, VOCODER_QUEUE
+from app.obs import metrics, multiproc, tracing
+from app.obs.logging_setup import configure_logging
 from tasks import runtime
 
 seglog = logging.getLogger("voxfarm.segments")

@@ -74,7 +74,7 @@ def acoustic_model():
         with _lock:
             if "acoustic" not in st:
                 # models load after the fork, in the process that runs them
-                from models.acoustic import load_acoustic
+                from models.classic.acoustic import load_acoustic
 
                 st["acoustic"] = load_acoustic(farm().settings.acoustic_model, device=device())
     return st["acoustic"]
@@ -86,7 +86,7 @@ def vocoder():
         with _lock:
             if "vocoder" not in st:
                 # models load after the fork, in the process that runs them
-                from models.vocoder import load_vocoder
+                from models.classic.vocoder import load_vocoder
 
                 st["vocoder"] = load_vocoder(farm().settings.vocoder, device=device())
     return st["vocoder"]
@@ -94,7 +94,7 @@ def vocoder():
 
 def _piper(kind: str, model_path: str, inference=None):
     """The Piper half `kind` ("acoustic" or "vocoder") of the voice file, loaded once (once
-    per set of `inference` overrides: a voice version's, app/canary.py)."""
+    per set of `inference` overrides: a voice version's, app/canary/)."""
     st = _mine()
     key = f"piper-{kind}:{model_path}:{inference.tag if inference else ''}"
     if key not in st:
@@ -102,8 +102,8 @@ def _piper(kind: str, model_path: str, inference=None):
             if key not in st:
                 # models load after the fork, in the process that runs them
                 from models.errors import VoiceUnavailable
-                from models.piper import PiperAcoustic, PiperVocoder
-                from models.piper_voice import VoiceFileError
+                from models.neural.piper import PiperAcoustic, PiperVocoder
+                from models.neural.voice_file import VoiceFileError
 
                 cls = PiperAcoustic if kind == "acoustic" else PiperVocoder
                 extra = {"inference": inference} if inference else {}
@@ -171,7 +171,7 @@ def warm_up(queue: str) -> None:
         except Exception as exc:  # a broken voice file must not stop the others
             log.error("voice %s cannot be loaded: %s", voice.name, exc)
     # after multiproc.prepare(): prometheus_client picks its mode when first imported
-    from app import metrics
+    from app.obs import metrics
 
     metrics.MODELS_WARM.set(1)
 
@@ -234,7 +234,7 @@ def short_of_memory(stage: str, worker: str) -> bool:
     free = free_fraction()
     short = free < chosen.gpu_min_free
     # after multiproc.prepare(): prometheus_client picks its mode when first imported
-    from app import metrics
+    from app.obs import metrics
 
     metrics.GPU_MEMORY_FREE.labels(worker, device()).set(free)
     try:

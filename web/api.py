@@ -11,13 +11,13 @@ from typing import cast
 import numpy as np
 from flask import Blueprint, Response, g, jsonify, request, url_for
 
-from app.celery_app import QUEUE_POOLS
+from app.broker.celery_app import QUEUE_POOLS
 from app.offload import offload
-from app.states import JobState
-from models import captions
-from models.encode import CONTENT_TYPES, encode, wav_bytes
+from app.stores.states import JobState
+from models.audio.encode import CONTENT_TYPES, encode, wav_bytes
 from models.errors import BreakTooLong, NoSpeakableText
-from models.frontend import iter_run_segments, prepare
+from models.text import captions
+from models.text.frontend import iter_run_segments, prepare
 from models.voices import PIPER, list_voices
 from web import apidoc as doc
 from web import schemas

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from models.captions import CONTENT_TYPES as CAPTION_TYPES
+from models.text.captions import CONTENT_TYPES as CAPTION_TYPES
 from web import schemas as s
 
 

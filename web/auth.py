@@ -22,7 +22,7 @@ from typing import cast
 
 from flask import Blueprint, Request, g, request
 
-from app.apikeys import ApiKey, ApiKeys
+from app.security.apikeys import ApiKey, ApiKeys
 from web.errors import ApiError
 from web.helpers import farm
 

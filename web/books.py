@@ -22,7 +22,9 @@ from urllib.parse import quote
 
 from flask import Blueprint, Response, jsonify, request, send_file, url_for
 
-from app.books import (
+from app.broker.queueing import resume, send_assemble, send_prepare
+from app.offload import offload
+from app.stores.books import (
     book_download_name,
     book_id_for,
     captions_download_name,
@@ -32,11 +34,8 @@ from app.books import (
     output_key,
     prefix,
 )
-from app.offload import offload
-from app.queueing import resume, send_assemble, send_prepare
-from app.states import BookState
-from models import captions
-from models.book_parse import (
+from app.stores.states import BookState
+from models.books.parse import (
     EXTENSIONS,
     Book,
     BookError,
@@ -46,8 +45,9 @@ from models.book_parse import (
     parse_book,
 )
 from models.errors import BreakTooLong
-from models.frontend import check_breaks
-from models.ssml import looks_like_ssml
+from models.text import captions
+from models.text.frontend import check_breaks
+from models.text.ssml import looks_like_ssml
 from models.voices import Voice
 from web import apidoc as doc
 from web import schemas

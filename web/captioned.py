@@ -18,7 +18,7 @@ the same voices, formats, speed clamping and errors, see web/openai_compat.py) a
 in `X-Job-Id`, and a client that leaves cancels it, with or without streaming: the handler
 that waits for the whole job looks at the client's connection as it waits
 (`web.streams.client_gone`), and the job has a listener lease for a web process that dies
-meanwhile (app/listeners.py).
+meanwhile (app/stores/listeners.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import numpy as np
 from flask import Blueprint, jsonify, request
 
 from app.offload import offload
-from app.states import JOB_FINAL
-from models.encode import StreamEncoder
+from app.stores.states import JOB_FINAL
+from models.audio.encode import StreamEncoder
 from web import apidoc as doc
 from web import schemas
 from web.errors import ApiError

@@ -15,7 +15,7 @@ from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from app.errors import FarmError
-from app.sealing import KeyUnavailable
+from app.security.sealing import KeyUnavailable
 
 log = logging.getLogger("voxfarm.web")
 
@@ -117,8 +117,9 @@ def register_error_handlers(app: Flask, retry_after_s: int) -> None:
     @app.errorhandler(FarmError)
     def _refused(exc: FarmError):
         if isinstance(exc, KeyUnavailable):
-            # An operator's gap, not the client's and not lost data: the job or book keeps
-            # its state, and what it holds reads again once the key is back (app/sealing.py).
+            # An operator's gap, not the client's and not lost data: the job or book keeps its
+            # state, and what it holds reads again once the key is back
+            # (app/security/sealing.py).
             log.error("at-rest key %r is not in VOXFARM_AT_REST_KEYS; %s cannot be read",
                       exc.key_id, exc.context or "a sealed object")
         elif exc.status >= 500:

@@ -6,7 +6,7 @@
     POST /v1/admin/voices/<voice>/rollback   retire the candidate
 
 Behind the API keys like every route (web/auth.py) once any key exists. Thin: each view
-checks the request and calls one method of the farm's `Canary` (app/canary.py), on the
+checks the request and calls one method of the farm's `Canary` (app/canary/), on the
 gevent hub (a few Redis round trips each).
 """
 
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from flask import Blueprint, request
 
-from app.canary import Canary, CanaryError, CanaryRunning, check_candidate, voice_key
+from app.canary.rule import CanaryError, CanaryRunning, check_candidate, voice_key
+from app.canary.store import Canary
 from models.errors import UnknownSpeaker, UnknownVoice
-from models.piper_voice import Inference
+from models.neural.voice_file import Inference
 from web import apidoc as doc
 from web import schemas
 from web.errors import ApiError, farm_error

@@ -2,7 +2,7 @@
 
 Every request gets an id: the client's `X-Request-ID` when it is a plain token, else a new
 one. The id is bound for the request's log lines and for the task messages it publishes
-(`app.tracing`), written back into the WSGI environ (so every handler that reads
+(`app.obs.tracing`), written back into the WSGI environ (so every handler that reads
 `X-Request-ID` sees the same id, the one it made included) and echoed in the response.
 
 `/metrics` serves the web's process metrics (every gunicorn worker's, in multiprocess mode)
@@ -21,7 +21,8 @@ import time
 
 from flask import Blueprint, Response, current_app, g, request
 
-from app import celery_app, metrics, tracing
+from app.broker import celery_app
+from app.obs import metrics, tracing
 from web import apidoc as doc
 from web.helpers import farm
 

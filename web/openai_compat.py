@@ -37,8 +37,8 @@ import json
 
 from flask import Blueprint, jsonify, request
 
-from app.states import JOB_FINAL
-from models.encode import StreamEncoder
+from app.stores.states import JOB_FINAL
+from models.audio.encode import StreamEncoder
 from models.voices import list_voices
 from web import apidoc as doc
 from web import schemas

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, render_template
 
-from models.book_parse import EXTENSIONS
+from models.books.parse import EXTENSIONS
 from web import apidoc as doc
 from web.auth import keys_enabled
 from web.helpers import farm

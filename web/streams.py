@@ -24,7 +24,7 @@ import numpy as np
 from flask import Blueprint, Response, request, stream_with_context
 
 from app.offload import offload
-from models.encode import StreamEncoder
+from models.audio.encode import StreamEncoder
 from web import apidoc as doc
 from web import schemas
 from web.helpers import farm, parse

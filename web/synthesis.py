@@ -4,7 +4,7 @@ What the stream endpoint, the OpenAI-compatible endpoint and the WebSocket share
 leave as `ApiError` (HTTP turns them into the one error body, the socket into an error event).
 
 A job submitted for a stream is `listened`: it exists for that stream alone, has a listener
-lease (app/listeners.py) that the follower holds while it iterates, and is canceled when its
+lease (app/stores/listeners.py) that the follower holds while it iterates, and is canceled when its
 listener is gone: the client left (the caller cancels), or the web process that streamed it
 died (the lease lapses and the sweep cancels).
 """
@@ -17,16 +17,16 @@ from collections.abc import Callable, Generator, Iterator
 
 import redis
 
-from app import metrics
+from app.broker.queueing import TooManySegments
 from app.errors import FarmError
 from app.farm import Farm
-from app.jobs import Chunk
+from app.obs import metrics
 from app.offload import offload
-from app.queueing import TooManySegments
-from app.sealing import KeyUnavailable
-from app.states import JOB_FINAL, JobState
+from app.security.sealing import KeyUnavailable
+from app.stores.jobs import Chunk
+from app.stores.states import JOB_FINAL, JobState
 from models.errors import BreakTooLong, NoSpeakableText
-from models.frontend import Segment, TextRun, iter_run_segments, iter_segments
+from models.text.frontend import Segment, TextRun, iter_run_segments, iter_segments
 from models.voices import Voice
 from web.auth import current_key
 from web.errors import ApiError, farm_error
@@ -53,7 +53,7 @@ def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
                 lexicon: dict[str, str] | None = None, text_type: str | None = None,
                 listened: bool = False, field: str = "text") -> dict:
     """Validate the voice (and the SSML), run the frontend off the hub, and submit the job;
-    count it in `voxfarm_jobs_submitted_total` under `entry` (app.metrics.JOB_ENTRIES).
+    count it in `voxfarm_jobs_submitted_total` under `entry` (app.obs.metrics.JOB_ENTRIES).
     `lexicon` is a checked request lexicon (`lexicon_or_422`); `listened`: the job is a
     stream's (see the module docstring); `field`: the request's field the text came in."""
     voice = voice_or_422(voice_name)
@@ -125,7 +125,7 @@ class ChunkFollower:
     `listener_gone` (a check that the client is no longer connected: `web.streams.
     client_gone`), it looks every `LISTENER_CHECK_S` and ends "disconnected" once the client
     has left, chunks flowing or not. With `listened`, the iteration holds the job's listener
-    lease (app/listeners.py) from its first step to its end.
+    lease (app/stores/listeners.py) from its first step to its end.
     """
 
     def __init__(self, farm: Farm, job_id: str, after: int = -1,

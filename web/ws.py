@@ -28,7 +28,7 @@ the words that start in it (times in seconds on the job's timeline, like `start_
 A bad message gets an error event and the socket stays open. A message past the hard size
 limit closes it with 1009 (Message Too Big) before it is read into memory in full. When the
 client goes away, every job it started that is still rendering is canceled. The socket's jobs
-are listened to (app/listeners.py): from its submission to its end each holds a listener
+are listened to (app/stores/listeners.py): from its submission to its end each holds a listener
 lease, so a web process that dies with the socket open leaves nothing rendering for long.
 
 The API key of the handshake is checked again before each message is handled and at least
@@ -54,9 +54,9 @@ from flask import Blueprint
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
-from app.apikeys import ApiKey
 from app.farm import Farm
-from app.states import JOB_FINAL
+from app.security.apikeys import ApiKey
+from app.stores.states import JOB_FINAL
 from models.voices import get_voice
 from web import apidoc as doc
 from web import schemas

@@ -28,7 +28,7 @@ import warnings
 from celery import Celery, signals
 from celery.exceptions import SecurityWarning
 
-from app.celery_app import (
+from app.broker.celery_app import (
     ACOUSTIC_QUEUE,
     BATCH_QUEUES,
     BOOK_QUEUE,
@@ -38,8 +38,8 @@ from app.celery_app import (
     WORKER_QUEUES,
     make_celery,
 )
+from app.broker.redelivery import Redelivery
 from app.farm import WORKER_STALE_S
-from app.redelivery import Redelivery
 from app.settings import Settings
 from tasks import runtime
 
@@ -54,9 +54,9 @@ def build_worker_app(settings: Settings) -> Celery:
     if celery.conf.broker_url.startswith(("redis://", "rediss://")):
         # A consumer parses what it pops: kombu's Redis transport, hardened to drop (and
         # log) queue items that are not messages the farm sends instead of stopping the
-        # worker (app/redis_transport.py). Producers (the web) and Flower keep kombu's own,
+        # worker (app/broker/redis_transport.py). Producers (the web) and Flower keep kombu's own,
         # whose URL Flower reads.
-        celery.conf.broker_transport = "app.redis_transport:Transport"
+        celery.conf.broker_transport = "app.broker.redis_transport:Transport"
     # A worker's publishes (a segment's next stage, a retry) wait out a broker restart, about
     # 20 s, where the web's give up in half a second and answer 503: a worker has no client
     # waiting on a socket, and a retry whose publish fails is dropped by Celery for good.
@@ -86,7 +86,7 @@ class Heartbeat:
     and the acoustic pool is the one every job needs anyway.
 
     Every heartbeat also hands the unacked messages of peers whose heartbeat went stale back
-    to their queue (`app.redelivery`), once this worker has itself been in touch with Redis
+    to their queue (`app.broker.redelivery`), once this worker has itself been in touch with Redis
     for that long (after an outage every peer looks stale until it beats again).
     """
 
@@ -281,16 +281,16 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     observability.install(solo=in_main, role=queue)
     if metrics_port:
         # after multiproc.prepare(): prometheus_client picks its mode when first imported
-        from app.metrics import start_metrics_server
+        from app.obs.metrics import start_metrics_server
 
         start_metrics_server(metrics_port, metrics_addr)
     # One name per pool and host, the same after a restart (a restarted worker hands back
-    # what its previous life held under that name: app/redelivery.py). The work mode is in
+    # what its previous life held under that name: app/broker/redelivery.py). The work mode is in
     # it, so a host's interactive and batch pools of one stage never share a name.
     mode = "" if work == "all" else f"-{work}"
     hostname = name or f"{queue}{mode}-{device.replace(':', '')}@{socket.gethostname()}"
     # Celery prints a screenful on every start as root. What it guards against is pickle
-    # (code execution from a message), and the farm accepts JSON only (app/celery_app.py);
+    # (code execution from a message), and the farm accepts JSON only (app/broker/celery_app.py);
     # `voxfarm up` says once that it runs as root.
     warnings.filterwarnings("ignore", message="You're running the worker with superuser",
                             category=SecurityWarning)

@@ -8,7 +8,7 @@
     voxfarm say "text" -o out.wav           synthesize through a farm's HTTP API
     voxfarm book render FILE -o DIR         render a book through a farm's HTTP API
 
-`voxfarm up` writes where the farm listens to `<var>/farm.json` (app/farmstate.py); `say`,
+`voxfarm up` writes where the farm listens to `<var>/farm.json` (app/local/farmstate.py); `say`,
 `book render` and `flower` read it, so they find the farm `make run` started by themselves.
 Flags and environment variables (VOXFARM_SERVER, VOXFARM_REDIS_URL) win over the file.
 

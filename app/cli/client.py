@@ -65,7 +65,7 @@ def find_server(flag: str | None, var_dir: str, var_given: bool = False) -> tupl
     stopped left, means that farm: if it is not running, that is an error, never the
     default."""
     # loaded by the command that uses it: the CLI starts without it
-    from app import farmstate
+    from app.local import farmstate
 
     if flag:
         return flag.rstrip("/"), "--server"
@@ -95,7 +95,7 @@ def reaching(server: str, found_by: str, var_dir: str):
     # loaded by the command that uses it: the CLI starts without it
     import requests
 
-    from app import farmstate
+    from app.local import farmstate
 
     try:
         yield

@@ -62,7 +62,7 @@ def key_registry(var_dir: str):
     """The key registry in the farm's Redis: the configured URL, else the one the running
     `voxfarm up` in --var started."""
     # loaded by the command that uses it: the CLI starts without it
-    from app.apikeys import ApiKeys
+    from app.security.apikeys import ApiKeys
 
     with farm_redis(var_dir) as client:
         yield ApiKeys(client, read_settings().key_prefix)
@@ -75,7 +75,7 @@ def farm_redis(var_dir: str):
     # loaded by the command that uses it: the CLI starts without it
     import redis
 
-    from app import farmstate
+    from app.local import farmstate
 
     url = configured_redis_url()
     if not url:

@@ -33,7 +33,7 @@ def keys_create(name: str, rate_per_min: int, max_active: int, admin: bool,
                 var_dir: str) -> None:
     """Make a key; its token is printed once and stored nowhere."""
     # loaded by the command that uses it: the CLI starts without it
-    from app.apikeys import check_name
+    from app.security.apikeys import check_name
 
     try:
         check_name(name)
@@ -50,7 +50,7 @@ def keys_create(name: str, rate_per_min: int, max_active: int, admin: bool,
 def keys_list(var_dir: str) -> None:
     """Every key: id, name, created, revoked, limits (never a secret)."""
     # loaded by the command that uses it: the CLI starts without it
-    from app.apikeys import printable
+    from app.security.apikeys import printable
 
     with key_registry(var_dir) as registry:
         rows = registry.list()
@@ -70,7 +70,7 @@ def keys_list(var_dir: str) -> None:
 def keys_revoke(key_id: str, var_dir: str) -> None:
     """Revoke a key at once (its record stays, marked revoked; again: no change)."""
     # loaded by the command that uses it: the CLI starts without it
-    from app.apikeys import printable
+    from app.security.apikeys import printable
 
     with key_registry(var_dir) as registry:
         if not registry.revoke(key_id):
@@ -86,7 +86,7 @@ def at_rest_key(key_id: str | None) -> None:
     """A new AES-256 key for audio and features at rest (docs/reliability.md): put it first in
     VOXFARM_AT_REST_KEYS, and keep the old key after it until what it sealed has expired."""
     # loaded by the command that uses it: the CLI starts without it
-    from app.sealing import generate_key
+    from app.security.sealing import generate_key
 
     try:
         click.echo(generate_key(key_id))

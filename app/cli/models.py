@@ -35,8 +35,8 @@ def models() -> None:
 @contextmanager
 def _canary(var_dir: str | None):
     # loaded by the command that uses it: the CLI starts without it
-    from app.canary import Canary
-    from app.keys import Keys
+    from app.canary.store import Canary
+    from app.stores.keys import Keys
     from models.voices import use_voices_dir
 
     settings = read_settings()
@@ -91,9 +91,9 @@ def start(voice: str, file: str, noise_scale: float | None, length_scale: float 
     """Start a candidate version of VOICE: it takes a share of new jobs until the rule (or
     an operator) promotes or rolls it back."""
     # loaded by the command that uses it: the CLI starts without it
-    from app.canary import CanaryError, check_candidate
+    from app.canary.rule import CanaryError, check_candidate
     from models.errors import UnknownVoice
-    from models.piper_voice import Inference
+    from models.neural.voice_file import Inference
 
     inference = Inference(noise_scale, length_scale, noise_w)
     try:

@@ -57,7 +57,7 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
         monkey.patch_all()
     if metrics_port:
         # Before anything imports prometheus_client: the pool's processes share the files.
-        from app import multiproc
+        from app.obs import multiproc
 
         multiproc.prepare(f"{queue}-{metrics_port}", settings.metrics_dir)
     from workers.main import run_worker  # torch and the tasks load for `worker` alone
@@ -84,8 +84,8 @@ def flower(port: int, address: str, no_auth: bool, var_dir: str,
     # loaded by the command that uses it: the CLI starts without it
     from kombu.utils.url import maybe_sanitize_url
 
-    from app import farmstate
-    from app.celery_app import make_celery
+    from app.broker.celery_app import make_celery
+    from app.local import farmstate
 
     settings = read_settings()
     if not configured_redis_url():

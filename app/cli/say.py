@@ -102,7 +102,7 @@ def _say(text: str, output: str, voice: str, speed: float, server: str) -> None:
         # loaded by the command that uses it: the CLI starts without it
         import numpy as np
 
-        from models.encode import wav_bytes
+        from models.audio.encode import wav_bytes
 
         Path(output).write_bytes(wav_bytes(np.frombuffer(b"".join(pcm), dtype="<i2"), rate))
     else:

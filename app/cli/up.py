@@ -24,7 +24,7 @@ def _access_line(redis_url: str, host: str) -> str:
     import redis
 
     # loaded by the command that uses it: the CLI starts without it
-    from app.apikeys import ApiKeys
+    from app.security.apikeys import ApiKeys
 
     try:
         client = redis.Redis.from_url(redis_url, socket_timeout=5)
@@ -83,8 +83,8 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     warnings and errors reach the terminal. A process that exits is restarted (the embedded
     Redis on the same port, with its data); Ctrl-C stops them all."""
     # loaded by the command that uses it: the CLI starts without it
-    from app import farmstate
-    from app.embedded_redis import EmbeddedRedis, maxmemory_bytes
+    from app.local import farmstate
+    from app.local.embedded_redis import EmbeddedRedis, maxmemory_bytes
 
     var = Path(var_dir).resolve()
     running = farmstate.live_state(var)

@@ -172,7 +172,7 @@ def timed_parts(direct, text: str) -> tuple[float, float, float]:
     frontend's first segment, its features, its first vocoder window (for eSpeak the whole
     first segment)."""
     from app.settings import Settings
-    from models.frontend import iter_segments
+    from models.text.frontend import iter_segments
     from models.voices import PIPER
 
     t0 = time.perf_counter()

@@ -35,7 +35,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from app.embedded_redis import free_port  # noqa: E402
+from app.local.embedded_redis import free_port  # noqa: E402
 
 SENTENCES = [
     "The lighthouse keeper counted the ships that passed in the night.",

@@ -9,7 +9,7 @@ import json
 import pytest
 import requests
 
-from models.text_en import normalize_en
+from models.text.text_en import normalize_en
 from tests import wsclient
 from tests.e2e.test_streaming import events_until, fresh_text, ws_url
 

@@ -17,8 +17,8 @@ import pytest
 import requests
 
 from app.farm import BOOK_STALLED_ERROR
-from app.jobs import STALLED_ERROR, UNPUBLISHED_ERROR
-from app.states import JOB_FINAL, BookState, JobState
+from app.stores.jobs import STALLED_ERROR, UNPUBLISHED_ERROR
+from app.stores.states import JOB_FINAL, BookState, JobState
 from tests.helpers import gunicorn_server, job_ids, running_farm, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.celery_app import VOCODER_TASK
+from app.broker.celery_app import VOCODER_TASK
 from app.farm import LISTENER_GONE
 from tests.helpers import job_ids, running_farm, wait_until
 

@@ -11,7 +11,7 @@ import time
 import av
 import pytest
 
-from app.states import BookState
+from app.stores.states import BookState
 from tests import bookfiles
 from tests.helpers import running_farm, wait_book, wait_state, wait_until
 

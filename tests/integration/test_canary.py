@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from app.embedded_redis import EmbeddedRedis
+from app.local.embedded_redis import EmbeddedRedis
 from app.settings import Settings
 from tests.helpers import ROOT, running_farm, wait_until, wav_to_pcm
 

@@ -16,9 +16,9 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import queueing
-from app.embedded_redis import free_port
+from app.broker import queueing
 from app.farm import GpuMemoryExhausted
+from app.local.embedded_redis import free_port
 from tests.helpers import (
     WorkerProc,
     assert_speech,

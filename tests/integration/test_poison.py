@@ -15,7 +15,7 @@ import uuid
 import pytest
 import redis
 
-from app.celery_app import ACOUSTIC_QUEUE, ACOUSTIC_TASK
+from app.broker.celery_app import ACOUSTIC_QUEUE, ACOUSTIC_TASK
 from tests.brokers import use_amqp
 from tests.helpers import SR, assert_speech, running_farm, wav_to_pcm
 

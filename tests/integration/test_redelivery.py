@@ -2,7 +2,7 @@
 default settings (a 420 s visibility timeout), on the Redis broker.
 
 Each test would wait out the visibility timeout, far past its own deadline, without the
-heartbeat-driven hand-back of app/redelivery.py."""
+heartbeat-driven hand-back of app/broker/redelivery.py."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import requests
 
-from app.embedded_redis import EmbeddedRedis
+from app.local.embedded_redis import EmbeddedRedis
 from tests.brokers import use_amqp
 from tests.helpers import assert_speech, gunicorn_server, running_farm, wait_book, wait_until
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from models.book_parse import Book, BookError, Chapter, finish, parse_book
-from models.book_parse.book import is_title_page
+from models.books.parse import Book, BookError, Chapter, finish, parse_book
+from models.books.parse.book import is_title_page
 from tests import bookfiles
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from flask import Flask
 
-from app.apikeys import LimitExceeded, Refusal
-from app.canary import CanaryError, CanaryRunning
+from app.broker.queueing import Unavailable
+from app.canary.rule import CanaryError, CanaryRunning
 from app.errors import FarmError
 from app.farm import GpuMemoryExhausted, Overloaded
 from app.offload import OffloadTimeout
-from app.queueing import Unavailable
-from app.sealing import KeyUnavailable
+from app.security.apikeys import LimitExceeded, Refusal
+from app.security.sealing import KeyUnavailable
 from tasks.base import NoRoom
 from web.errors import register_error_handlers
 

