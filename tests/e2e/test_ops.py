@@ -127,7 +127,7 @@ def test_flower_without_auth_answers_its_documented_api(farm, tmp_path):
 
 
 def exported_metric_names() -> set[str]:
-    src = (ROOT / "app" / "metrics.py").read_text()
+    src = (ROOT / "app" / "obs" / "metrics.py").read_text()
     return set(re.findall(r'"(voxfarm_[a-z0-9_]+)"', src))
 
 
