@@ -67,8 +67,10 @@ test-amqp: $(STAMP)
 cluster-test: $(STAMP)
 	$(PY) -m pytest -q -s -p no:cacheprovider -m cluster tests/cluster
 
+# ruff for style and imports, mypy (pyproject.toml) for what the annotations say.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) tests/bench/bench_farm.py

@@ -2,7 +2,7 @@
 
 `Farm(settings)` is built once per process; the web's `create_app` and the tasks' base class
 each hold one. Submission takes already-prepared segments (the web runs the text frontend),
-admits the job or refuses it (Overloaded), and hands it to app/queueing.py, which writes the
+admits the job or refuses it (Overloaded), and hands it to app/broker/queueing.py, which writes the
 job record and enqueues one `acoustic -> vocoder` chain per segment.
 """
 
@@ -18,13 +18,8 @@ from typing import TYPE_CHECKING
 import redis
 from celery import Celery
 
-from app import queueing
-from app.apikeys import NO_SLOT, ApiKey, ApiKeys, Slot
-from app.artifacts import SealedStore, open_store
-from app.books import BookStore
-from app.broker import broker_queues
-from app.canary import Canary
-from app.celery_app import (
+from app.broker import queueing
+from app.broker.celery_app import (
     ACOUSTIC_BATCH_QUEUE,
     ACOUSTIC_QUEUE,
     ALL_QUEUES,
@@ -38,18 +33,24 @@ from app.celery_app import (
     VOCODER_QUEUE,
     make_celery,
 )
-from app.jobs import JobStore, dead_field
-from app.keys import Keys
-from app.listeners import ListenerLeases, StoreContact
-from app.melcache import MelCache
-from app.metrics import JobObserver
-from app.redis_conn import blocking_client, redis_client
-from app.sealing import Sealer
+from app.broker.probe import broker_queues
+from app.canary.store import Canary
+from app.errors import FarmError
+from app.obs.metrics import JobObserver
+from app.security.apikeys import NO_SLOT, ApiKey, ApiKeys, Slot
+from app.security.sealing import Sealer
 from app.settings import Settings
-from app.states import BOOK_ACTIVE, JOB_FINAL, BookState
+from app.stores.artifacts import SealedStore, open_store
+from app.stores.books import BookStore
+from app.stores.jobs import JobStore, dead_field
+from app.stores.keys import Keys
+from app.stores.listeners import ListenerLeases, StoreContact
+from app.stores.melcache import MelCache
+from app.stores.redis_conn import blocking_client, redis_client
+from app.stores.states import BOOK_ACTIVE, JOB_FINAL, BookState
 
 if TYPE_CHECKING:
-    from app.redelivery import Redelivery
+    from app.broker.redelivery import Redelivery
 
 # A worker counts as live while its heartbeat is younger than this.
 WORKER_STALE_S = 15.0
@@ -66,17 +67,19 @@ BOOK_STALLED_ERROR = ("no progress for {s:.0f} s, {n} times resumed: its segment
 
 # A stage's recent run time: an exponentially weighted mean, each new run weighing 0.2.
 _RUN_EWMA = """
-local old = redis.call('HGET', KEYS[1], ARGV[1])
-local new = tonumber(ARGV[2])
+local field = ARGV[1]
+local seconds = ARGV[2]
+local old = redis.call('HGET', KEYS[1], field)
+local new = tonumber(seconds)
 if old then new = 0.8 * tonumber(old) + 0.2 * new end
-redis.call('HSET', KEYS[1], ARGV[1], tostring(new))
+redis.call('HSET', KEYS[1], field, tostring(new))
 return tostring(new)
 """
 
 # Admission, atomically (Farm._admit). KEYS: the tickets of admitted jobs not all on the
 # queue yet (zset "id:segments" -> when it stops counting, should its web die first), the
 # tickets of jobs that are (zset -> when their last segment was published), the admission
-# hash (app/jobs.py: dead:STAGE), the listener leases. A stage's live work is its messages
+# hash (app/stores/jobs.py: dead:STAGE), the listener leases. A stage's live work is its messages
 # less those of stopped jobs; a queue seen empty has none of those, which rights a count that
 # a lost message left behind. Each segment counts once: a job published before the queues
 # were read is in their depth, so its ticket counts only if it was published after. Returns
@@ -137,9 +140,11 @@ LISTENER_GONE = ("canceled: nobody listens any more (its stream's web process st
                  "lost touch for {s:g} s)")
 
 
-class Overloaded(Exception):
+class Overloaded(FarmError):
     """The farm cannot take the job now; the caller should come back later. The message
     names what admission judged: `depth` is the segments it counted."""
+
+    code = "overloaded"
 
     def __init__(self, depth: int, retry_after_s: int, message: str = "") -> None:
         super().__init__(message or f"the farm is busy ({depth} segments waiting)")
@@ -151,6 +156,8 @@ class GpuMemoryExhausted(Overloaded):
     """Every live worker of a stage is short of GPU memory and no CPU pool takes its overflow
     (the GPU memory rule: docs/operations.md). The web answers 507 with Retry-After; a web
     that maps only Overloaded still answers 503 with it."""
+
+    status, code = 507, "gpu_memory_exhausted"
 
     def __init__(self, stages: list[str], depth: int, retry_after_s: int) -> None:
         Exception.__init__(self, "no worker of the " + " and ".join(stages) + " stage has the "
@@ -167,12 +174,12 @@ class Farm:
         self.redis = redis_client(settings.redis_url, settings.redis_timeout_s)
         self.cache_redis = redis_client(settings.cache, settings.redis_timeout_s)
         # The queues live on the broker: Redis (maybe its own server: AOF, noeviction) or
-        # RabbitMQ (app/broker.py). `broker_redis` is None with RabbitMQ.
+        # RabbitMQ (app/broker/probe.py). `broker_redis` is None with RabbitMQ.
         self.broker = broker_queues(settings, self.redis)
         self.broker_redis = self.broker.redis
-        # One sealer per process (app/sealing.py): audio and features at rest are encrypted
+        # One sealer per process (app/security/sealing.py): audio and features at rest are encrypted
         # with `at_rest_keys`, or pass through as they are without keys.
-        self.sealer = Sealer.from_keyring(settings.at_rest_keys)
+        self.sealer = Sealer.from_keyring(settings.at_rest_keys.get_secret_value())
         self.jobs = JobStore(self.redis, self.keys, settings.job_ttl,
                              waiting=blocking_client(settings.redis_url), sealer=self.sealer)
         # The stream jobs this process listens for (the web's streams hold them), and how
@@ -194,11 +201,11 @@ class Farm:
         self.books = BookStore(self.redis, self.keys, self.store)
         self.apikeys = ApiKeys(self.redis, settings.key_prefix, settings.key_rate_per_min,
                                settings.key_max_active)
-        # Voice versions and the quality canary: which version renders a job (app/canary.py).
+        # Voice versions and the quality canary: which version renders a job (app/canary/).
         self.canary = Canary(self.redis, self.keys, settings)
         self.celery = celery or make_celery(settings)
 
-    # -- submission (the publishing itself is app/queueing.py's) ------------------------------
+    # -- submission (the publishing itself is app/broker/queueing.py's) ------------------------
 
     def submit(self, segments: Iterable, *, voice: str, speed: float, fmt: str, chars: int,
                sample_rate: int, request_id: str = "", key: ApiKey | None = None,
@@ -209,7 +216,7 @@ class Farm:
         found out as it goes, and the job is failed), Overloaded when the farm is full
         (nothing written), Unavailable when the broker could not take a segment, and
         LimitExceeded when `key` (the API key asking) already runs its quota of work.
-        `listened`: the job is a stream's; it has a listener lease (app/listeners.py).
+        `listened`: the job is a stream's; it has a listener lease (app/stores/listeners.py).
 
         A job whose segments are known up front counts all of them against the depth bound;
         a lazy one (text, segmented as it is published) counts its first, and its later ones
@@ -237,7 +244,7 @@ class Farm:
         return job
 
     def work_slot(self, key: ApiKey | None) -> AbstractContextManager[Slot]:
-        """A place in `key`'s quota of jobs and books running at once (app/apikeys.py,
+        """A place in `key`'s quota of jobs and books running at once (app/security/apikeys.py,
         `ApiKeys.slot`): LimitExceeded when it has none free; the block calls
         `started(work_id)`, and a refusal inside it gives the place back. Without a key
         there is no quota."""
@@ -265,7 +272,7 @@ class Farm:
         memory to run it.
 
         Live work is what will run: the messages on a stage's lead and main queues less
-        those of canceled or failed jobs, which the workers skip (the ledger: app/jobs.py).
+        those of canceled or failed jobs, which the workers skip (the ledger: app/stores/jobs.py).
         A stream job whose listener lease lapsed is canceled first (`sweep_unlistened`, once
         a lapse tells that its web is gone), so a farm restarted under a backlog of abandoned
         streams takes new work at once.
@@ -396,7 +403,7 @@ class Farm:
         resumed, (its id, segments restored, segments published again).
 
         A job created before the restart that made no progress for `job_resume_s` and still
-        has segments to store is looked for on the broker (app/redelivery.py): a segment
+        has segments to store is looked for on the broker (app/broker/redelivery.py): a segment
         waiting on a queue, or held by a worker since the restart, is left to run; one that
         sits unacked from a delivery before the restart is restored (its worker's connection
         died with the old server); one that is nowhere, lost with the broker's last writes,
@@ -508,7 +515,7 @@ class Farm:
 
     def live_depth(self, stage: str) -> int:
         """The stage's waiting segments that will run: `stage_depth` less the messages of
-        stopped jobs (the ledger, app/jobs.py), as admission counts them."""
+        stopped jobs (the ledger, app/stores/jobs.py), as admission counts them."""
         depth = self.stage_depth(stage)
         dead = int(self.redis.hget(self.keys.admission, dead_field(stage)) or 0)
         return max(0, depth - dead) if depth else 0

@@ -11,9 +11,9 @@ Which code runs where (STYLE.md 18):
   has global state and runs one call at a time anyway, and a single thread means the
   frontend's locks (eSpeak's, jieba's first-use lock) are never contended between native
   threads. Under monkey-patching those locks are gevent locks, and gevent locks waited on by
-  one native thread and released by another can hang for good: issue 13's book worker stuck
+  one native thread and released by another can hang for good: a book worker stuck
   in `Espeak.phonemize` was four thread-pool threads doing exactly that. eSpeak's own lock
-  is a real OS lock besides (models/espeak.py).
+  is a real OS lock besides (models/classic/espeak.py).
 * What a thread and a greenlet share crosses only through gevent's ThreadPool (made for it).
 
 Every wait has a bound: a call still running after `timeout_s` raises `OffloadTimeout` in
@@ -29,20 +29,26 @@ was never set and the caller waited out its whole bound for a "busy".
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from app.errors import FarmError
 
 T = TypeVar("T")
 
-_pools: dict[str, object] = {}
+_pools: dict[str, Any] = {}  # gevent ThreadPools, made on first use
 _SIZES = {"frontend": 1, "encode": 2}
 
 
-class OffloadTimeout(TimeoutError):
+class OffloadTimeout(FarmError, TimeoutError):
     """The call did not finish within its bound; the caller should answer 'busy'."""
+
+    code, retry_in_body = "busy", False
+    public = "the server is busy; try again shortly"
 
 
 def _gevent_active() -> bool:
     try:
+        # gevent only where the hub runs (the web, the book pool)
         from gevent import monkey
     except ImportError:
         return False
@@ -54,9 +60,11 @@ def offload(pool: str, fn: Callable[..., T], *args: object, timeout_s: float | N
     if not _gevent_active():
         return fn(*args)
     if pool not in _pools:
+        # gevent only where the hub runs (the web, the book pool)
         from gevent.threadpool import ThreadPool
 
         _pools[pool] = ThreadPool(_SIZES[pool])
+    # gevent only where the hub runs (the web, the book pool)
     import gevent
 
     result = _pools[pool].spawn(_returning_errors, fn, args)

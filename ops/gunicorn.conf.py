@@ -4,8 +4,13 @@ gevent workers: a long-poll or a stream parks a greenlet, not a thread, so one p
 holds thousands of waiting clients.
 """
 
+import json
 import os
+import shutil
 
+from gunicorn import util
+
+from app.obs import multiproc
 from app.settings import Settings
 
 # VOXFARM_BIND, VOXFARM_WEB_WORKERS, VOXFARM_LOG_LEVEL; --bind and --workers on the command
@@ -34,20 +39,16 @@ if bool(_settings.tls_cert) != bool(_settings.tls_key):
 if _settings.tls_cert:
     certfile, keyfile = _settings.tls_cert, _settings.tls_key
 
-# JSON lines (app/logging_setup.py) for gunicorn's error and access logs and the app's own;
+# JSON lines (app/obs/logging_setup.py) for gunicorn's error and access logs and the app's own;
 # the access line carries the request id the app echoed in X-Request-ID.
 access_log_format = '"%(r)s" %(s)s %(b)s %(M)sms'
-logconfig_dict = __import__("app.logging_setup", fromlist=["gunicorn_logconfig"]) \
-    .gunicorn_logconfig(loglevel)
+logconfig_dict = __import__("app.obs.logging_setup", fromlist=["gunicorn_logconfig"]) \
+    .gunicorn_logconfig(loglevel, _settings.log_sample_rate)
 
 
 def _json_error(sock, status_int, reason, mesg):
     """gunicorn's own refusals (414 request line too long, 431 headers too large, 400 bad
     request line) in the API's one JSON error shape instead of gunicorn's HTML page."""
-    import json
-
-    from gunicorn import util
-
     codes = {400: "bad_request", 414: "uri_too_long", 431: "headers_too_large"}
     body = json.dumps({"error": {"code": codes.get(status_int, "http_error"),
                                  "message": f"{reason}: {mesg}"[:300]}}).encode()
@@ -59,8 +60,6 @@ def _json_error(sock, status_int, reason, mesg):
 def _install_json_errors() -> None:
     # The workers call `util.write_error` by module attribute, so replacing it here (in the
     # master, before any worker forks) reaches every worker.
-    from gunicorn import util
-
     util.write_error = _json_error
 
 
@@ -75,22 +74,16 @@ def _role_suffix(binds) -> str:
 def on_starting(server):
     # Prometheus multiprocess mode: every gunicorn worker writes its samples into one
     # directory (emptied now, before any worker forks) and /metrics sums them.
-    from app import multiproc
-
-    multiproc.prepare(f"web-{_role_suffix(server.cfg.bind)}")
+    multiproc.prepare(f"web-{_role_suffix(server.cfg.bind)}", _settings.metrics_dir)
 
 
 def child_exit(server, worker):
     # A dead worker's live gauges leave the sum; its counters stay (they never go back).
-    from app import multiproc
-
     multiproc.mark_process_dead(worker.pid)
 
 
 def on_exit(server):
     # The directory is this server's alone (named by its port): leave nothing behind.
-    import shutil
-
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if path:
         shutil.rmtree(path, ignore_errors=True)

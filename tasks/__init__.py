@@ -1,0 +1,1 @@
+"""The Celery tasks, thin: the segment stages, book orchestration, the canary's scoring."""

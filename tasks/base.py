@@ -11,15 +11,18 @@ from __future__ import annotations
 from celery import Task
 from celery.exceptions import Ignore, Reject
 
+from app.errors import FarmError
 from models.errors import SpeechError
 from tasks import runtime
 
 
-class NoRoom(Exception):
+class NoRoom(FarmError):
     """No pool can run a segment stage: every worker of it is short of GPU memory and no CPU
     pool is live, or it was handed on `max_reroutes` times already. Final, like a business
     error: its job (or book) fails with this reason rather than waiting on memory that may
     never come back (the web refuses new jobs with 507 meanwhile)."""
+
+    status, code = 507, "no_room"
 
 
 class FarmTask(Task):
@@ -35,7 +38,7 @@ class FarmTask(Task):
         return runtime.farm(self.app)
 
     @property
-    def max_retries(self) -> int:  # type: ignore[override]
+    def max_retries(self) -> int:
         return self.farm.settings.max_retries
 
     def retry(self, *args, **kwargs):
@@ -45,7 +48,7 @@ class FarmTask(Task):
         closed raised AttributeError, not a connection error, so kombu did not retry it).
         Requeue it instead: the task runs again from the queue (every stage is idempotent),
         and if the broker cannot take even the requeue, the message stays unacked and
-        redelivery hands it back (`app.redelivery`)."""
+        redelivery hands it back (`app.broker.redelivery`)."""
         try:
             return super().retry(*args, **kwargs)
         except Reject as rejected:

@@ -11,7 +11,7 @@ thread that runs every forward pass of the process:
   or until `batch_linger_ms` have passed since it began gathering, whichever is first;
 - the items that share the oldest one's key (the same model, speed and so on) go into one call;
   the others wait for the next round, oldest first;
-- the models pad a batch by length bucket (models/vits.py), so an item's result does not
+- the models pad a batch by length bucket (models/neural/vits.py), so an item's result does not
   depend on how long its neighbours are.
 
 So a lone request never lingers, and an interactive item waits behind at most one batch.
@@ -21,7 +21,7 @@ With batching off every call runs at once in the task's own thread, as without t
 Celery's thread pool enforces no task time limit, so the batcher keeps the one a prefork pool
 has: a forward pass running past `task_time_limit` ends the process, as a prefork pool kills
 its child. The supervisor starts the pool again, and what it held is handed back to its queues
-(app/redelivery.py).
+(app/broker/redelivery.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import metrics
+from app.obs import metrics
 
 log = logging.getLogger("voxfarm.workers")
 

@@ -11,7 +11,7 @@ seconds. A book record carries a feeder generation; a feed whose generation is n
 one stops, so a redelivered copy (its worker died) and a retry's new feeder never both run.
 The feed cursor moves only after the segments before it were published, so a crash publishes
 some segments twice at worst, which the segment tasks absorb (each is rendered and counted
-once: see app/books.py).
+once: see app/stores/books.py).
 
 Segments are at-least-once like every task here: the segment file is written atomically and
 its bit in the book's bitmap counts it once. The segment that completes the book moves it to
@@ -33,8 +33,17 @@ from typing import TypeVar
 import redis
 from celery import shared_task
 
-from app import metrics
-from app.books import (
+from app.broker.celery_app import (
+    ACOUSTIC_BATCH_QUEUE,
+    BOOK_ASSEMBLE_TASK,
+    BOOK_FEED_TASK,
+    BOOK_PREPARE_TASK,
+    VOCODER_BATCH_QUEUE,
+)
+from app.broker.queueing import publish_segments, send_assemble, start_feed
+from app.obs import metrics
+from app.offload import offload
+from app.stores.books import (
     book_download_name,
     captions_download_name,
     captions_file,
@@ -46,16 +55,7 @@ from app.books import (
     segment_key,
     segment_words_key,
 )
-from app.celery_app import (
-    ACOUSTIC_BATCH_QUEUE,
-    BOOK_ASSEMBLE_TASK,
-    BOOK_FEED_TASK,
-    BOOK_PREPARE_TASK,
-    VOCODER_BATCH_QUEUE,
-)
-from app.offload import offload
-from app.queueing import publish_segments, send_assemble, start_feed
-from app.states import BOOK_ACTIVE, BookState
+from app.stores.states import BOOK_ACTIVE, BookState
 from models.errors import NoSpeakableText
 from tasks.base import FarmTask
 
@@ -104,9 +104,10 @@ class ChapterUnreadable(Exception):
 
 def _plan(chapters: list[dict], voice: str, speed: float = 1.0
           ) -> list[tuple[str, list[dict]]]:
-    from models import ssml
-    from models.frontend import iter_run_segments
-    from models.frontend import prepare as frontend
+    # the frontend and encoders load on first use: every pool imports this
+    from models.text import ssml
+    from models.text.frontend import iter_run_segments
+    from models.text.frontend import prepare as frontend
     from models.voices import get_voice
 
     plan = []
@@ -183,7 +184,7 @@ def prepare(self: BookTask, book_id: str, **_: object) -> int:
         books.move(book_id, (BookState.PREPARING,), BookState.FAILED, finished_at=time.time(),
                    error="the book has nothing that can be spoken")
         return 0
-    for c, (_, segments) in enumerate(plan):
+    for c, (_title, segments) in enumerate(plan):
         farm.store.put(plan_key(book_id, c), json.dumps(segments).encode())
     if books.set_plan(book_id, [(title, len(segs)) for title, segs in plan]):
         start_feed(farm.celery, books, book_id)
@@ -200,7 +201,7 @@ class _Plans:
         self.farm, self.rec = farm, rec
         self.offsets = [c["offset"] for c in rec["chapter_list"]]
         self.cache: dict[int, list[dict]] = {}
-        # A book renders each voice's live version (app/canary.py: the canary's split is for
+        # A book renders each voice's live version (app/canary/: the canary's split is for
         # interactive jobs), read once per feed.
         self.live: dict[str, str] = {}
 
@@ -283,7 +284,8 @@ def segment_failed(farm, spec: dict, exc: BaseException) -> None:
 
 
 def _assemble(farm, rec: dict) -> dict:
-    from models.assemble import BookMeta, ChapterAudio, assemble_book
+    # the frontend and encoders load on first use: every pool imports this
+    from models.books.assemble import BookMeta, ChapterAudio, assemble_book
 
     store, book_id = farm.store, rec["id"]
     book = json.loads(store.get(prefix(book_id) + "book.json"))
@@ -347,7 +349,8 @@ def _write_captions(store, book_id: str, title: str, manifest: dict,
                     chapter_words: list[list[dict]]) -> None:
     """SRT and WebVTT per chapter and for the whole book (chapters at their start in the
     book), listed in the manifest under `captions`."""
-    from models import captions
+    # the frontend and encoders load on first use: every pool imports this
+    from models.text import captions
 
     whole = []
     for ch, words in zip(manifest["chapters"], chapter_words, strict=True):

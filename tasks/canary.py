@@ -1,4 +1,4 @@
-"""The voice canary in the segment workers (app/canary.py holds the store and the rule).
+"""The voice canary in the segment workers (app/canary/ holds the store and the rule).
 
 * `voice_for(farm, spec)`: the voice a segment spec renders with, its version's file and
   inference overrides applied (both stages call it, so they agree).
@@ -22,8 +22,9 @@ from dataclasses import replace
 
 from celery import signals
 
-from app import metrics, queueing
-from app.canary import voice_key
+from app.broker import queueing
+from app.canary.rule import voice_key
+from app.obs import metrics
 from models.voices import PIPER, Voice, get_voice
 from tasks import runtime
 

@@ -8,7 +8,7 @@ Connected to Celery's task signals once per worker (`install()`), so the task bo
   header), job id, segment and task id bound for every log line of the task;
 - after it (`task_postrun`): the run time per stage, the outcome, and the per-job figures
   (first chunk, segments and audio seconds, jobs by final state) from the job record;
-  one per-segment debug line (sampled by job, see `app/logging_setup.py`).
+  one per-segment debug line (sampled by job, see `app/obs/logging_setup.py`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import logging
 import os
 import time
 from datetime import datetime
+from typing import Any
 
 from celery import signals
 
-from app import metrics, multiproc, queueing, tracing
-from app.celery_app import LEAD_QUEUES, VOCODER_QUEUE
-from app.logging_setup import configure_logging
-from app.settings import Settings
+from app.broker import queueing
+from app.broker.celery_app import LEAD_QUEUES, VOCODER_QUEUE
+from app.obs import metrics, multiproc, tracing
+from app.obs.logging_setup import configure_logging
 from tasks import runtime
 
 seglog = logging.getLogger("voxfarm.segments")
@@ -32,7 +33,7 @@ seglog = logging.getLogger("voxfarm.segments")
 # because it was canceled): only these cost the extra Redis round trip.
 _OBSERVE_OUTCOMES = frozenset({"SUCCESS", "FAILURE", "IGNORED"})
 
-_running: dict[str, tuple[float, float, object]] = {}  # task id -> (start, wait, token)
+_running: dict[str, tuple[float, float | None, Any]] = {}  # task id -> (start, wait, token)
 
 
 def _stage(task_name: str) -> str:
@@ -128,8 +129,9 @@ _role: dict[str, str] = {}  # the pool this worker serves, given to install()
 
 
 def _setup_logging(loglevel=None, **_: object) -> None:
-    role = _role.get("name") or Settings.from_env().role or "worker"
-    configure_logging(loglevel or "INFO", role=role)
+    settings = runtime.settings()
+    role = _role.get("name") or settings.role or "worker"
+    configure_logging(loglevel or "INFO", role=role, sample_rate=settings.log_sample_rate)
 
 
 def _process_init(**_: object) -> None:

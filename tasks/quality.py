@@ -2,9 +2,9 @@
 
 `voxfarm.quality.score` gets ids and the segment's text (never audio), reads the segment's
 audio as the listener got it from the job store, transcribes it with pocketsphinx, runs the
-signal checks (models/quality.py), adds the scores to the version's figures once (a
+signal checks (models/audio/quality.py), adds the scores to the version's figures once (a
 redelivered message counts nothing twice), and runs the canary's rule, which may promote or
-roll back the candidate (app/canary.py). It runs on its own low-priority pool
+roll back the candidate (app/canary/). It runs on its own low-priority pool
 (`voxfarm worker quality --nice 10`), one process, no voice model loaded.
 """
 
@@ -17,8 +17,8 @@ import numpy as np
 from celery import shared_task
 from celery.exceptions import Ignore
 
-from app.celery_app import QUALITY_TASK
-from models.quality import signal_checks, transcribe, word_errors
+from app.broker.celery_app import QUALITY_TASK
+from models.audio.quality import signal_checks, transcribe, word_errors
 from tasks.base import FarmTask
 
 log = logging.getLogger("voxfarm.quality")

@@ -13,6 +13,7 @@ fork too, since probing CUDA in a prefork parent would initialise CUDA before it
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 
@@ -31,9 +32,20 @@ def configure(device: str, threads: int = 0) -> None:
     os.environ["VOXFARM_DEVICE"] = device  # for any process this one starts
 
 
+def settings(celery=None) -> Settings:
+    """The worker's settings: read once by its entry point (`voxfarm worker`) and kept on its
+    Celery app by `make_celery`, which a forked pool process inherits."""
+    from celery import current_app  # celery's proxy to the app this process made
+
+    found = getattr(celery or current_app, "voxfarm_settings", None)
+    if found is None:
+        raise RuntimeError("no settings: build the worker's app with make_celery(settings)")
+    return found
+
+
 def device() -> str:
     """Where this process's models run: the worker's `--device`, else the settings'."""
-    return _device or Settings.from_env().device
+    return _device or settings().device
 
 
 def _mine() -> dict:
@@ -48,11 +60,11 @@ def farm(celery=None) -> Farm:
     if "farm" not in st:
         with _lock:
             if "farm" not in st:
-                settings = getattr(celery, "voxfarm_settings", None) or Settings.from_env()
-                from models.voices import use_voices_dir
+                chosen = settings(celery)
+                from models.voices import use_voices_dir  # torch-free; kept beside its use
 
-                use_voices_dir(settings.voices_dir)
-                st["farm"] = Farm(settings, celery)
+                use_voices_dir(chosen.voices_dir)
+                st["farm"] = Farm(chosen, celery)
     return st["farm"]
 
 
@@ -61,7 +73,8 @@ def acoustic_model():
     if "acoustic" not in st:
         with _lock:
             if "acoustic" not in st:
-                from models.acoustic import load_acoustic
+                # models load after the fork, in the process that runs them
+                from models.classic.acoustic import load_acoustic
 
                 st["acoustic"] = load_acoustic(farm().settings.acoustic_model, device=device())
     return st["acoustic"]
@@ -72,7 +85,8 @@ def vocoder():
     if "vocoder" not in st:
         with _lock:
             if "vocoder" not in st:
-                from models.vocoder import load_vocoder
+                # models load after the fork, in the process that runs them
+                from models.classic.vocoder import load_vocoder
 
                 st["vocoder"] = load_vocoder(farm().settings.vocoder, device=device())
     return st["vocoder"]
@@ -80,15 +94,16 @@ def vocoder():
 
 def _piper(kind: str, model_path: str, inference=None):
     """The Piper half `kind` ("acoustic" or "vocoder") of the voice file, loaded once (once
-    per set of `inference` overrides: a voice version's, app/canary.py)."""
+    per set of `inference` overrides: a voice version's, app/canary/)."""
     st = _mine()
     key = f"piper-{kind}:{model_path}:{inference.tag if inference else ''}"
     if key not in st:
         with _lock:
             if key not in st:
+                # models load after the fork, in the process that runs them
                 from models.errors import VoiceUnavailable
-                from models.piper import PiperAcoustic, PiperVocoder
-                from models.piper_voice import VoiceFileError
+                from models.neural.piper import PiperAcoustic, PiperVocoder
+                from models.neural.voice_file import VoiceFileError
 
                 cls = PiperAcoustic if kind == "acoustic" else PiperVocoder
                 extra = {"inference": inference} if inference else {}
@@ -101,6 +116,7 @@ def _piper(kind: str, model_path: str, inference=None):
 
 def acoustic_for(voice):
     """The acoustic model that renders `voice` (a models.voices.Voice)."""
+    # models load after the fork, in the process that runs them
     from models.voices import PIPER
 
     if voice.engine != PIPER:
@@ -110,6 +126,7 @@ def acoustic_for(voice):
 
 def vocoder_for(voice):
     """The vocoder that renders `voice`'s features."""
+    # models load after the fork, in the process that runs them
     from models.voices import PIPER
 
     return _piper("vocoder", voice.model_path) if voice.engine == PIPER else vocoder()
@@ -123,11 +140,12 @@ def warm_up(queue: str) -> None:
     this process counts in `voxfarm_model_processes_warm`.
     """
     if _threads > 0:
+        # torch loads in the model pools, after the fork (CUDA is not fork-safe)
         import torch
 
         torch.set_num_threads(_threads)
-    import math
 
+    # torch loads in the model pools, after the fork (CUDA is not fork-safe)
     import torch
 
     from models.voices import PIPER, list_voices
@@ -152,7 +170,8 @@ def warm_up(queue: str) -> None:
                 decoder.vocode([torch.zeros(decoder.mel_config.n_mels, 8)])
         except Exception as exc:  # a broken voice file must not stop the others
             log.error("voice %s cannot be loaded: %s", voice.name, exc)
-    from app import metrics
+    # after multiproc.prepare(): prometheus_client picks its mode when first imported
+    from app.obs import metrics
 
     metrics.MODELS_WARM.set(1)
 
@@ -175,12 +194,12 @@ def parse_memory_probe(value: str) -> float | None:
     return fixed
 
 
-def memory_ruled(settings: Settings | None = None) -> bool:
+def memory_ruled(chosen: Settings | None = None) -> bool:
     """Whether this process's device is under the GPU memory rule: a CUDA device, or any whose
     probe the settings fix (tests, drills). Such a worker never consumes an overflow queue: it
     would take back what it handed on."""
-    settings = settings or Settings.from_env()
-    return device().startswith("cuda") or parse_memory_probe(settings.memory_probe) is not None
+    chosen = chosen or settings()
+    return device().startswith("cuda") or parse_memory_probe(chosen.memory_probe) is not None
 
 
 def free_fraction() -> float:
@@ -194,6 +213,7 @@ def free_fraction() -> float:
     dev_name = device()
     if not dev_name.startswith("cuda"):
         return 1.0
+    # torch loads in the model pools, after the fork (CUDA is not fork-safe)
     import torch
 
     dev = torch.device(dev_name)
@@ -208,12 +228,13 @@ def short_of_memory(stage: str, worker: str) -> bool:
     (less than `gpu_min_free` free). What the probe saw goes to the free-memory gauge and to
     the worker's short mark, which admission and /readyz read. Always False for a worker
     outside the rule (a CPU pool), without a probe."""
-    settings = farm().settings
-    if not memory_ruled(settings):
+    chosen = farm().settings
+    if not memory_ruled(chosen):
         return False
     free = free_fraction()
-    short = free < settings.gpu_min_free
-    from app import metrics
+    short = free < chosen.gpu_min_free
+    # after multiproc.prepare(): prometheus_client picks its mode when first imported
+    from app.obs import metrics
 
     metrics.GPU_MEMORY_FREE.labels(worker, device()).set(free)
     try:

@@ -7,7 +7,7 @@ segment: the mel cache is keyed by content, and a chunk is stored by its index.
 Both obey the GPU memory rule before their forward pass (`_run_here_or_hand_over`): a worker
 short of device memory hands the stage to a pool with room instead of running it.
 
-Both keep the admission ledger (app/jobs.py): each takes its message off the job's waiting
+Both keep the admission ledger (app/stores/jobs.py): each takes its message off the job's waiting
 count as it starts (`JobStore.take`, which is also how it learns whether the job still wants
 the segment), and what a worker publishes for the next stage (Celery sends a chain's vocoder
 stage once the acoustic one returns; a segment's rest after it gave way) is marked waiting
@@ -23,8 +23,7 @@ import numpy as np
 from celery import shared_task, signals
 from celery.exceptions import Ignore
 
-from app import metrics
-from app.celery_app import (
+from app.broker.celery_app import (
     ACOUSTIC_QUEUE,
     ACOUSTIC_TASK,
     LEAD_QUEUES,
@@ -33,9 +32,10 @@ from app.celery_app import (
     VOCODER_QUEUE,
     VOCODER_TASK,
 )
-from app.melcache import mel_cache_key, scoped_key
-from app.queueing import continue_segment, hand_over, publish_again
-from app.states import JobState
+from app.broker.queueing import continue_segment, hand_over, publish_again
+from app.obs import metrics
+from app.stores.melcache import mel_cache_key, scoped_key
+from app.stores.states import JobState
 from models.errors import SpeechError
 from models.voices import PIPER
 from tasks import batching, books, canary, runtime
@@ -57,7 +57,7 @@ _COUNTED_QUEUES = frozenset({*LEAD_QUEUES.values(), *LEAD_QUEUES})
 
 
 def ledger_kind(task_name: str, kwargs: dict | None) -> str:
-    """The ledger's kind of a segment message (app.jobs.LEDGER_STAGES)."""
+    """The ledger's kind of a segment message (app.stores.jobs.LEDGER_STAGES)."""
     if task_name == ACOUSTIC_TASK:
         return "acoustic"
     return "rest" if (kwargs or {}).get("from_window") else "vocoder"
@@ -95,7 +95,7 @@ def noise_seed(digest: str) -> int:
 
 
 def cache_owner(farm, spec: dict) -> str:
-    """Whose features a segment may share (app/melcache.py, `scoped_key`): the API key that
+    """Whose features a segment may share (app/stores/melcache.py, `scoped_key`): the API key that
     made its job or book; "" for everyone's when there is none or the operator shares the
     cache. Work that is gone shares nothing."""
     if farm.settings.share_feature_cache:
@@ -180,7 +180,8 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
     task.request.mel_cache_hit = hit  # the canary times a version's model on misses only
     if not hit:
         _run_here_or_hand_over(task, ACOUSTIC_QUEUE, spec, (spec,), {}, reroutes)
-        from models.mel import mel_to_bytes
+        # torch loads on first use: the book and quality pools import this too
+        from models.classic.mel import mel_to_bytes
 
         durations = None
         if voice.engine == PIPER:
@@ -236,7 +237,8 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
     _run_here_or_hand_over(task, VOCODER_QUEUE, spec, (mel_key, spec),
                            {"regenerations": regenerations, "from_window": from_window,
                             "spent_s": spent_s}, reroutes)
-    from models.mel import mel_from_bytes
+    # torch loads on first use: the book and quality pools import this too
+    from models.classic.mel import mel_from_bytes
 
     voice = canary.voice_for(farm, spec)
     vocoder = runtime.vocoder_for(voice)
@@ -267,7 +269,8 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
 
 
 def _pcm(audio: np.ndarray, pause: np.ndarray | None = None) -> bytes:
-    from models.encode import pcm16
+    # torch loads on first use: the book and quality pools import this too
+    from models.audio.encode import pcm16
 
     if pause is not None and len(pause):
         audio = np.concatenate([audio, pause])
@@ -292,7 +295,8 @@ def _vocode_piece(vocoder, voice, features, piece=None) -> np.ndarray:
     batch with other segments' windows or wholes where the pool batches."""
     if voice.engine == PIPER:
         if piece is None:
-            from models.hifigan import Window
+            # torch loads on first use: the book and quality pools import this too
+            from models.neural.hifigan import Window
 
             piece = Window.whole(int(features.shape[-1]))
 
@@ -311,7 +315,7 @@ def _word_times(farm, vocoder, voice, mel_key: str, spec: dict,
     """The segment's words with their start and end in seconds of its audio (`samples`
     long, pause excluded): for a neural voice, the model's durations (cached with the
     features) summed over each word's phonemes, which the frontend found (`spec["words"]`,
-    see models/words.py); for eSpeak, its own word starts. Empty for a spec from before word
+    see models/text/words.py); for eSpeak, its own word starts. Empty for a spec from before word
     timestamps."""
     if not spec.get("words"):
         return []
@@ -320,8 +324,9 @@ def _word_times(farm, vocoder, voice, mel_key: str, spec: dict,
         log.warning("segment %s of %s: no timing cached; no word timestamps",
                     spec["index"], spec.get("job_id"))
         return []
-    from models.piper_voice import ids_and_positions
-    from models.words import WordSpan, espeak_word_times, word_times
+    # torch loads on first use: the book and quality pools import this too
+    from models.neural.voice_file import ids_and_positions
+    from models.text.words import WordSpan, espeak_word_times, word_times
 
     if voice.engine != PIPER:
         spans = [WordSpan.from_list(item) for item in spec["words"]]

@@ -1,7 +1,7 @@
 """Speech recognition for intelligibility tests: pocketsphinx's bundled en-US model.
 
 ``transcribe`` turns int16 audio at any rate into text; ``wer`` scores it against a reference.
-Both live in models/quality.py, which the voice canary's quality pool scores segments with;
+Both live in models/audio/quality.py, which the voice canary's quality pool scores segments with;
 the tests import them from here, beside ``align`` (forced alignment, for word timestamps).
 Nothing is downloaded: the model ships in the pocketsphinx wheel.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.quality import (  # noqa: F401  (re-exported for the tests)
+from models.audio.quality import (  # noqa: F401  (re-exported for the tests)
     ASR_RATE,
     asr_pcm,
     normalize,

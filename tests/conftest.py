@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from app.embedded_redis import EmbeddedRedis
+from app.local.embedded_redis import EmbeddedRedis
 from tests import brokers
 from tests.helpers import FarmUnderTest, gunicorn_server, running_farm
 

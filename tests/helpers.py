@@ -27,10 +27,10 @@ import numpy as np
 import pytest
 import redis
 
-from app.embedded_redis import free_port
 from app.farm import Farm
+from app.local.embedded_redis import free_port
 from app.settings import Settings
-from app.states import JOB_FINAL, BookState
+from app.stores.states import JOB_FINAL, BookState
 from tests import brokers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,8 +157,8 @@ def wait_http_ok(url: str, proc: subprocess.Popen, log: Path, timeout_s: float =
 
 
 def job_ids(farm: Farm) -> set[str]:
-    """The ids of every job record the farm holds: its `{prefix}:job:{id}` keys (app/keys.py),
-    not their `:chunks`, `:events`, ... companions."""
+    """The ids of every job record the farm holds: its `{prefix}:job:{id}` keys
+    (app/stores/keys.py), not their `:chunks`, `:events`, ... companions."""
     head = farm.keys.job("")
     ids = {k.decode()[len(head):] for k in farm.redis.scan_iter(farm.keys.job("*"))}
     return {i for i in ids if ":" not in i}
@@ -238,7 +238,7 @@ class FarmUnderTest:
     def diagnosis(self) -> str:
         """What a failed test on this farm should show: each worker alive or its exit status,
         what waits on each queue, and the tail of each worker's log."""
-        from app.celery_app import ALL_QUEUES
+        from app.broker.celery_app import ALL_QUEUES
 
         lines = [f"{w.name}: " + ("running" if w.proc.poll() is None else
                                   f"exited {w.proc.returncode}") for w in self.workers]

@@ -9,13 +9,14 @@ from app.settings import Settings
 from web.errors import register_error_handlers
 
 
-def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Flask:
-    settings = settings or Settings.from_env()
+def create_app(settings: Settings, farm: Farm | None = None) -> Flask:
+    """The web app for `settings` (read by the entry point: web/wsgi.py), serving `farm`
+    (default: a new `Farm(settings)`)."""
     app = Flask(__name__)
     # A JSON body holds at most max_text_chars characters of up to 4 UTF-8 bytes each,
     # plus the other fields; anything bigger is refused before it is read.
     app.config["MAX_CONTENT_LENGTH"] = settings.max_text_chars * 4 + 64 * 1024
-    app.json.sort_keys = False
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # Flask's default provider's
     app.extensions["voxfarm"] = farm or Farm(settings)
     register_error_handlers(app, settings.retry_after_s)
     # The voice list comes from libespeak-ng once per process: read it now, so no request
@@ -34,6 +35,7 @@ def create_app(settings: Settings | None = None, farm: Farm | None = None) -> Fl
 
     app.register_blueprint(auth)
 
+    # the views load with the app: importing web.schemas alone stays light
     from web.api import api
     from web.books import books_api
     from web.captioned import captioned

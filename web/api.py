@@ -6,18 +6,21 @@ Thin on purpose: validate, call one function of the farm or the frontend, shape 
 from __future__ import annotations
 
 import base64
+from typing import cast
 
 import numpy as np
 from flask import Blueprint, Response, g, jsonify, request, url_for
 
-from app.celery_app import QUEUE_POOLS
+from app.broker.celery_app import QUEUE_POOLS
 from app.offload import offload
-from app.states import JobState
-from models import captions
-from models.encode import CONTENT_TYPES, encode, wav_bytes
+from app.stores.states import JobState
+from models.audio.encode import CONTENT_TYPES, encode, wav_bytes
 from models.errors import BreakTooLong, NoSpeakableText
-from models.frontend import iter_run_segments, prepare
+from models.text import captions
+from models.text.frontend import iter_run_segments, prepare
 from models.voices import PIPER, list_voices
+from web import apidoc as doc
+from web import schemas
 from web.errors import ApiError
 from web.helpers import (
     break_error,
@@ -175,9 +178,10 @@ def get_chunks(job_id: str):
         raise ApiError(422, "out_of_range", f"'after' is past the last chunk (index "
                        f"{count - 1}); the job has {count} chunks", field="after",
                        last=count - 1)
-    job, chunks = farm().jobs.wait_for_chunks(job_id, after, query.wait, query.max)
-    if job is None:
+    found, chunks = farm().jobs.wait_for_chunks(job_id, after, query.wait, query.max)
+    if found is None:
         raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
+    job = found
     cursor = chunks[-1].index if chunks else after
     end = (job["state"] == JobState.DONE and job["chunks"] is not None
            and cursor >= job["chunks"] - 1)
@@ -222,7 +226,7 @@ def get_audio(job_id: str):
     parts = farm().jobs.all_chunks(job_id, job["total"])
     if any(p is None for p in parts):
         raise ApiError(410, "audio_expired", "the job's audio has expired")
-    pcm = np.frombuffer(b"".join(parts), dtype="<i2")
+    pcm = np.frombuffer(b"".join(cast(list[bytes], parts)), dtype="<i2")
     rate = job["sample_rate"]
     data = wav_bytes(pcm, rate) if fmt == "wav" else offload("encode", encode, pcm, rate, fmt)
     return Response(data, mimetype=CONTENT_TYPES[fmt], headers={
@@ -268,24 +272,103 @@ def stats():
     f = farm()
     # Every queue (QUEUE_POOLS, the overflow queues too), with the workers consuming it (a
     # worker heartbeats on each queue it reads) and the stage (`pool`) it belongs to.
-    return jsonify({
-        "mel_cache": {**f.mel_cache.stats(), **f.mel_cache.size()},
-        "queues": {q: {"depth": f.queue_depth(q), "workers": len(f.live_workers(q)),
-                       "pool": pool}
-                   for q, pool in QUEUE_POOLS.items()},
-    })
+    return jsonify(schemas.Stats.answer(
+        mel_cache={**f.mel_cache.stats(), **f.mel_cache.size()},
+        queues={q: {"depth": f.queue_depth(q), "workers": len(f.live_workers(q)), "pool": pool}
+                for q, pool in QUEUE_POOLS.items()},
+    ))
 
 
 @api.get("/healthz")
 def healthz():
-    return jsonify({"status": "ok"})
+    return jsonify(schemas.Health.answer(status="ok"))
 
 
 @api.get("/readyz")
 def readyz():
     report = farm().readiness()
-    resp = jsonify(report)
+    resp = jsonify((schemas.Ready if report["ready"] else schemas.NotReady).answer(**report))
     if not report["ready"]:
         resp.status_code = 503
         resp.headers["Retry-After"] = str(farm().settings.retry_after_s)
     return resp
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    job = doc.json(schemas.Job, "the job")
+    return {
+        "/v1/jobs": {"post": doc.op(
+            "jobs", "createJob", "Submit text; the job renders in the background", {
+                "202": doc.json(schemas.Job, "accepted: the job, with links to follow it",
+                                {"Location": doc.header()}), **doc.JSON_BODY},
+            body=schemas.JobRequest)},
+        "/v1/phonemize": {"post": doc.op(
+            "jobs", "phonemize", "The phonemes a job of this text would speak, segment by "
+            "segment", {
+                "200": doc.json(schemas.Phonemized, "the segments and their phonemes"),
+                **doc.JSON_BODY,
+                "422": doc.error("a field is wrong, a lexicon entry has phonemes the voice lacks "
+                                 "(`invalid_lexicon`, with `entry`, `position` and `symbols`), "
+                                 "or nothing is speakable")},
+            body=schemas.PhonemizeRequest, description=(
+                "Runs the same frontend as `POST /v1/jobs` (normalisation, segments, the "
+                "lexicons, G2P) and queues nothing. The segments can be edited and sent back "
+                "as a job's `phonemes`."))},
+        "/v1/jobs/{job_id}": {
+            "get": doc.op("jobs", "getJob", "A job's state and progress", {
+                "200": job, "404": doc.JOB_NOT_FOUND, "503": doc.UNAVAILABLE}),
+            "delete": doc.op("jobs", "cancelJob", "Cancel a job (its waiting segments)", {
+                "200": doc.json(schemas.Job, "canceled"), "404": doc.JOB_NOT_FOUND,
+                "409": doc.error("already finished (`job_finished`)"), "503": doc.UNAVAILABLE})},
+        "/v1/jobs/{job_id}/chunks": {"get": doc.op(
+            "jobs", "getChunks", "Long-poll the next rendered chunks after a cursor", {
+                "200": doc.json(schemas.ChunkPage, "the chunks after the cursor, in order"),
+                "204": {"description": "nothing new within `wait`; ask again from "
+                                       "`X-Next-After`",
+                        "headers": {"X-Next-After": doc.header()}},
+                "404": doc.JOB_NOT_FOUND, "422": doc.INVALID, "503": doc.UNAVAILABLE},
+            query=schemas.ChunksQuery)},
+        "/v1/jobs/{job_id}/audio": {"get": doc.op(
+            "jobs", "getAudio", "The whole audio of a finished job", {
+                "200": doc.files(CONTENT_TYPES.values(), "the audio file"),
+                "404": doc.JOB_NOT_FOUND,
+                "409": doc.error("the job is not done yet (`job_not_done`), or will never be: it "
+                                 "was canceled (`job_canceled`) or failed (`job_failed`)"),
+                "410": doc.error("the job's audio expired (`audio_expired`)"),
+                "422": doc.INVALID, "503": doc.UNAVAILABLE},
+            query=schemas.AudioQuery)},
+        "/v1/jobs/{job_id}/captions": {"get": doc.op(
+            "jobs", "getCaptions", "A finished job's word timestamps, as JSON, SRT or WebVTT", {
+                "200": {"description": "the captions", "content": {
+                    **doc.texts(captions.CONTENT_TYPES[f] for f in captions.CAPTION_FORMATS),
+                    "application/json": {"schema": schemas.Captions}}},
+                "404": doc.JOB_NOT_FOUND,
+                "409": doc.error("SRT/VTT of a job not done yet (`job_not_done`), or a "
+                                 "canceled or failed job (`job_canceled`, `job_failed`)"),
+                "410": doc.error("the job's audio expired (`audio_expired`)"),
+                "422": doc.INVALID, "503": doc.UNAVAILABLE},
+            query=schemas.CaptionsQuery, description=(
+                "Each word's start and end in the job's audio (a neural voice's durations, "
+                "eSpeak's word events). SRT and VTT group the words into cues of at most 42 "
+                "characters and exist once the job is done; JSON also while it renders "
+                "(`complete: false`, the words so far)."))},
+        "/v1/voices": {"get": doc.op("farm", "listVoices", "The voices offered", {
+            "200": doc.json(schemas.Voices, "every voice name `voice` accepts")})},
+        "/v1/stats": {"get": doc.op(
+            "farm", "stats", "Mel cache counters, queue depths and live workers", {
+                "200": doc.json(schemas.Stats, "the farm's counters"), "503": doc.UNAVAILABLE})},
+        "/healthz": {"get": doc.op("health", "healthz", "The web process is up", {
+            "200": doc.json(schemas.Health, "alive")})},
+        "/readyz": {"get": doc.op(
+            "health", "readyz", "Redis reachable and a live worker on every interactive pool", {
+                "200": doc.json(schemas.Ready, "ready"),
+                "503": doc.json(schemas.NotReady, "not ready, and why", doc.RETRY_AFTER)},
+            description=(
+                "`workers` counts the live workers consuming each queue (acoustic, vocoder, "
+                "their batch queues, book). Readiness needs the acoustic and vocoder queues; a "
+                "book or batch queue with no worker (scaled to zero) is a `warnings` entry."))},
+    }

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import json
 import time
+from typing import cast
 from urllib.parse import quote
 
 from flask import Blueprint, Response, jsonify, request, send_file, url_for
 
-from app.books import (
+from app.broker.queueing import resume, send_assemble, send_prepare
+from app.offload import offload
+from app.stores.books import (
     book_download_name,
     book_id_for,
     captions_download_name,
@@ -31,11 +34,8 @@ from app.books import (
     output_key,
     prefix,
 )
-from app.offload import offload
-from app.queueing import resume, send_assemble, send_prepare
-from app.states import BookState
-from models import captions
-from models.book_parse import (
+from app.stores.states import BookState
+from models.books.parse import (
     EXTENSIONS,
     Book,
     BookError,
@@ -45,9 +45,12 @@ from models.book_parse import (
     parse_book,
 )
 from models.errors import BreakTooLong
-from models.frontend import check_breaks
-from models.ssml import looks_like_ssml
+from models.text import captions
+from models.text.frontend import check_breaks
+from models.text.ssml import looks_like_ssml
 from models.voices import Voice
+from web import apidoc as doc
+from web import schemas
 from web.auth import current_key, owner_id
 from web.errors import ApiError
 from web.helpers import (
@@ -250,7 +253,7 @@ def create_book():
             # crashed web process, or the broker's queues were lost): every stage is
             # idempotent and stored segments are skipped, so nothing is rendered twice.
             resume(f.celery, f.books, book_id)
-    resp = jsonify(book_view(f.books.get(book_id)))
+    resp = jsonify(book_view(cast(dict, f.books.get(book_id))))  # read above
     resp.status_code = 202 if created else 200
     resp.headers["Location"] = url_for("books.get_book", book_id=book_id)
     return resp
@@ -379,6 +382,71 @@ def retry(book_id: str):
                           else "submit it again to render it"), state=rec["state"])
     f = farm()
     resume(f.celery, f.books, book_id)
-    resp = jsonify(book_view(f.books.get(book_id)))
+    resp = jsonify(book_view(cast(dict, f.books.get(book_id))))  # read above
     resp.status_code = 202
     return resp
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    book = doc.json(schemas.Book, "the book, with per-chapter progress")
+    return {
+        "/v1/books": {"post": doc.op(
+            "books", "createBook", "Submit a book (multipart `file`, or JSON chapters) to "
+            "render", {
+                "202": doc.json(schemas.Book, "accepted: rendering starts"),
+                "200": doc.json(schemas.Book, "the same book was submitted before"),
+                "400": doc.error("the body is not valid JSON"),
+                "413": doc.error("the upload is too large"),
+                "415": doc.error("not a book file or not a supported body type"),
+                "422": doc.error("a field is wrong or the book has nothing to speak"),
+                "503": doc.UNAVAILABLE},
+            body={"multipart/form-data": schemas.BookUpload,
+                  "application/json": schemas.BookRequest})},
+        "/v1/books/{book_id}": {
+            "get": doc.op("books", "getBook", "A book's state, per-chapter progress, throughput "
+                          "and ETA", {"200": book, "404": doc.BOOK_NOT_FOUND,
+                                      "503": doc.UNAVAILABLE}),
+            "delete": doc.op("books", "cancelBook", "Cancel a book, or delete a finished one "
+                             "(files removed)", {"200": book, "404": doc.BOOK_NOT_FOUND,
+                                              "503": doc.UNAVAILABLE})},
+        "/v1/books/{book_id}/audio": {"get": doc.op(
+            "books", "getBookAudio", "The whole audiobook with chapter markers", {
+                "200": doc.files(schemas.BOOK_AUDIO_TYPES.values(), "the audiobook"),
+                "404": doc.error("no such book, or not rendered in this format"),
+                "409": doc.BOOK_NOT_DONE, "410": doc.BOOK_GONE, "422": doc.error("unknown format"),
+                "503": doc.UNAVAILABLE},
+            query=schemas.BookAudioQuery)},
+        "/v1/books/{book_id}/chapters/{n}/audio": {"get": doc.op(
+            "books", "getChapterAudio", "One chapter as MP3", {
+                "200": doc.files(["audio/mpeg"], "the chapter"),
+                "404": doc.error("no such book or chapter, or no chapter files"),
+                "409": doc.BOOK_NOT_DONE, "410": doc.BOOK_GONE, "503": doc.UNAVAILABLE})},
+        "/v1/books/{book_id}/captions": {"get": doc.op(
+            "books", "getBookCaptions", "The whole book's captions (each chapter at its place "
+            "in the book)", {
+                "200": doc.CAPTION_FILES, "404": doc.BOOK_NOT_FOUND, "409": doc.BOOK_NOT_DONE,
+                "410": doc.error("the captions are gone or the book was assembled before "
+                                 "captions (`audio_missing`)"),
+                "422": doc.error("unknown format"), "503": doc.UNAVAILABLE},
+            query=schemas.BookCaptionsQuery)},
+        "/v1/books/{book_id}/chapters/{n}/captions": {"get": doc.op(
+            "books", "getChapterCaptions", "One chapter's captions, on the chapter's own "
+            "timeline", {
+                "200": doc.CAPTION_FILES, "404": doc.error("no such book or chapter"),
+                "409": doc.BOOK_NOT_DONE,
+                "410": doc.error("the captions are gone (`audio_missing`)"),
+                "422": doc.error("unknown format"), "503": doc.UNAVAILABLE},
+            query=schemas.BookCaptionsQuery)},
+        "/v1/books/{book_id}/manifest": {"get": doc.op(
+            "books", "getBookManifest", "The finished book's files and chapter timings", {
+                "200": doc.json(schemas.Manifest, "the manifest"), "404": doc.BOOK_NOT_FOUND,
+                "409": doc.BOOK_NOT_DONE, "410": doc.BOOK_GONE, "503": doc.UNAVAILABLE})},
+        "/v1/books/{book_id}/retry": {"post": doc.op(
+            "books", "retryBook", "Render only what is missing of a failed or stuck book", {
+                "202": book, "404": doc.BOOK_NOT_FOUND,
+                "409": doc.error("done or canceled: nothing to retry"), "503": doc.UNAVAILABLE})},
+    }

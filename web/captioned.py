@@ -18,7 +18,7 @@ the same voices, formats, speed clamping and errors, see web/openai_compat.py) a
 in `X-Job-Id`, and a client that leaves cancels it, with or without streaming: the handler
 that waits for the whole job looks at the client's connection as it waits
 (`web.streams.client_gone`), and the job has a listener lease for a web process that dies
-meanwhile (app/listeners.py).
+meanwhile (app/stores/listeners.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ import numpy as np
 from flask import Blueprint, jsonify, request
 
 from app.offload import offload
-from app.states import JOB_FINAL
-from models.encode import StreamEncoder
+from app.stores.states import JOB_FINAL
+from models.audio.encode import StreamEncoder
+from web import apidoc as doc
+from web import schemas
 from web.errors import ApiError
 from web.helpers import farm, json_body, openai_errors, parse
 from web.openai_compat import farm_speed, resolve_voice, submit_speech
@@ -129,3 +131,33 @@ def _lines(follower: ChunkFollower, encoder: StreamEncoder, fmt: str, want_words
         if not completed:
             encoder.close()
             cancel_unless_done()
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def _captioned(operation_id: str, summary: str) -> dict:
+    return doc.op("openai", operation_id, summary, {
+        "200": {"description": "the audio (base64) and its word timestamps",
+                "headers": {"X-Job-Id": doc.header()}, "content": {
+                    "application/json": {"schema": schemas.CaptionedSpeech},
+                    "application/x-ndjson": {"schema": {"type": "string"}}}},
+        **doc.JSON_BODY,
+        "409": doc.error("the job ended early (`job_failed`, `job_canceled`, `job_stalled`)"),
+    }, body=schemas.CaptionedSpeechRequest, description=(
+        "The body of `POST /v1/audio/speech` plus `stream` (default false) and "
+        "`return_timestamps` (default true). `stream: false`: one JSON object once the job is "
+        "done. `stream: true`: newline-delimited JSON, one object per rendered chunk (its "
+        "encoded audio and the words that start in it), ending with the encoder's tail, or an "
+        "`error` object if the job ended early."))
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    return {
+        "/v1/audio/captioned_speech": {"post": _captioned(
+            "createCaptionedSpeech", "Speech and its word timestamps as JSON (Kokoro-FastAPI's "
+            "captioned speech)")},
+        "/dev/captioned_speech": {"post": _captioned(
+            "createCaptionedSpeechKokoro", "The same, at Kokoro-FastAPI's path")},
+    }

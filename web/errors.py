@@ -7,40 +7,47 @@ gets an HTML page or a bare 500.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
 from flask import Flask, current_app, jsonify, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from app.apikeys import LimitExceeded
-from app.offload import OffloadTimeout
-from app.sealing import KeyUnavailable
+from app.errors import FarmError
+from app.security.sealing import KeyUnavailable
 
 log = logging.getLogger("voxfarm.web")
 
 
 class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, field: str | None = None,
-                 headers: dict | None = None, **extra: object) -> None:
+                 headers: dict | None = None, **extra: Any) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
         self.headers = headers or {}
         self.extra = extra
 
     def body(self) -> dict:
-        err = {"code": self.code, "message": self.message}
+        err: dict[str, object] = {"code": self.code, "message": self.message}
         if self.field:
             err["field"] = self.field
         err.update(self.extra)
         return {"error": err}
 
 
-def limit_error(exc: LimitExceeded) -> ApiError:
-    """429: an API key over its requests a minute or its jobs running at once."""
-    r = exc.refusal
-    return ApiError(429, r.code, r.message, headers={"Retry-After": r.retry_after_s},
-                    retry_after=r.retry_after_s)
+def farm_error(exc: FarmError, retry_after_s: int) -> ApiError:
+    """A refusal of the farm's (app/errors.py) as the API's error: its status and code, a
+    Retry-After of its own or `retry_after_s` (the settings') where coming back helps, and
+    its extra fields. The one mapping of every kind: 429 a key over its limits, 503 the farm
+    busy, the broker or an at-rest key unavailable, 507 no GPU memory, 409/422 a canary."""
+    headers, extra = {}, dict(exc.extra())
+    if exc.retry:
+        retry = exc.retry_after_s if exc.retry_after_s is not None else retry_after_s
+        headers["Retry-After"] = retry
+        if exc.retry_in_body:
+            extra["retry_after"] = retry
+    return ApiError(exc.status, exc.code, exc.message(), headers=headers, **extra)
 
 
 def store_full(exc: Exception) -> bool:
@@ -107,28 +114,17 @@ def register_error_handlers(app: Flask, retry_after_s: int) -> None:
                                        "the job store is unreachable; try again shortly",
                                        headers={"Retry-After": retry_after_s}))
 
-    @app.errorhandler(KeyUnavailable)
-    def _key_unavailable(exc: KeyUnavailable):
-        # An operator's gap, not the client's and not lost data: the job or book keeps its
-        # state, and what it holds reads again once the key is back (app/sealing.py).
-        log.error("at-rest key %r is not in VOXFARM_AT_REST_KEYS; %s cannot be read",
-                  exc.key_id, exc.context or "a sealed object")
-        return error_response(ApiError(
-            503, "key_unavailable", f"what was asked for is sealed at rest with key "
-            f"'{exc.key_id}', which this server's VOXFARM_AT_REST_KEYS lacks; nothing was "
-            "changed, and it reads again once the key is back",
-            headers={"Retry-After": retry_after_s},
-            key_id=exc.key_id))
-
-    @app.errorhandler(LimitExceeded)
-    def _limit(exc: LimitExceeded):
-        return error_response(limit_error(exc))
-
-    @app.errorhandler(OffloadTimeout)
-    def _busy(exc: OffloadTimeout):
-        log.warning("request gave up on a busy worker thread: %s", exc)
-        return error_response(ApiError(503, "busy", "the server is busy; try again shortly",
-                                       headers={"Retry-After": retry_after_s}))
+    @app.errorhandler(FarmError)
+    def _refused(exc: FarmError):
+        if isinstance(exc, KeyUnavailable):
+            # An operator's gap, not the client's and not lost data: the job or book keeps its
+            # state, and what it holds reads again once the key is back
+            # (app/security/sealing.py).
+            log.error("at-rest key %r is not in VOXFARM_AT_REST_KEYS; %s cannot be read",
+                      exc.key_id, exc.context or "a sealed object")
+        elif exc.status >= 500:
+            log.warning("refused (%s): %s", exc.code, exc)
+        return error_response(farm_error(exc, retry_after_s))
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from flask import Request, current_app
 from pydantic import BaseModel, ValidationError
@@ -27,10 +27,10 @@ from models.errors import (
     UnknownSpeaker,
     UnknownVoice,
 )
-from models.frontend import Segment, TextRun, phoneme_segments
-from models.lexicon import check_lexicon
-from models.ssml import MAX_SSML_CHARS, SsmlError, looks_like_ssml
-from models.ssml import parse as parse_ssml
+from models.text.frontend import Segment, TextRun, phoneme_segments
+from models.text.lexicon import check_lexicon
+from models.text.ssml import MAX_SSML_CHARS, SsmlError, looks_like_ssml
+from models.text.ssml import parse as parse_ssml
 from models.voices import Voice, get_voice
 from web.errors import ApiError
 from web.schemas import OPENAI_VOICES
@@ -195,7 +195,7 @@ def lexicon_or_422(value: object, voice: Voice, field: str = "lexicon") -> dict[
     try:
         return check_lexicon(value, voice)
     except InvalidLexicon as exc:
-        extra = {"entry": exc.word} if exc.word else {}
+        extra: dict[str, Any] = {"entry": exc.word} if exc.word else {}
         if exc.position >= 0:
             extra.update(position=exc.position, symbols=exc.symbols)
         raise ApiError(422, "invalid_lexicon", str(exc), field=field, **extra) from None
@@ -203,7 +203,7 @@ def lexicon_or_422(value: object, voice: Voice, field: str = "lexicon") -> dict[
 
 def phonemes_or_422(value: object, voice: Voice, max_chars: int,
                     field: str = "phonemes") -> list[Segment]:
-    """Segments for phonemes given instead of text (`models.frontend.phoneme_segments`), or
+    """Segments for phonemes given instead of text (`models.text.frontend.phoneme_segments`), or
     the 422 naming the item, the character and the symbols the voice lacks."""
     if isinstance(value, str):
         size = len(value)
@@ -219,7 +219,7 @@ def phonemes_or_422(value: object, voice: Voice, max_chars: int,
     try:
         return phoneme_segments(value, voice.name)
     except InvalidPhonemes as exc:
-        extra = {"item": exc.segment} if isinstance(value, list) else {}
+        extra: dict[str, Any] = {"item": exc.segment} if isinstance(value, list) else {}
         if exc.position >= 0:
             extra["position"] = exc.position
         if exc.symbols:
@@ -236,7 +236,7 @@ def ssml_or_422(text: str, text_type: str | None, voice: Voice, speed: float,
                 field: str = "text") -> list[TextRun] | None:
     """The runs of `text` if it is SSML (`text_type` "ssml", or no `text_type` and a
     `<speak>` root), None for plain text; a 422 naming the element and where it starts for
-    markup the farm refuses (models/ssml.py), a 413 past `MAX_SSML_CHARS`. `text_type` is
+    markup the farm refuses (models/text/ssml.py), a 413 past `MAX_SSML_CHARS`. `text_type` is
     checked (schemas.TextType).
 
     The parse is CPU work in proportion to the text (a book chapter: up to a second), so it
@@ -251,6 +251,6 @@ def ssml_or_422(text: str, text_type: str | None, voice: Voice, speed: float,
     try:
         return offload("frontend", parse_ssml, text, voice, speed)
     except SsmlError as exc:
-        extra = {"element": exc.element} if exc.element else {}
+        extra: dict[str, Any] = {"element": exc.element} if exc.element else {}
         raise ApiError(422, exc.code, str(exc), field=field, **extra, line=exc.line,
                        column=exc.column, offset=exc.offset, **exc.extra) from None

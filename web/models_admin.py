@@ -6,7 +6,7 @@
     POST /v1/admin/voices/<voice>/rollback   retire the candidate
 
 Behind the API keys like every route (web/auth.py) once any key exists. Thin: each view
-checks the request and calls one method of the farm's `Canary` (app/canary.py), on the
+checks the request and calls one method of the farm's `Canary` (app/canary/), on the
 gevent hub (a few Redis round trips each).
 """
 
@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from flask import Blueprint, request
 
-from app.canary import Canary, CanaryError, CanaryRunning, check_candidate, voice_key
+from app.canary.rule import CanaryError, CanaryRunning, check_candidate, voice_key
+from app.canary.store import Canary
 from models.errors import UnknownSpeaker, UnknownVoice
-from models.piper_voice import Inference
-from web.errors import ApiError
+from models.neural.voice_file import Inference
+from web import apidoc as doc
+from web import schemas
+from web.errors import ApiError, farm_error
 from web.helpers import farm, iso_time, json_body, parse
 from web.schemas import CanaryRequest
 
@@ -64,11 +67,11 @@ def start_canary(voice: str):
     try:
         check_candidate(name, req.file, inference)
         canary.start(name, req.file, inference, req.share, req.note)
-    except CanaryRunning as exc:
-        raise ApiError(409, "canary_running", str(exc)) from None
-    except CanaryError as exc:
-        raise ApiError(422, "invalid_candidate", str(exc),
-                       field="file" if req.file and "file" in str(exc) else None) from None
+    except CanaryError as exc:  # 409 one running already, 422 a candidate it cannot take
+        err = farm_error(exc, farm().settings.retry_after_s)
+        if not isinstance(exc, CanaryRunning) and req.file and "file" in str(exc):
+            err.field = "file"
+        raise err from None
     return versions_of(canary, name), 201
 
 
@@ -89,3 +92,34 @@ def _decide(voice: str, decision, done: str):
     if decision(canary, name, reasons=(f"{done} by an operator through the API",)) is None:
         raise ApiError(409, "no_candidate", f"voice {voice_key(name)} has no candidate")
     return versions_of(canary, name)
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    versions = doc.json(schemas.VoiceVersions, "the voice's versions, figures and decisions")
+    return {
+        "/v1/admin/voices/{voice}/versions": {"get": doc.op(
+            "admin", "listVoiceVersions", "A voice's versions, the canary's figures and its "
+            "last decisions", {"200": versions, "404": doc.VOICE_NOT_FOUND,
+                               "503": doc.UNAVAILABLE})},
+        "/v1/admin/voices/{voice}/canary": {"post": doc.op(
+            "admin", "startCanary", "Start a candidate version: it takes a share of new jobs "
+            "until the rule (or an operator) promotes or rolls it back", {
+                "201": doc.json(schemas.VoiceVersions, "started"), **doc.JSON_BODY,
+                "404": doc.VOICE_NOT_FOUND,
+                "409": doc.error("the voice has a candidate already (`canary_running`)"),
+                "422": doc.error("a field is wrong, or the file is not a voice at the voice's "
+                                 "sample rate (`invalid_candidate`)")},
+            body=schemas.CanaryRequest)},
+        "/v1/admin/voices/{voice}/promote": {"post": doc.op(
+            "admin", "promoteCanary", "Make the candidate live now", {
+                "200": versions, "404": doc.VOICE_NOT_FOUND, "409": doc.NO_CANDIDATE,
+                "503": doc.UNAVAILABLE})},
+        "/v1/admin/voices/{voice}/rollback": {"post": doc.op(
+            "admin", "rollbackCanary", "Retire the candidate now", {
+                "200": versions, "404": doc.VOICE_NOT_FOUND, "409": doc.NO_CANDIDATE,
+                "503": doc.UNAVAILABLE})},
+    }

@@ -2,7 +2,7 @@
 
 Every request gets an id: the client's `X-Request-ID` when it is a plain token, else a new
 one. The id is bound for the request's log lines and for the task messages it publishes
-(`app.tracing`), written back into the WSGI environ (so every handler that reads
+(`app.obs.tracing`), written back into the WSGI environ (so every handler that reads
 `X-Request-ID` sees the same id, the one it made included) and echoed in the response.
 
 `/metrics` serves the web's process metrics (every gunicorn worker's, in multiprocess mode)
@@ -21,7 +21,9 @@ import time
 
 from flask import Blueprint, Response, current_app, g, request
 
-from app import celery_app, metrics, tracing
+from app.broker import celery_app
+from app.obs import metrics, tracing
+from web import apidoc as doc
 from web.helpers import farm
 
 observability = Blueprint("observability", __name__)
@@ -91,3 +93,15 @@ def prometheus_metrics() -> Response:
     body = metrics.exposition([metrics.FarmCollector(farm(), celery_app.QUEUE_POOLS)])
     return Response(body, mimetype="text/plain", headers={
         "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    return {
+        "/metrics": {"get": doc.op("health", "metrics", "Prometheus metrics (text exposition "
+                                   "format)", {"200": {"description": "metrics", "content": {
+                                    "text/plain": {"schema": {"type": "string"}}}}})},
+    }

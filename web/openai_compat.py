@@ -37,9 +37,11 @@ import json
 
 from flask import Blueprint, jsonify, request
 
-from app.states import JOB_FINAL
-from models.encode import StreamEncoder
+from app.stores.states import JOB_FINAL
+from models.audio.encode import StreamEncoder
 from models.voices import list_voices
+from web import apidoc as doc
+from web import schemas
 from web.errors import ApiError
 from web.helpers import farm, json_body, openai_errors, openai_voice_table, parse, voice_or_422
 from web.schemas import (
@@ -133,7 +135,8 @@ def _model(name: str) -> dict:
 @openai_compat.get("/v1/models")
 def models():
     """OpenAI's model list: the names `model` is usually given (any name works)."""
-    return jsonify({"object": "list", "data": [_model(m) for m in OPENAI_MODELS]})
+    return jsonify(schemas.ModelList.answer(object="list",
+                                            data=[_model(m) for m in OPENAI_MODELS]))
 
 
 @openai_compat.get("/v1/models/<model_id>")
@@ -142,11 +145,42 @@ def model(model_id: str):
         raise ApiError(404, "model_not_found", f"no model '{model_id}'; the farm lists "
                        f"{', '.join(OPENAI_MODELS)}", field="model", valid=list(OPENAI_MODELS),
                        type="invalid_request_error", param="model")
-    return jsonify(_model(model_id))
+    return jsonify(schemas.Model.answer(**_model(model_id)))
 
 
 @openai_compat.get("/v1/audio/voices")
 def audio_voices():
     """Every name `voice` takes, as Kokoro-FastAPI lists them: the OpenAI names first, then
     the farm's own voices (`GET /v1/voices` has the details)."""
-    return jsonify({"voices": [*openai_voice_table(), *(vc.name for vc in list_voices())]})
+    return jsonify(schemas.SpeechVoices.answer(
+        voices=[*openai_voice_table(), *(vc.name for vc in list_voices())]))
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    speech_200 = doc.files(CONTENT_TYPES.values(), "audio in `response_format`, chunked; with "
+                           "`stream_format: sse`, server-sent events", doc.OPENAI_HEADERS)
+    speech_200["content"]["text/event-stream"] = {"schema": {
+        "type": "string",
+        "description": "`data: {\"type\": \"speech.audio.delta\", \"audio\": BASE64}` per "
+                       "piece of audio, then `data: {\"type\": \"speech.audio.done\", "
+                       "\"usage\": {\"input_tokens\", \"output_tokens\", \"total_tokens\"}}` "
+                       "(input_tokens: characters), or an `error` event if the job ended "
+                       "early"}}
+    return {
+        "/v1/audio/speech": {"post": doc.op(
+            "openai", "createSpeech", "OpenAI-compatible text to speech; the body streams as "
+            "it renders", {"200": speech_200, **doc.JSON_BODY}, body=schemas.SpeechRequest)},
+        "/v1/models": {"get": doc.op(
+            "openai", "listModels", "OpenAI's model list: the names `model` usually takes "
+            "(any works)", {"200": doc.json(schemas.ModelList, "the models")})},
+        "/v1/models/{model_id}": {"get": doc.op("openai", "getModel", "One model", {
+            "200": doc.json(schemas.Model, "the model"),
+            "404": doc.error("not a listed model (`model_not_found`)")})},
+        "/v1/audio/voices": {"get": doc.op(
+            "openai", "listSpeechVoices", "Every name `voice` takes, Kokoro-FastAPI style",
+            {"200": doc.json(schemas.SpeechVoices, "the voice names")})},
+    }

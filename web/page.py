@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, render_template
 
-from models.book_parse import EXTENSIONS
+from models.books.parse import EXTENSIONS
+from web import apidoc as doc
 from web.auth import keys_enabled
 from web.helpers import farm
 from web.schemas import SPEED_MAX, SPEED_MIN
@@ -37,3 +38,15 @@ def index():
                            # The picker offers what the upload takes, and nothing else (JSON
                            # chapters are a JSON body, not a file: docs/books.md).
                            book_extensions=",".join(EXTENSIONS))
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    return {
+        "/": {"get": doc.op("docs", "page", "The browser page: type, pick a voice, play", {
+            "200": {"description": "HTML", "content": {
+                "text/html": {"schema": {"type": "string"}}}}})},
+    }

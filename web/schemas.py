@@ -2,7 +2,7 @@
 
 The request models validate (`web.helpers.parse` turns their errors into the API's one error
 shape) and every model writes its part of `/openapi.json` (web/openapi.py). Nothing here
-restates a fact: states come from `app.states`, formats and limits from the modules that own
+restates a fact: states come from `app.stores.states`, formats and limits from the modules that own
 them, and a bound or default that is a setting (`max_text_chars`, `max_wait_s`,
 `default_voice`) is read from the app's settings: at validation from the context
 (`{"settings": ...}`), in the document from the settings it is built for (`document_for`).
@@ -35,22 +35,22 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, core_schema
 
-from app.books import BOOK_FORMATS, DEFAULT_FORMATS
 from app.settings import Settings
-from app.states import BookState, JobState
-from models.book_parse import EXTENSIONS as BOOK_EXTENSIONS
-from models.captions import CAPTION_FORMATS
-from models.encode import CONTENT_TYPES as AUDIO_CONTENT_TYPES
-from models.frontend import MAX_BREAK_MS
-from models.lexicon import MAX_ENTRIES as LEXICON_MAX_ENTRIES
-from models.lexicon import MAX_PHONEME_CHARS as LEXICON_MAX_PHONEMES
-from models.piper_voice import INFERENCE_RANGES  # what a voice version may override
-from models.ssml import SPEED_MAX, SPEED_MIN  # the speeds the farm renders
+from app.stores.books import BOOK_FORMATS, DEFAULT_FORMATS
+from app.stores.states import BookState, JobState
+from models.audio.encode import CONTENT_TYPES as AUDIO_CONTENT_TYPES
+from models.books.parse import EXTENSIONS as BOOK_EXTENSIONS
+from models.neural.voice_file import INFERENCE_RANGES  # what a voice version may override
+from models.text.captions import CAPTION_FORMATS
+from models.text.frontend import MAX_BREAK_MS
+from models.text.lexicon import MAX_ENTRIES as LEXICON_MAX_ENTRIES
+from models.text.lexicon import MAX_PHONEME_CHARS as LEXICON_MAX_PHONEMES
+from models.text.ssml import SPEED_MAX, SPEED_MIN  # the speeds the farm renders
 from models.voices import ESPEAK, PIPER
 
 # -- the values the API takes ----------------------------------------------------------------
 
-# A job's `format`: what `/audio` encodes (models/encode.py can write each).
+# A job's `format`: what `/audio` encodes (models/audio/encode.py can write each).
 AUDIO_FORMATS = tuple(AUDIO_CONTENT_TYPES)
 # The formats a job stream offers; `wav` (open length) plays in any browser's <audio>.
 JOB_STREAM_FORMATS = ("wav", "pcm", "ogg", "mp3", "aac", "flac")
@@ -460,9 +460,16 @@ class SocketMessage(RequestModel):
 
 
 class ResponseModel(BaseModel):
-    """A JSON answer, for the document (the views build it as a dict)."""
+    """A JSON answer, declared once for the document and the view: a view that builds its
+    answer with `Model.answer(...)` answers what the document says, or fails loudly."""
 
     model_config = ConfigDict(extra="allow")
+
+    @classmethod
+    def answer(cls, **fields: Any) -> dict:
+        """The answer's JSON object: `fields` validated by this model and written out as given
+        (a field left out stays out; extras pass through)."""
+        return cls.model_validate(fields).model_dump(mode="json", exclude_unset=True)
 
 
 class ErrorDetail(ResponseModel):

@@ -24,7 +24,9 @@ import numpy as np
 from flask import Blueprint, Response, request, stream_with_context
 
 from app.offload import offload
-from models.encode import StreamEncoder
+from models.audio.encode import StreamEncoder
+from web import apidoc as doc
+from web import schemas
 from web.helpers import farm, parse
 from web.schemas import StreamQuery
 from web.synthesis import ChunkFollower, streamable_job
@@ -113,3 +115,29 @@ def stream_job(job_id: str):
     follower = ChunkFollower(f, job_id, listener_gone=client_gone())
     return streaming_response(encoded_audio(follower, encoder), encoder.content_type,
                               {"X-Job-Id": job_id})
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    stream_types = ("audio/wav", "audio/L16", "audio/ogg", "audio/mpeg", "audio/aac",
+                    "audio/flac")
+    return {
+        "/v1/jobs/{job_id}/stream": {"get": doc.op(
+            "streaming", "streamJob", "The job's audio as it renders, over chunked HTTP", {
+                "200": doc.files(stream_types, "audio, chunked, while the job renders",
+                                 {"X-Job-Id": doc.header()}),
+                "404": doc.JOB_NOT_FOUND,
+                "409": doc.error("the job was canceled or failed (`job_canceled`, `job_failed`): "
+                                 "nothing to stream"),
+                "422": doc.INVALID, "503": doc.UNAVAILABLE},
+            query=schemas.StreamQuery, description=(
+                "Starts with the first segment as soon as it exists and ends after the last. "
+                "`wav` declares an open length (0xFFFFFFFF) in its header; `pcm` is 16-bit "
+                "little-endian mono at the voice's rate, which `Content-Type` says "
+                "(`audio/L16; rate=22050; channels=1`); `ogg` is Ogg Opus at 48 kHz. A job "
+                "canceled or failed mid-way ends the stream early; `GET /v1/jobs/{job_id}` "
+                "then says why."))},
+    }

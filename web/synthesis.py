@@ -4,7 +4,7 @@ What the stream endpoint, the OpenAI-compatible endpoint and the WebSocket share
 leave as `ApiError` (HTTP turns them into the one error body, the socket into an error event).
 
 A job submitted for a stream is `listened`: it exists for that stream alone, has a listener
-lease (app/listeners.py) that the follower holds while it iterates, and is canceled when its
+lease (app/stores/listeners.py) that the follower holds while it iterates, and is canceled when its
 listener is gone: the client left (the caller cancels), or the web process that streamed it
 died (the lease lapses and the sweep cancels).
 """
@@ -13,23 +13,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import redis
 
-from app import metrics
-from app.apikeys import LimitExceeded
-from app.farm import Farm, GpuMemoryExhausted, Overloaded
-from app.jobs import Chunk
+from app.broker.queueing import TooManySegments
+from app.errors import FarmError
+from app.farm import Farm
+from app.obs import metrics
 from app.offload import offload
-from app.queueing import TooManySegments, Unavailable
-from app.sealing import KeyUnavailable
-from app.states import JOB_FINAL, JobState
+from app.security.sealing import KeyUnavailable
+from app.stores.jobs import Chunk
+from app.stores.states import JOB_FINAL, JobState
 from models.errors import BreakTooLong, NoSpeakableText
-from models.frontend import Segment, TextRun, iter_run_segments, iter_segments
+from models.text.frontend import Segment, TextRun, iter_run_segments, iter_segments
 from models.voices import Voice
 from web.auth import current_key
-from web.errors import ApiError, limit_error
+from web.errors import ApiError, farm_error
 from web.helpers import break_error, no_speakable_text, ssml_or_422, voice_or_422
 
 log = logging.getLogger("voxfarm.web")
@@ -53,7 +53,7 @@ def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
                 lexicon: dict[str, str] | None = None, text_type: str | None = None,
                 listened: bool = False, field: str = "text") -> dict:
     """Validate the voice (and the SSML), run the frontend off the hub, and submit the job;
-    count it in `voxfarm_jobs_submitted_total` under `entry` (app.metrics.JOB_ENTRIES).
+    count it in `voxfarm_jobs_submitted_total` under `entry` (app.obs.metrics.JOB_ENTRIES).
     `lexicon` is a checked request lexicon (`lexicon_or_422`); `listened`: the job is a
     stream's (see the module docstring); `field`: the request's field the text came in."""
     voice = voice_or_422(voice_name)
@@ -81,20 +81,9 @@ def submit_segments(farm: Farm, segments, voice: Voice, speed: float, fmt: str, 
         raise no_speakable_text() from None
     except BreakTooLong as exc:
         raise break_error(exc, "text") from None
-    except GpuMemoryExhausted as exc:
-        raise ApiError(507, "gpu_memory_exhausted", str(exc),
-                       headers={"Retry-After": exc.retry_after_s},
-                       retry_after=exc.retry_after_s) from None
-    except LimitExceeded as exc:
-        raise limit_error(exc) from None
-    except Overloaded as exc:
-        raise ApiError(503, "overloaded", str(exc), headers={"Retry-After": exc.retry_after_s},
-                       retry_after=exc.retry_after_s) from None
-    except Unavailable:
-        retry_after = farm.settings.retry_after_s
-        raise ApiError(503, "broker_unavailable",
-                       "the farm could not queue the job in time; nothing was queued",
-                       headers={"Retry-After": retry_after}, retry_after=retry_after) from None
+    except FarmError as exc:  # busy, over a key's limits, the broker away: as ApiError, so
+        # the WebSocket's frames (which catch ApiError) say it as the HTTP answers do
+        raise farm_error(exc, farm.settings.retry_after_s) from None
     metrics.JOBS_SUBMITTED.labels(entry).inc()
     return job
 
@@ -136,7 +125,7 @@ class ChunkFollower:
     `listener_gone` (a check that the client is no longer connected: `web.streams.
     client_gone`), it looks every `LISTENER_CHECK_S` and ends "disconnected" once the client
     has left, chunks flowing or not. With `listened`, the iteration holds the job's listener
-    lease (app/listeners.py) from its first step to its end.
+    lease (app/stores/listeners.py) from its first step to its end.
     """
 
     def __init__(self, farm: Farm, job_id: str, after: int = -1,
@@ -195,7 +184,7 @@ class ChunkFollower:
             self._end("stalled")
         return chunks
 
-    def __iter__(self) -> Iterator[Chunk]:
+    def __iter__(self) -> Generator[Chunk, None, None]:
         wait_s = POLL_S if self.listener_gone is None else LISTENER_CHECK_S
         if self.listened:
             self.farm.listeners.hold(self.job_id)

@@ -28,7 +28,7 @@ the words that start in it (times in seconds on the job's timeline, like `start_
 A bad message gets an error event and the socket stays open. A message past the hard size
 limit closes it with 1009 (Message Too Big) before it is read into memory in full. When the
 client goes away, every job it started that is still rendering is canceled. The socket's jobs
-are listened to (app/listeners.py): from its submission to its end each holds a listener
+are listened to (app/stores/listeners.py): from its submission to its end each holds a listener
 lease, so a web process that dies with the socket open leaves nothing rendering for long.
 
 The API key of the handshake is checked again before each message is handled and at least
@@ -54,10 +54,12 @@ from flask import Blueprint
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
-from app.apikeys import ApiKey
 from app.farm import Farm
-from app.states import JOB_FINAL
+from app.security.apikeys import ApiKey
+from app.stores.states import JOB_FINAL
 from models.voices import get_voice
+from web import apidoc as doc
+from web import schemas
 from web.auth import check_still_live, count_request, current_key
 from web.errors import ApiError
 from web.helpers import check_unicode, farm, lexicon_or_422, parse, voice_or_422
@@ -328,3 +330,25 @@ def _close_with(ws, err: ApiError, code: int = 1011) -> None:
         ws.close(reason=code, message=err.code)
     except (ConnectionClosed, OSError):  # the client is gone already
         pass
+
+
+# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
+
+
+def openapi_paths() -> dict:
+    """This blueprint's paths in the API document."""
+    frames = ", ".join(f"`{m.__name__}`" for m in schemas.SOCKET_EVENTS)
+    return {
+        "/v1/ws": {"get": doc.op(
+            "streaming", "websocket", "WebSocket: text in as it is written, PCM frames and "
+            "events out", {
+                "101": {"description": "switching protocols: the socket is open"},
+                "400": doc.error("not a WebSocket upgrade request")},
+            description=(
+                "Upgrade with `GET /v1/ws` (`Connection: Upgrade`, `Upgrade: websocket`). "
+                "Client messages are JSON text frames, `SocketMessage` (the same fields as a "
+                "job's); the server sends JSON events (" + frames + " in the schemas) and, "
+                "between `segment.started` and `segment.done`, binary frames of "
+                "16-bit little-endian mono PCM at the job's `sample_rate` (its voice's). See "
+                "the README."))},
+    }

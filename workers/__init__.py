@@ -1,0 +1,1 @@
+"""The worker pools' entry point behind `voxfarm worker`."""

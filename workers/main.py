@@ -18,6 +18,7 @@ takes its stage's overflow queue, where the short ones hand them.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import socket
 import threading
@@ -27,7 +28,7 @@ import warnings
 from celery import Celery, signals
 from celery.exceptions import SecurityWarning
 
-from app.celery_app import (
+from app.broker.celery_app import (
     ACOUSTIC_QUEUE,
     BATCH_QUEUES,
     BOOK_QUEUE,
@@ -37,8 +38,8 @@ from app.celery_app import (
     WORKER_QUEUES,
     make_celery,
 )
+from app.broker.redelivery import Redelivery
 from app.farm import WORKER_STALE_S
-from app.redelivery import Redelivery
 from app.settings import Settings
 from tasks import runtime
 
@@ -47,20 +48,21 @@ log = logging.getLogger("voxfarm.workers")
 HEARTBEAT_EVERY_S = 3.0
 
 
-def build_worker_app(settings: Settings | None = None) -> Celery:
+def build_worker_app(settings: Settings) -> Celery:
     """The Celery app of a worker process, with the tasks registered."""
-    celery = make_celery(settings or Settings.from_env())
+    celery = make_celery(settings)
     if celery.conf.broker_url.startswith(("redis://", "rediss://")):
         # A consumer parses what it pops: kombu's Redis transport, hardened to drop (and
         # log) queue items that are not messages the farm sends instead of stopping the
-        # worker (app/redis_transport.py). Producers (the web) and Flower keep kombu's own,
+        # worker (app/broker/redis_transport.py). Producers (the web) and Flower keep kombu's own,
         # whose URL Flower reads.
-        celery.conf.broker_transport = "app.redis_transport:Transport"
+        celery.conf.broker_transport = "app.broker.redis_transport:Transport"
     # A worker's publishes (a segment's next stage, a retry) wait out a broker restart, about
     # 20 s, where the web's give up in half a second and answer 503: a worker has no client
     # waiting on a socket, and a retry whose publish fails is dropped by Celery for good.
     celery.conf.task_publish_retry_policy = {"max_retries": 12, "interval_start": 0.5,
                                              "interval_step": 0.5, "interval_max": 2}
+    # the tasks register on the app built above
     import tasks.books  # noqa: F401  (book orchestration; the segment tasks call it too)
     import tasks.quality  # noqa: F401  (the voice canary's scoring, on the quality pool)
     import tasks.segments  # noqa: F401  (registers the shared tasks on this app)
@@ -85,7 +87,7 @@ class Heartbeat:
     own, being dead, and the acoustic pool is the one every job needs anyway.
 
     Every heartbeat also hands the unacked messages of peers whose heartbeat went stale back
-    to their queue (`app.redelivery`), once this worker has itself been in touch with Redis
+    to their queue (`app.broker.redelivery`), once this worker has itself been in touch with Redis
     for that long (after an outage every peer looks stale until it beats again).
     """
 
@@ -165,8 +167,6 @@ class WarmCount:
     fork (an anonymous shared-memory counter made before Celery forks its children)."""
 
     def __init__(self, needed: int) -> None:
-        import multiprocessing
-
         self.needed = needed
         self._count = multiprocessing.get_context("fork").Value("i", 0)
 
@@ -252,14 +252,16 @@ def lower_priority(nice: int) -> None:
 def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str = "prefork",
                loglevel: str = "INFO", name: str | None = None, metrics_port: int = 0,
                metrics_addr: str = "0.0.0.0", threads: int = 0, work: str = "all",
-               nice: int = 0, batch: int = 0) -> None:
+               nice: int = 0, batch: int = 0, *, settings: Settings) -> None:
+    """Run the pool of `queue` with `settings` (read once by the entry point, `voxfarm
+    worker`)."""
     if queue not in WORKER_QUEUES:
         raise SystemExit(f"unknown queue {queue!r}; one of {', '.join(WORKER_QUEUES)}")
     if nice:
         lower_priority(nice)
     runtime.configure(device, threads)
     try:
-        memory_ruled = queue in OVERFLOW_QUEUES and runtime.memory_ruled()
+        memory_ruled = queue in OVERFLOW_QUEUES and runtime.memory_ruled(settings)
     except ValueError as exc:  # a bad VOXFARM_MEMORY_PROBE: say so at start
         raise SystemExit(str(exc)) from None
     queues = worker_queues(queue, work, overflow=queue in OVERFLOW_QUEUES and not memory_ruled)
@@ -268,14 +270,13 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
         # Dynamic batching (tasks/batching.py): the pool's segments run on `batch` threads of
         # one process, whose one batcher thread runs their forward passes together.
         pool, concurrency = "threads", batch
-        from tasks import batching
+        from tasks import batching  # only a batching pool starts its batcher
 
-        settings = Settings.from_env()
         batching.configure(queue, batch, settings.batch_linger_ms / 1000,
                            limit_s=settings.task_time_limit)
         log.info("batching up to %d items a forward pass (linger %.1f ms)", batch,
                  settings.batch_linger_ms)
-    celery = build_worker_app()
+    celery = build_worker_app(settings)
     # JSON logs, trace ids, task timing and metrics (tasks/observability.py). The metrics
     # endpoint serves every pool process's samples (multiprocess mode, set up by the CLI).
     from tasks import observability
@@ -283,16 +284,17 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     in_main = pool in ("solo", "threads")  # tasks run in this process: no child to init
     observability.install(solo=in_main, role=queue)
     if metrics_port:
-        from app.metrics import start_metrics_server
+        # after multiproc.prepare(): prometheus_client picks its mode when first imported
+        from app.obs.metrics import start_metrics_server
 
         start_metrics_server(metrics_port, metrics_addr)
     # One name per pool and host, the same after a restart (a restarted worker hands back
-    # what its previous life held under that name: app/redelivery.py). The work mode is in
+    # what its previous life held under that name: app/broker/redelivery.py). The work mode is in
     # it, so a host's interactive and batch pools of one stage never share a name.
     mode = "" if work == "all" else f"-{work}"
     hostname = name or f"{queue}{mode}-{device.replace(':', '')}@{socket.gethostname()}"
     # Celery prints a screenful on every start as root. What it guards against is pickle
-    # (code execution from a message), and the farm accepts JSON only (app/celery_app.py);
+    # (code execution from a message), and the farm accepts JSON only (app/broker/celery_app.py);
     # `voxfarm up` says once that it runs as root.
     warnings.filterwarnings("ignore", message="You're running the worker with superuser",
                             category=SecurityWarning)

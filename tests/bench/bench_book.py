@@ -170,7 +170,7 @@ def main() -> None:
     ap.add_argument("--voice", default="", help="default: the farm's default voice")
     args = ap.parse_args()
 
-    from app.embedded_redis import EmbeddedRedis
+    from app.local.embedded_redis import EmbeddedRedis
     from web import create_app
 
     if args.voice:

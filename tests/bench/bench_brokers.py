@@ -10,7 +10,7 @@ For each:
 - latency: one sentence at a time, POST to the last chunk in the client's hands (long-poll);
 - throughput: every sentence submitted at once by 8 clients;
 - publish: what one segment's publish costs the web (200 segments through
-  `app.queueing.publish_segments`, no workers);
+  `app.broker.queueing.publish_segments`, no workers);
 - redelivery: the vocoder worker is SIGKILLed mid-job and a new one started at once; the
   time until the new one receives the message the dead one held (Redis: after the
   visibility timeout, set to --visibility-timeout here, 420 s by default; RabbitMQ: when the
@@ -41,7 +41,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from app import queueing  # noqa: E402
+from app.broker import queueing  # noqa: E402
 from tests import brokers  # noqa: E402
 from tests.bench.bench_farm import farm_job, pct, sentences  # noqa: E402
 from tests.bench.common import redis_url_or_embedded  # noqa: E402

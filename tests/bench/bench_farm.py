@@ -69,20 +69,20 @@ class Direct:
         torch.set_num_threads(1)  # as each of the farm's pool processes runs
         self.voice = get_voice(voice or Settings().default_voice)
         if self.voice.engine == PIPER:
-            from models.piper import PiperAcoustic, PiperVocoder
+            from models.neural.piper import PiperAcoustic, PiperVocoder
 
             self.acoustic = PiperAcoustic(model_path=self.voice.model_path)
             self.vocoder = PiperVocoder(model_path=self.voice.model_path)
         else:
-            from models.acoustic import load_acoustic
-            from models.vocoder import load_vocoder
+            from models.classic.acoustic import load_acoustic
+            from models.classic.vocoder import load_vocoder
 
             self.acoustic, self.vocoder = load_acoustic("espeak"), load_vocoder("griffinlim")
         self("Warm up the models once.")
 
     def __call__(self, text: str) -> int:
-        from models.encode import pcm16
-        from models.frontend import prepare
+        from models.audio.encode import pcm16
+        from models.text.frontend import prepare
         from models.voices import PIPER
 
         n = 0

@@ -1,5 +1,5 @@
 """Time to the first segment of a long text, the whole-text source alignment by difflib
-against the linear walk the frontend uses (models/words.py, `_opcodes`), side by side.
+against the linear walk the frontend uses (models/text/words.py, `_opcodes`), side by side.
 
 The web publishes a job's first segment as soon as the frontend yields it, so this time is
 part of every job's first audio. Before the first segment the frontend normalises the whole
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.settings import Settings  # noqa: E402
-from models import words  # noqa: E402
-from models.frontend import iter_segments  # noqa: E402
+from models.text import words  # noqa: E402
+from models.text.frontend import iter_segments  # noqa: E402
 from tests.bench.bench_stream import TOPICS  # noqa: E402
 
 

@@ -63,7 +63,7 @@ def run_layout(c: hosts.Cluster, layout: dict[str, tuple[int, int]], texts: list
     elapsed = time.perf_counter() - t0
     import redis
 
-    from app.keys import Keys
+    from app.stores.keys import Keys
 
     r, keys = redis.Redis.from_url(c.redis_url), Keys("vf")
     for name in layout:

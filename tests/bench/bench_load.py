@@ -40,7 +40,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from app.embedded_redis import free_port  # noqa: E402
+from app.local.embedded_redis import free_port  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from tests.bench.common import redis_url_or_embedded  # noqa: E402
 from tests.helpers import gunicorn_server, running_farm, wait_http_ok  # noqa: E402

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from models.mel import MelConfig, log_mel
-from models.vocoder import GriffinLimVocoder
+from models.classic.mel import MelConfig, log_mel
+from models.classic.vocoder import GriffinLimVocoder
 
 CFG = MelConfig()
 

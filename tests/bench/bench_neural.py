@@ -22,7 +22,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from models.piper import default_voice_path, load_piper_voice
+from models.neural.piper import default_voice_path, load_piper_voice
 
 LATENT = "/Mul_7_output_0"
 SEGMENTS = {

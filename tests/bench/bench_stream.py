@@ -15,7 +15,7 @@ frontend, acoustic and vocoder code in this process: the first segment's feature
 first vocoder window, the farm's `VOXFARM_VOCODER_WINDOW_FRAMES`; for eSpeak the whole first
 segment). Each path runs five times, the direct first window once before each run, and the
 table shows medians. Every paragraph is new text, so no cache hit helps the farm.
-Goals (issue 9): first byte <= 0.10x the full time and <= 1.3x the direct first window.
+Goals: first byte <= 0.10x the full time and <= 1.3x the direct first window.
 
 A second table splits the HTTP stream's first byte into the farm's hops, from the stamps its
 job record keeps (see `hops`), beside the direct first window's three parts.
@@ -172,7 +172,7 @@ def timed_parts(direct, text: str) -> tuple[float, float, float]:
     frontend's first segment, its features, its first vocoder window (for eSpeak the whole
     first segment)."""
     from app.settings import Settings
-    from models.frontend import iter_segments
+    from models.text.frontend import iter_segments
     from models.voices import PIPER
 
     t0 = time.perf_counter()

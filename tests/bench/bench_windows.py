@@ -25,8 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from models.hifigan import Window  # noqa: E402
-from models.piper import WINDOW_CONTEXT, PiperAcoustic, PiperVocoder  # noqa: E402
+from models.neural.hifigan import Window  # noqa: E402
+from models.neural.piper import WINDOW_CONTEXT, PiperAcoustic, PiperVocoder  # noqa: E402
 from tests.bench.bench_farm import sentences  # noqa: E402
 
 LONG = ("This is a much longer sentence, the kind a novel has, which runs on through several "

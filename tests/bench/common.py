@@ -13,7 +13,7 @@ def redis_url_or_embedded(url: str | None, tmp: Path) -> Iterator[str]:
     if url:
         yield url
         return
-    from app.embedded_redis import EmbeddedRedis
+    from app.local.embedded_redis import EmbeddedRedis
 
     server = EmbeddedRedis(tmp / "redis", persist=False).start()
     try:

@@ -25,7 +25,7 @@ def _voice():
     import torch
 
     from app.settings import Settings
-    from models.piper import PiperAcoustic, PiperVocoder
+    from models.neural.piper import PiperAcoustic, PiperVocoder
     from models.voices import get_voice
 
     torch.set_num_threads(1)  # as the farm's pools run
@@ -36,8 +36,8 @@ def _voice():
 
 @app.post("/v1/audio/speech")
 def speech():
-    from models.encode import pcm16
-    from models.frontend import iter_segments
+    from models.audio.encode import pcm16
+    from models.text.frontend import iter_segments
 
     text = (request.get_json(silent=True) or {}).get("input") or ""
     voice, acoustic, vocoder = _voice()

@@ -1,5 +1,5 @@
 """A soak: `voxfarm up` under a steady mixed load for N minutes, with one Redis kill and one
-worker kill in the middle (issue 11).
+worker kill in the middle.
 
 The load: `--jobs` clients each submitting a short job and long-polling its chunks, one
 after another; `--streams` clients each streaming `/v1/audio/speech`; one book, submitted
@@ -35,7 +35,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from app.embedded_redis import free_port  # noqa: E402
+from app.local.embedded_redis import free_port  # noqa: E402
 
 SENTENCES = [
     "The lighthouse keeper counted the ships that passed in the night.",

@@ -1,4 +1,4 @@
-"""Read-along on the page (issue 15), in headless chromium: while the audio plays, the word
+"""Read-along on the page, in headless chromium: while the audio plays, the word
 being spoken is highlighted, following the job's word timestamps."""
 
 from __future__ import annotations

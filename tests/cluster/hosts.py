@@ -271,7 +271,7 @@ class Cluster:
         cleanup_leftovers()
 
     def start_redis(self) -> None:
-        from app.embedded_redis import redis_server_binary
+        from app.local.embedded_redis import redis_server_binary
 
         broker = self.hosts["broker"]
         data = self.work / "redis"
@@ -345,7 +345,7 @@ class Cluster:
         """Until every pool on `hosts` heartbeats (fresher than 5 s) into Redis."""
         import redis
 
-        from app.keys import Keys
+        from app.stores.keys import Keys
 
         r, keys = redis.Redis.from_url(self.redis_url, socket_timeout=5), Keys("vf")
         want = {(p, h) for p in pools for h in hosts}

@@ -111,7 +111,7 @@ def wait_book(c: Cluster, book_id: str, until=None, timeout_s: float = 240) -> d
 
 def check_book_exactly_once(c: Cluster, book_id: str) -> dict:
     """Done, every segment stored once, each chapter complete; the render counts."""
-    from app.artifacts import open_store
+    from app.stores.artifacts import open_store
 
     b = wait_book(c, book_id)
     total = b["segments"]["total"]
@@ -274,7 +274,7 @@ def _long_poll(c: Cluster, job_id: str, out: dict, stop_at: float) -> None:
 def test_the_web_host_restarts_while_clients_long_poll(cluster):
     import redis
 
-    from app.keys import Keys
+    from app.stores.keys import Keys
 
     c = cluster
     clients = 4

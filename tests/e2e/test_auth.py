@@ -1,4 +1,4 @@
-"""API keys, as a client of the served farm sees them (issue 11).
+"""API keys, as a client of the served farm sees them.
 
 Open while no key exists; once one does, every API route needs a live key (401), a key
 sees only its own jobs and books (404 for another's, the same answer as an unknown id),

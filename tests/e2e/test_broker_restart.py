@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from app.broker.redelivery import Redelivery
 from app.farm import JOB_QUEUES
-from app.redelivery import Redelivery
 from tests.brokers import use_amqp
 from tests.helpers import running_farm
 

@@ -1,4 +1,4 @@
-"""Word timestamps against gunicorn (gevent workers) on the shared farm (issue 15): the
+"""Word timestamps against gunicorn (gevent workers) on the shared farm: the
 WebSocket's chunk events carry their words, and captions download as files."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 import requests
 
-from models.text_en import normalize_en
+from models.text.text_en import normalize_en
 from tests import wsclient
 from tests.e2e.test_streaming import events_until, fresh_text, ws_url
 

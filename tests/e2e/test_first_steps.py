@@ -19,7 +19,7 @@ import av
 import pytest
 import requests
 
-from models.book_parse import EXTENSIONS
+from models.books.parse import EXTENSIONS
 from tests.helpers import ROOT, wav_to_pcm
 
 pytestmark = pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""Bursts of concurrent clients against gunicorn with gevent workers (issue 17).
+"""Bursts of concurrent clients against gunicorn with gevent workers.
 
 Before the fix, a burst of 32 streaming clients wedged a web worker for good: every submitter
 held one pooled broker producer while `chain.apply_async` waited for a second one from the
@@ -17,8 +17,8 @@ import pytest
 import requests
 
 from app.farm import BOOK_STALLED_ERROR
-from app.jobs import STALLED_ERROR, UNPUBLISHED_ERROR
-from app.states import JOB_FINAL, BookState, JobState
+from app.stores.jobs import STALLED_ERROR, UNPUBLISHED_ERROR
+from app.stores.states import JOB_FINAL, BookState, JobState
 from tests.helpers import gunicorn_server, job_ids, running_farm, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""What a newcomer meets (issue 14), over HTTP against gunicorn on a farm of its own
+"""What a newcomer meets, over HTTP against gunicorn on a farm of its own
 (Redis database 14, with a book worker): the OpenAI and Kokoro surface through the real
 `openai` client, the whole farm in /readyz, /v1/stats and the job counter, and
 `voxfarm book render` naming its files one way and re-packaging without re-rendering."""

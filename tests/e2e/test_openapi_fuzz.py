@@ -122,9 +122,9 @@ def test_document_and_docs_page(server):
 def test_document_takes_its_facts_from_the_code():
     """The document restates nothing: states, formats and the limits that are settings come
     from where they are defined, per app."""
-    from app.books import BOOK_FORMATS
     from app.settings import Settings
-    from app.states import BookState, JobState
+    from app.stores.books import BOOK_FORMATS
+    from app.stores.states import BookState, JobState
     from web.openapi import build_spec
 
     spec = build_spec(Settings().with_(max_text_chars=123, max_wait_s=7,

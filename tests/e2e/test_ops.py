@@ -5,7 +5,7 @@ farm's Redis, and must show the queues and the tasks of a job rendered while it 
 The Prometheus rules and config go through `promtool` when it is installed (Debian package
 `prometheus`; `.ci/run` installs it); the Kubernetes scrape config is run against the
 manifests' pods (Debian's promtool cannot parse it); the Kubernetes manifests and the Grafana
-dashboard are parsed, and every metric name they use must be one that app/metrics.py exports.
+dashboard are parsed, and every metric name they use must be one that app/obs/metrics.py exports.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 import requests
 import yaml
 
-from app.embedded_redis import free_port
+from app.local.embedded_redis import free_port
 from tests.helpers import ROOT, wait_http_ok, wait_until
 
 OPS = ROOT / "ops"
@@ -127,7 +127,7 @@ def test_flower_without_auth_answers_its_documented_api(farm, tmp_path):
 
 
 def exported_metric_names() -> set[str]:
-    src = (ROOT / "app" / "metrics.py").read_text()
+    src = (ROOT / "app" / "obs" / "metrics.py").read_text()
     return set(re.findall(r'"(voxfarm_[a-z0-9_]+)"', src))
 
 
@@ -153,7 +153,7 @@ def test_alert_rules_use_exported_metrics_and_cover_the_checklist():
     gpu = alerts["VoxfarmGpuSaturated"]
     assert "0.85" in gpu["expr"] and gpu["for"] == "90s"
     assert "voxfarm_workers_live" in alerts["VoxfarmQueueWithoutWorker"]["expr"]
-    # The voice canary's rollbacks (issue 16).
+    # The voice canary's rollbacks.
     assert 'decision="rollback"' in alerts["VoxfarmCanaryRolledBack"]["expr"]
 
 
@@ -346,5 +346,5 @@ def test_gunicorn_config_fits_long_polls_and_logs_json():
     assert conf["worker_class"] == "gevent"
     assert conf["timeout"] > 60  # the longest long-poll (max_wait_s) must not look hung
     fmt = conf["logconfig_dict"]["formatters"]["json"]["()"]
-    assert fmt == "app.logging_setup.JsonFormatter"
+    assert fmt == "app.obs.logging_setup.JsonFormatter"
     assert callable(conf["child_exit"]) and callable(conf["on_starting"])

@@ -1,4 +1,4 @@
-"""Defects an adversarial probe found in the landed farm (issue 13, items 4 and 6-9), each
+"""Defects an adversarial probe found in the landed farm, each
 against the app as gunicorn serves it. Every test here failed before its fix."""
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def raw_json(obj: dict) -> str:
     ("/v1/books", {"title": "Odd \ud800", "chapters": [{"title": "One", "text": "Hello."}]}),
 ])
 def test_a_lone_surrogate_is_a_422(server, path, body):
-    # Before: 500 internal_error (UnicodeEncodeError in models/espeak.py or the book digest).
+    # Before: 500 internal_error (UnicodeEncodeError in models/classic/espeak.py or the book
+    # digest).
     resp = requests.post(f"{server}{path}", data=raw_json(body),
                          headers={"Content-Type": "application/json"}, timeout=30)
     err = error_of(resp, 422, "invalid_text")

@@ -1,4 +1,4 @@
-"""What an adversarial probe of the landed farm found (issue 13), over HTTP against gunicorn:
+"""What an adversarial probe of the landed farm found, over HTTP against gunicorn:
 each input here once reached a silent fallback, a lenient answer or a burnt core, and now gets
 the answer the README promises."""
 
@@ -10,8 +10,8 @@ import uuid
 import pytest
 import requests
 
-from app.artifacts import open_store
-from models.frontend import MAX_BREAK_MS
+from app.stores.artifacts import open_store
+from models.text.frontend import MAX_BREAK_MS
 from tests import bookfiles, wsclient
 from tests.e2e.test_http import error_of
 from tests.helpers import gunicorn_server

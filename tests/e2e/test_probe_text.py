@@ -11,8 +11,8 @@ import time
 import pytest
 import requests
 
-from models.frontend import MAX_SEGMENT_PHONEMES
-from models.ssml import MAX_SSML_CHARS
+from models.text.frontend import MAX_SEGMENT_PHONEMES
+from models.text.ssml import MAX_SSML_CHARS
 from tests import wsclient
 from tests.e2e.test_http import error_of
 from tests.helpers import wait_state

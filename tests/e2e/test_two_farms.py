@@ -26,7 +26,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import cli
-from app.embedded_redis import free_port
+from app.local.embedded_redis import free_port
 from tests.helpers import ROOT, wait_until, wav_to_pcm, with_db
 
 pytestmark = pytest.mark.e2e

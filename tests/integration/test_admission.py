@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.celery_app import VOCODER_TASK
+from app.broker.celery_app import VOCODER_TASK
 from app.farm import LISTENER_GONE
 from tests.helpers import job_ids, running_farm, wait_until
 
@@ -235,7 +235,7 @@ def test_leases_that_lapsed_while_the_store_was_away_cancel_no_live_stream(tmp_p
     cannot reach. Back from it, neither admission nor a sweep cancels the stream of a live
     web; once the store has been up, and the sweeper in touch, for a lease period, the live
     stream's lease is renewed and only the abandoned one is canceled."""
-    from app.embedded_redis import EmbeddedRedis
+    from app.local.embedded_redis import EmbeddedRedis
 
     lease = 2.0
     server = EmbeddedRedis(tmp_path / "redis", persist=True).start()
@@ -287,7 +287,8 @@ def test_a_farm_started_on_its_own_store_cancels_every_stream_of_its_last_run(re
     """`voxfarm up` on its embedded Redis cancels every stream job before it starts the web
     (app/cli.py): no web of the farm is alive, so even a lease still running is nobody's,
     and the farm takes new work at once rather than after a lease period."""
-    from app.cli import Supervisor, _cancel_last_runs_streams
+    from app.cli.supervisor import Supervisor
+    from app.cli.up import _cancel_last_runs_streams
 
     with running_farm(redis_url, DB, tmp_path, workers=False, max_queue_depth=3,
                       stream_lease_s=60.0) as tf:

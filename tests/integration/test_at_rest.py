@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from app.farm import Farm
-from app.sealing import MAGIC, generate_key
+from app.security.sealing import MAGIC, generate_key
 from tests.helpers import (
     assert_speech,
     collect_chunks,

@@ -1,4 +1,4 @@
-"""Books and issue 15: JSON chapters in SSML, and (with word timestamps) captions per chapter
+"""Books with SSML and words: JSON chapters in SSML, and (with word timestamps) captions per chapter
 and for the whole book. A farm of its own (database 9) with a book worker."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import time
 import av
 import pytest
 
-from app.states import BookState
+from app.stores.states import BookState
 from tests import bookfiles
 from tests.helpers import running_farm, wait_book, wait_state, wait_until
 
@@ -366,7 +366,7 @@ def test_book_worker_sigkill_mid_assembly_book_still_completes(book_farm, bclien
     assert sorted(farm.store.list(f"books/{book_id}/out/")) == sorted(
         f"books/{book_id}/out/{name}" for name in (
             "book.m4b", "book.mp3", "manifest.json", *(f"chapters/{n:03d}.mp3" for n in range(3)),
-            # Captions (issue 15): the whole book's and each chapter's, SRT and WebVTT.
+            # Captions: the whole book's and each chapter's, SRT and WebVTT.
             *(f"captions/{stem}.{fmt}" for stem in ("book", "000", "001", "002")
               for fmt in ("srt", "vtt"))))
     manifest = bclient.get(f"/v1/books/{book_id}/manifest").get_json()

@@ -1,4 +1,4 @@
-"""Book defects an adversarial probe found (issue 13, items 1-3), on real worker processes.
+"""Book defects an adversarial probe found, on real worker processes.
 Each test here failed before its fix."""
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def test_a_book_whose_chapter_fails_in_prepare_ends_failed_with_the_reason(probe
     import json
     import uuid
 
-    from app.books import prefix
-    from app.queueing import send_prepare
+    from app.broker.queueing import send_prepare
+    from app.stores.books import prefix
 
     farm = probe_farm.farm
     book_id = uuid.uuid4().hex[:24]

@@ -1,4 +1,4 @@
-"""The broker probe (app/broker.py): queue depth on RabbitMQ, with a bound on every wait,
+"""The broker probe (app/broker/probe.py): queue depth on RabbitMQ, with a bound on every wait,
 and the RabbitMQ Celery settings (quorum queues, bounded publishes)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from kombu import Connection
 from kombu.exceptions import OperationalError
 
-from app.broker import AmqpQueues
-from app.celery_app import ALL_QUEUES, celery_config
+from app.broker.celery_app import ALL_QUEUES, celery_config
+from app.broker.probe import AmqpQueues
 from app.settings import Settings
 from tests import brokers
 
@@ -57,7 +57,7 @@ def vhost_url():
 
 
 def test_depth_counts_waiting_messages_and_an_unknown_queue_is_empty(vhost_url):
-    from app.celery_app import make_celery
+    from app.broker.celery_app import make_celery
 
     settings = Settings(broker_url=vhost_url)
     probe = AmqpQueues(vhost_url, 5.0)

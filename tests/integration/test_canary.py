@@ -1,4 +1,4 @@
-"""The voice canary end to end (issue 16): real acoustic, vocoder and quality worker processes,
+"""The voice canary end to end: real acoustic, vocoder and quality worker processes,
 a candidate version started with `voxfarm models canary`, half the jobs on it, every finished
 segment scored by the quality pool (pocketsphinx WER, clipping, silence, loudness), and the
 rule deciding alone. A candidate whose noise scale ruins the speech is rolled back; one
@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from app.embedded_redis import EmbeddedRedis
+from app.local.embedded_redis import EmbeddedRedis
 from app.settings import Settings
 from tests.helpers import ROOT, running_farm, wait_until, wav_to_pcm
 

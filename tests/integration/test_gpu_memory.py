@@ -1,4 +1,4 @@
-"""The GPU memory rule (issue 11), on CPU: real worker processes made to believe they are GPU
+"""The GPU memory rule, on CPU: real worker processes made to believe they are GPU
 workers short of memory (`VOXFARM_MEMORY_PROBE=fixed:0.05`, below the 15% `gpu_min_free`).
 
 A short worker runs no forward pass: it hands each segment's stage to a CPU pool's overflow
@@ -16,9 +16,9 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import queueing
-from app.embedded_redis import free_port
+from app.broker import queueing
 from app.farm import GpuMemoryExhausted
+from app.local.embedded_redis import free_port
 from tests.helpers import (
     WorkerProc,
     assert_speech,

@@ -21,7 +21,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.embedded_redis import free_port
+from app.local.embedded_redis import free_port
 from tests.helpers import (
     ROOT,
     WorkerProc,
@@ -206,8 +206,8 @@ def test_book_segments_count_where_job_segments_do(obs):
 
 def test_every_surface_lists_the_same_queues(obs):
     """/readyz, /v1/stats and both farm gauges name one set of queues: every queue a worker can
-    read (app.celery_app.ALL_QUEUES), the overflow and quality queues included."""
-    from app.celery_app import ALL_QUEUES
+    read (app.broker.celery_app.ALL_QUEUES), the overflow and quality queues included."""
+    from app.broker.celery_app import ALL_QUEUES
 
     ready = requests.get(f"{obs.web}/readyz", timeout=10).json()
     stats = requests.get(f"{obs.web}/v1/stats", timeout=10).json()

@@ -1,4 +1,4 @@
-"""The neural default voice through the farm (issue 8): real acoustic and vocoder worker
+"""The neural default voice through the farm: real acoustic and vocoder worker
 processes run the VITS half and the HiFi-GAN decoder of the bundled Piper voice, and Redis
 carries the latent between them."""
 
@@ -171,10 +171,10 @@ def test_openai_voice_names_are_the_neural_default(client):
 
 @pytest.mark.slow
 def test_a_batching_farm_serves_concurrent_jobs_each_its_own_speech(redis_url, tmp_path):
-    """Pools with dynamic batching on (issue 9; off by default on CPU): jobs submitted at
+    """Pools with dynamic batching on (off by default on CPU): jobs submitted at
     once share forward passes, and each still gets its own intelligible audio, every chunk
     once and in order."""
-    from app.embedded_redis import free_port
+    from app.local.embedded_redis import free_port
     from tests.integration.test_metrics import scrape, val
     from web import create_app
 
@@ -226,12 +226,12 @@ def chunk_order(farm, job_id: str) -> dict[str, int]:
                          ids=["gives-way", "setting-off"])
 def test_a_segment_gives_way_after_its_first_window_to_listeners_waiting_for_first_audio(
         redis_url, tmp_path, give_way):
-    """Issue 9, first window first: one vocoder process, a long sentence's segment and
+    """First window first: one vocoder process, a long sentence's segment and
     another listener's short one both waiting. The long one's first window plays first;
     then, with the setting on, the short one's audio is stored before the long one's second
     window, and the long one's windows are each stored once, in order, with the same bytes
     as the same segment rendered without giving way. Each segment is counted once."""
-    from app.embedded_redis import free_port
+    from app.local.embedded_redis import free_port
     from tests.integration.test_metrics import scrape, val
     from web import create_app
 

@@ -1,4 +1,4 @@
-"""Phonemes and pronunciation through the farm (issue 15): `POST /v1/phonemize`, jobs that
+"""Phonemes and pronunciation through the farm: `POST /v1/phonemize`, jobs that
 take phonemes instead of text, and per-request lexicons, with the errors each can get."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Poison messages on the real queues: each is refused and logged, no worker dies, and the
-work around it goes on (issue 11).
+work around it goes on.
 
 The messages are put where an attacker with broker access (or a buggy producer) would put
 them: straight onto the acoustic queue's Redis list, past the web's validation."""
@@ -15,7 +15,7 @@ import uuid
 import pytest
 import redis
 
-from app.celery_app import ACOUSTIC_QUEUE, ACOUSTIC_TASK
+from app.broker.celery_app import ACOUSTIC_QUEUE, ACOUSTIC_TASK
 from tests.brokers import use_amqp
 from tests.helpers import SR, assert_speech, running_farm, wav_to_pcm
 

@@ -1,8 +1,8 @@
 """A segment held by a worker that dies reaches a live worker within seconds under the
-default settings (a 420 s visibility timeout), on the Redis broker (issue 11).
+default settings (a 420 s visibility timeout), on the Redis broker.
 
 Each test would wait out the visibility timeout, far past its own deadline, without the
-heartbeat-driven hand-back of app/redelivery.py."""
+heartbeat-driven hand-back of app/broker/redelivery.py."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from app.embedded_redis import EmbeddedRedis, machine_memory, maxmemory_bytes
+from app.local.embedded_redis import EmbeddedRedis, machine_memory, maxmemory_bytes
 from app.settings import Settings
 from tests.helpers import submit, wait_state
 

@@ -1,4 +1,4 @@
-"""Redis gone for 30 s, then back on the same port with its data (issue 11).
+"""Redis gone for 30 s, then back on the same port with its data.
 
 Meanwhile the web answers 503 with Retry-After in the one JSON error shape (never a 5xx of
 another kind, never a hang); once Redis returns, the workers consume again by themselves,
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import requests
 
-from app.embedded_redis import EmbeddedRedis
+from app.local.embedded_redis import EmbeddedRedis
 from tests.brokers import use_amqp
 from tests.helpers import assert_speech, gunicorn_server, running_farm, wait_book, wait_until
 

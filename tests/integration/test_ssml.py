@@ -1,4 +1,4 @@
-"""SSML through the farm (issue 15): a job of SSML renders each part as its markup says (a
+"""SSML through the farm: a job of SSML renders each part as its markup says (a
 second voice for dialogue, a slower rate, pauses), and refused markup is a 422 that names the
 element and where it starts, with nothing queued."""
 

@@ -1,5 +1,5 @@
-"""`voxfarm up` supervises its processes (issue 11): a killed Redis or worker comes back,
-Ctrl-C leaves nothing behind, and the processes are the Procfile's (issue 10).
+"""`voxfarm up` supervises its processes: a killed Redis or worker comes back,
+Ctrl-C leaves nothing behind, and the processes are the Procfile's.
 
 One farm, as `make run` starts it (embedded Redis, every pool), for the whole module; the
 tests run in order: the processes, a SIGKILLed Redis, a SIGKILLed worker, then Ctrl-C."""
@@ -18,8 +18,8 @@ import pytest
 import redis
 import requests
 
-from app import cli
-from app.embedded_redis import free_port, maxmemory_bytes
+from app.cli import procfile as cli_procfile
+from app.local.embedded_redis import free_port, maxmemory_bytes
 from tests.e2e.test_two_farms import clean_env, farm_up, free_run, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -104,7 +104,7 @@ class Farm:
         self.up, self.cwd, self.metrics = up, cwd, metrics
         self.web = f"http://127.0.0.1:{port}"
         self.log = cwd / "up.log"
-        self.procfile_env = cli.procfile_env("127.0.0.1", port, metrics, 5555,
+        self.procfile_env = cli_procfile.procfile_env("127.0.0.1", port, metrics, 5555,
                                              list(metrics))
         self.state = json.loads((cwd / "var" / "farm.json").read_text())
         self.in_flight: tuple[str, float] | None = None  # a job, when Redis died under it
@@ -114,7 +114,7 @@ class Farm:
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("supervised")
-    pools = cli.worker_pools(cli.read_procfile())
+    pools = cli_procfile.worker_pools(cli_procfile.read_procfile())
     port, metrics_port = free_port(), free_run(len(pools))
     with farm_up(cwd, ["--port", str(port), "--metrics-port", str(metrics_port)],
                  clean_env()) as up:
@@ -123,9 +123,10 @@ def farm(tmp_path_factory):
 
 
 def test_up_runs_the_procfiles_lines(farm):
-    procfile = cli.read_procfile()
+    procfile = cli_procfile.read_procfile()
     del procfile["flower"]  # only with --flower
-    expected = {name: cli.runnable(cli.expand(command, {**clean_env(), **farm.procfile_env}))
+    env = {**clean_env(), **farm.procfile_env}
+    expected = {name: cli_procfile.runnable(cli_procfile.expand(command, env))
                 for name, command in procfile.items()}
     running = list(children(farm.up).values())
     for name, args in expected.items():
@@ -202,7 +203,7 @@ def test_a_book_mid_render_when_redis_died_completes_each_segment_once(farm):
 
 
 def test_a_killed_worker_is_restarted_and_the_farm_serves(farm):
-    vocoder = cli.runnable(cli.expand(cli.read_procfile()["vocoder"],
+    vocoder = cli_procfile.runnable(cli_procfile.expand(cli_procfile.read_procfile()["vocoder"],
                                       {**clean_env(), **farm.procfile_env}))
     pid = child_running(farm.up, vocoder)
     assert pid is not None
@@ -221,7 +222,7 @@ def test_a_killed_worker_is_restarted_and_the_farm_serves(farm):
 
 def test_ctrl_c_leaves_no_process_behind(farm):
     tree = descendants(farm.up)
-    assert len(tree) > len(cli.read_procfile())  # the pools' own processes too
+    assert len(tree) > len(cli_procfile.read_procfile())  # the pools' own processes too
     farm.up.send_signal(signal.SIGINT)
     assert farm.up.wait(60) == 0
     left = processes()
@@ -233,13 +234,13 @@ def test_ctrl_c_leaves_no_process_behind(farm):
 @pytest.mark.timeout(60)
 def test_a_process_that_keeps_failing_is_restarted_with_growing_backoff():
     script = ("import signal, sys, threading\n"
-              "from app.cli import Supervisor\n"
+              "from app.cli.supervisor import Supervisor\n"
               "sup, stopping = Supervisor({}), threading.Event()\n"
               "signal.signal(signal.SIGTERM, lambda *_: stopping.set())\n"
               "sup.start('fails', [sys.executable, '-c', 'raise SystemExit(3)'])\n"
               "sup.run(stopping)\n"
               "sup.stop()\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=cli.ROOT, text=True,
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=cli_procfile.ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines = []
     try:

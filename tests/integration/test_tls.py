@@ -24,7 +24,7 @@ import pytest
 import redis
 import requests
 
-from app.embedded_redis import free_port
+from app.local.embedded_redis import free_port
 from tests.helpers import ROOT, SR, assert_speech, running_farm, wait_until, wav_to_pcm
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Words in time through the farm (issue 15): the acoustic workers cache each segment's
+"""Words in time through the farm: the acoustic workers cache each segment's
 phoneme durations, the vocoder workers turn them into word timestamps and store them with the
 chunks, and the job store places them on the job's timeline. Measured against pocketsphinx's
 forced alignment of the same audio."""

@@ -1,4 +1,4 @@
-"""models.acoustic: the espeak backend renders real phonemes to a plausible log-mel."""
+"""models.classic.acoustic: the espeak backend renders real phonemes to a plausible log-mel."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-from models.acoustic import (
+from models.classic.acoustic import (
     AcousticModel,
     EspeakAcoustic,
     acoustic_names,
     load_acoustic,
     register_acoustic_lazy,
 )
-from models.espeak import get_engine
+from models.classic.espeak import get_engine
 from models.registry import UnknownModel
 
 FLOOR = math.log(1e-5)
@@ -73,9 +73,9 @@ def test_registry_and_checkpoint_errors():
 
 
 def test_lazy_registration_imports_only_on_load():
-    register_acoustic_lazy("espeak-lazy-test", "models.acoustic:EspeakAcoustic")
+    register_acoustic_lazy("espeak-lazy-test", "models.classic.acoustic:EspeakAcoustic")
     assert "espeak-lazy-test" in acoustic_names()
     assert isinstance(load_acoustic("espeak-lazy-test"), EspeakAcoustic)
-    register_acoustic_lazy("bad-lazy-test", "models.mel:MelConfig")  # not an AcousticModel
+    register_acoustic_lazy("bad-lazy-test", "models.classic.mel:MelConfig")  # not an AcousticModel
     with pytest.raises(TypeError):
         load_acoustic("bad-lazy-test")

@@ -7,8 +7,8 @@ import threading
 import pytest
 import redis
 
-from app import apikeys
-from app.apikeys import ApiKeys, LimitExceeded, split_token
+from app.security import apikeys
+from app.security.apikeys import ApiKeys, LimitExceeded, split_token
 from tests.helpers import with_db
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.artifacts import DirectoryStore, open_store
+from app.stores.artifacts import DirectoryStore, open_store
 
 
 def test_put_overwrites_and_counts_each_key_once(tmp_path):

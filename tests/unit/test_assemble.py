@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import av
 import numpy as np
 
-from models.assemble import BookMeta, ChapterAudio, assemble_book
+from models.books.assemble import BookMeta, ChapterAudio, assemble_book
 from tests.bookfiles import tiny_png
 
 SR = 22050

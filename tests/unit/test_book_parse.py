@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from models.book_parse import Book, BookError, Chapter, finish, parse_book
-from models.book_parse.book import is_title_page
+from models.books.parse import Book, BookError, Chapter, finish, parse_book
+from models.books.parse.book import is_title_page
 from tests import bookfiles
 
 
@@ -79,7 +79,7 @@ def test_bad_uploads(make, name, code):
     assert err.value.code == code
 
 
-# -- text encodings (issue 13, item 11) ------------------------------------------------------
+# -- text encodings ------------------------------------------------------
 
 FRENCH = "Le café était fermé. Nous sommes rentrés à pied, sans un mot, jusqu'à la gare."
 QUOTES = "\u201cIt\u2019s late,\u201d she said \u2014 and the caf\u00e9 closed \u2026 for good."
@@ -121,7 +121,7 @@ def test_binary_named_txt_is_still_refused(data):
     assert err.value.code == "wrong_format"
 
 
-# -- chapters without body text (issue 13, item 12) ------------------------------------------
+# -- chapters without body text ------------------------------------------
 
 HEADINGS_ONLY = {
     "txt": ("b.txt", b"Chapter 1\n\nChapter 2\n\nCHAPTER III\n"),

@@ -4,8 +4,8 @@ cache (VOXFARM_SHARE_FEATURE_CACHE); the end-to-end proof is tests/e2e/test_auth
 from __future__ import annotations
 
 from app.farm import Farm
-from app.melcache import mel_cache_key, scoped_key
 from app.settings import Settings
+from app.stores.melcache import mel_cache_key, scoped_key
 from tasks.segments import cache_owner, noise_seed
 from tests.helpers import with_db
 

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import redis
 
-from app.canary import (
+from app.broker.queueing import SegmentSpec
+from app.canary.rule import (
     CANDIDATE,
     LIVE,
     PROMOTE,
     RETIRED,
     ROLLBACK,
     WAIT,
-    Canary,
     CanaryError,
     Figures,
     Rule,
@@ -26,12 +26,12 @@ from app.canary import (
     p99,
     share_point,
 )
-from app.keys import Keys
-from app.queueing import SegmentSpec
+from app.canary.store import Canary
 from app.settings import Settings
+from app.stores.keys import Keys
+from models.audio.quality import signal_checks, word_errors
 from models.errors import UnknownSpeaker
-from models.piper_voice import Inference
-from models.quality import signal_checks, word_errors
+from models.neural.voice_file import Inference
 from tests.helpers import with_db
 
 VOICE = "en_us-joe-medium"

@@ -1,4 +1,4 @@
-"""models.encode: every format decodes back to the same duration at the expected rate."""
+"""models.audio.encode: every format decodes back to the same duration at the expected rate."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from models.encode import CONTENT_TYPES, FORMATS, encode, pcm16, wav_bytes
+from models.audio.encode import CONTENT_TYPES, FORMATS, encode, pcm16, wav_bytes
 
 SR = 22050
 
@@ -78,5 +78,5 @@ def test_content_types_cover_every_format_and_bad_input_is_refused(tone):
 
 
 def test_encode_does_not_import_torch():
-    code = "import sys, models.encode; sys.exit('torch' in sys.modules)"
+    code = "import sys, models.audio.encode; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,4 +1,4 @@
-"""models.encode.StreamEncoder: pieces fed segment by segment join into one valid file."""
+"""models.audio.encode.StreamEncoder: pieces fed segment by segment join into one valid file."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import av
 import numpy as np
 import pytest
 
-from models.encode import STREAM_FORMATS, StreamEncoder, pcm16, wav_stream_header
+from models.audio.encode import STREAM_FORMATS, StreamEncoder, pcm16, wav_stream_header
 
 SR = 22050
 

@@ -1,4 +1,4 @@
-"""models.espeak: the real libespeak-ng through ctypes (no mocks)."""
+"""models.classic.espeak: the real libespeak-ng through ctypes (no mocks)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from models.espeak import SAMPLE_RATE, EspeakError, get_engine
+from models.classic.espeak import SAMPLE_RATE, EspeakError, get_engine
 
 TEN_WORDS = "The quick brown fox jumps over the lazy dog today."
 

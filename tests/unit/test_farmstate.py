@@ -1,4 +1,4 @@
-"""The farm's state file, and what the client commands say when no farm answers (issue 14).
+"""The farm's state file, and what the client commands say when no farm answers.
 
 No farm runs here: `voxfarm up` refuses before it starts anything, and `voxfarm say` finds
 nothing to talk to. tests/e2e/test_two_farms.py runs real farms."""
@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app import farmstate
-from app.embedded_redis import free_port
+from app.local import farmstate
+from app.local.embedded_redis import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""models.frontend: normalisation, segmentation, polyphones, break tags, G2P (real espeak)."""
+"""models.text.frontend: normalisation, segmentation, polyphones, break tags, G2P (real espeak)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from models.classic.espeak import get_engine
 from models.errors import BreakTooLong, NoSpeakableText, SpeechError, UnknownVoice
-from models.espeak import get_engine
-from models.frontend import (
+from models.text.frontend import (
     MAX_BREAK_MS,
     MAX_SEGMENT_PHONEMES,
     Segment,
@@ -18,7 +18,7 @@ from models.frontend import (
     prepare,
     split_segments,
 )
-from models.text_zh import g2p_zh, pinyin_words
+from models.text.text_zh import g2p_zh, pinyin_words
 
 
 @pytest.mark.parametrize(
@@ -244,7 +244,7 @@ def test_prepare_is_deterministic_and_phonemes_render() -> None:
         assert len(audio) > 22050 // 2
 
 
-# 20,000 characters each: what a hostile request may send. Issue 13 (5): a digit run made the
+# 20,000 characters each: what a hostile request may send. A digit run made the
 # number rules backtrack quadratically (91.8 s for "9" * 20000).
 PATHOLOGICAL_TEXTS = {
     "digits": "9" * 20_000,
@@ -305,7 +305,7 @@ def test_normalize_english_numbers_unchanged_by_the_speed_fix(text: str, spoken:
     assert normalize(text, "en") == spoken
 
 
-# -- break lengths (issue 13, item 13): over the cap is refused, not silently cut ------------
+# -- break lengths: over the cap is refused, not silently cut ------------
 
 
 @pytest.mark.parametrize("tag", ["[break=999999s]", "[break=10.5s]", "[break=10001ms]",

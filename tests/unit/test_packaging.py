@@ -20,7 +20,7 @@ def imported_modules(code: str) -> set[str]:
 
 def test_web_process_never_imports_torch():
     mods = imported_modules("import web.wsgi")
-    assert "flask" in mods and "models.frontend" in mods
+    assert "flask" in mods and "models.text.frontend" in mods
     assert "torch" not in mods
 
 

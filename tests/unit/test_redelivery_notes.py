@@ -1,5 +1,5 @@
 """A message a worker received while Redis was away is still handed back after the outage
-(app/redelivery.py). Seen in test_supervisor: a vocoder segment delivered a moment before a
+(app/broker/redelivery.py). Seen in test_supervisor: a vocoder segment delivered a moment before a
 Redis SIGKILL sat in kombu's `unacked` hash, its worker dropped the reserved copy when the
 connection broke, and its tag was never noted, so nothing handed it back before the
 visibility timeout and the job missed its deadline."""
@@ -16,8 +16,8 @@ from celery import Celery
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from app.embedded_redis import free_port
-from app.redelivery import Redelivery, _segment_of
+from app.broker.redelivery import Redelivery, _segment_of
+from app.local.embedded_redis import free_port
 from tests.helpers import with_db
 
 

@@ -1,10 +1,10 @@
-"""Which queue a segment's stage goes to (app/celery_app.py, `route_segments`)."""
+"""Which queue a segment's stage goes to (app/broker/celery_app.py, `route_segments`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.celery_app import ACOUSTIC_TASK, VOCODER_TASK, route_segments
+from app.broker.celery_app import ACOUSTIC_TASK, VOCODER_TASK, route_segments
 
 
 @pytest.mark.parametrize("task, stage", [(ACOUSTIC_TASK, "acoustic"), (VOCODER_TASK, "vocoder")])

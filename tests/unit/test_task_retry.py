@@ -1,4 +1,4 @@
-"""A stage whose retry cannot be published is requeued, not dropped (issue 11).
+"""A stage whose retry cannot be published is requeued, not dropped.
 
 Celery answers a failed retry publish with `Reject(requeue=False)`, which acks the message
 away. Across a Redis restart a worker's producer raised AttributeError from a channel the

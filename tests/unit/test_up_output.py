@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from app import cli
+from app.cli import supervisor
 
 CHILD = r'''
 import json, sys
@@ -29,7 +29,7 @@ print("ValueError: the end", file=sys.stderr, flush=True)
 
 
 def test_only_warnings_and_errors_reach_the_terminal_and_everything_the_log(tmp_path, capsys):
-    sup = cli.Supervisor({}, tmp_path / "log")
+    sup = supervisor.Supervisor({}, tmp_path / "log")
     (tmp_path / "log").mkdir()
     (tmp_path / "log" / "pool.log").write_text("the last run's\n")
     sup.start("pool", [sys.executable, "-c", CHILD])
@@ -54,10 +54,10 @@ def test_which_lines_are_worth_showing():
     def record(level: str) -> str:
         return json.dumps({"ts": "t", "level": level, "msg": "m"})
 
-    assert [cli.worth_showing(record(level), True) for level in
+    assert [supervisor.worth_showing(record(level), True) for level in
             ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")] == [False, False, True, True, True]
-    assert not cli.worth_showing("[I 261202 08:18:52 command:177] Visit me", True)
-    assert cli.worth_showing("[E 261202 08:18:52 x:1] broken", True)
-    assert cli.worth_showing("voxfarm web: VOXFARM_JOB_TTL is not a number", True)
-    assert not cli.worth_showing(" -------------- banner", False)
-    assert not cli.worth_showing("", True)
+    assert not supervisor.worth_showing("[I 261202 08:18:52 command:177] Visit me", True)
+    assert supervisor.worth_showing("[E 261202 08:18:52 x:1] broken", True)
+    assert supervisor.worth_showing("voxfarm web: VOXFARM_JOB_TTL is not a number", True)
+    assert not supervisor.worth_showing(" -------------- banner", False)
+    assert not supervisor.worth_showing("", True)

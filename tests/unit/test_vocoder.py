@@ -1,4 +1,5 @@
-"""models.vocoder: Griffin-Lim reconstructs known signals, batches exactly, and the registry."""
+"""models.classic.vocoder: Griffin-Lim reconstructs known signals, batches exactly, and the
+registry."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import math
 import pytest
 import torch
 
-from models.mel import MelConfig, log_mel
+from models.classic.mel import MelConfig, log_mel
+from models.classic.vocoder import GriffinLimVocoder, Vocoder, load_vocoder, vocoder_names
 from models.registry import UnknownModel
-from models.vocoder import GriffinLimVocoder, Vocoder, load_vocoder, vocoder_names
 
 CFG = MelConfig()
 SR = CFG.sample_rate

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from models.classic.espeak import get_engine
 from models.errors import SpeechError, UnknownSpeaker, UnknownVoice
-from models.espeak import get_engine
 from models.voices import Voice, get_voice, list_voices, use_voices_dir
 
 

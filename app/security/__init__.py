@@ -1,0 +1,1 @@
+"""Security: API keys and their limits, encryption at rest."""

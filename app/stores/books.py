@@ -1,0 +1,398 @@
+"""The book store: book records and progress in Redis, book files in the artifact store.
+
+Redis holds only small things: the record (state, per-chapter counts, the feed cursor) and a
+bitmap with one bit per segment. Audio never goes through Redis, so its memory stays bounded
+however long the book; the segments waiting in the broker are bounded too (see tasks/books.py,
+the feeder).
+
+States: queued -> preparing -> rendering -> assembling -> done, and failed (a segment failed
+its retries; `retry` goes back to rendering) or canceled (DELETE; files removed).
+
+Each segment is counted once: storing it sets its bit, and only a bit that was 0 advances the
+counters (one Lua script), so a redelivered or duplicated segment task never counts twice.
+
+Artifact layout under `books/{id}/`:
+
+    source.{ext}                 the upload as sent (kept for reference)
+    book.json                    the parsed book: title, author, chapters' titles and text
+    cover                        cover image bytes (when the book has one)
+    plan/{chapter:04d}.json      the chapter's segments: phonemes, text, pause (by the prepare task)
+    segments/{chapter:04d}/{index:05d}.pcm   16-bit mono PCM of one segment
+    out/chapters/{n:03d}.mp3, out/book.m4b, out/book.mp3, out/manifest.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable
+
+import redis
+
+from app.stores.artifacts import ArtifactStore
+from app.stores.keys import Keys
+from app.stores.states import BOOK_ACTIVE, BookState, Transition, lua
+
+BOOK_FORMATS = ("m4b", "mp3", "chapters")
+DEFAULT_FORMATS = ("m4b", "chapters")
+
+# Create unless a live record exists; a canceled book is created afresh (its files are gone).
+_CREATE = lua("""
+local state = redis.call('HGET', KEYS[1], 'state')
+if state and state ~= '$CANCELED' then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+""", BookState)
+
+# KEYS: the book, its done bitmap, the books' progress zset. ARGV: seq, chapter, samples,
+# now, the book's id. A stored segment is progress for the stall sweeper too, in the same
+# round trip (BookStore.progressed says what that means).
+_STORE_SEGMENT = lua("""
+local seq = ARGV[1]
+local chapter = ARGV[2]
+local samples = ARGV[3]
+local now = ARGV[4]
+local book_id = ARGV[5]
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return {-2, 0, ''} end
+if state ~= '$RENDERING' and state ~= '$ASSEMBLING' and state ~= '$FAILED' then
+  return {-1, 0, state}
+end
+if redis.call('SETBIT', KEYS[2], seq, 1) == 0 then
+  redis.call('HINCRBY', KEYS[1], 'done', 1)
+  redis.call('HINCRBY', KEYS[1], 'c' .. chapter .. '_done', 1)
+  redis.call('HINCRBY', KEYS[1], 'audio_samples', samples)
+end
+redis.call('ZADD', KEYS[3], 'XX', now, book_id)
+redis.call('HDEL', KEYS[1], 'stall_resumes')
+local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
+local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
+if done >= total and state == '$RENDERING' then
+  redis.call('HSET', KEYS[1], 'state', '$ASSEMBLING', 'rendered_at', now)
+  state = '$ASSEMBLING'
+end
+return {done, total, state}
+""", BookState)
+
+# A re-submit asking for formats the record lacks. ARGV: the formats asked for. The record's
+# formats become the union (files already made stay valid); a done book goes back to
+# assembling to package its stored segments again. Returns {repackage (0/1), state}.
+_ADD_FORMATS = lua("""
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state or state == '$CANCELED' then return {0, state or ''} end
+local have, list = {}, {}
+for f in string.gmatch(redis.call('HGET', KEYS[1], 'formats') or '', '[^,]+') do
+  have[f] = true
+  table.insert(list, f)
+end
+local added = false
+for i = 1, #ARGV do
+  if not have[ARGV[i]] then
+    have[ARGV[i]] = true
+    table.insert(list, ARGV[i])
+    added = true
+  end
+end
+if not added then return {0, state} end
+table.sort(list)
+redis.call('HSET', KEYS[1], 'formats', table.concat(list, ','))
+if state == '$DONE' then
+  redis.call('HSET', KEYS[1], 'state', '$ASSEMBLING')
+  return {1, '$ASSEMBLING'}
+end
+return {0, state}
+""", BookState)
+
+# The assembly finished, having packaged ARGV[1] (the formats it read). ARGV: formats, now,
+# duration. Done only if nobody added a format meanwhile; else {2, ...}: package again.
+_ASSEMBLED = lua("""
+local formats = ARGV[1]
+local now = ARGV[2]
+local duration_s = ARGV[3]
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= '$ASSEMBLING' then return {0, state or ''} end
+if (redis.call('HGET', KEYS[1], 'formats') or '') ~= formats then return {2, state} end
+redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now, 'duration_s', duration_s)
+return {1, '$DONE'}
+""", BookState)
+
+
+def book_id_for(content_digest: str, *, voice: str, speed: float, acoustic_model: str,
+                vocoder: str, owner: str = "") -> str:
+    """Same content and audio settings, same id: a re-submit finds the book it already made.
+    The formats are not in it: they only package the same audio (see `add_formats`). Each
+    API key has books of its own (`owner`), so one key's submit never finds another's."""
+    parts = [content_digest, voice, round(speed, 3), acoustic_model, vocoder]
+    key = json.dumps(parts + [owner] if owner else parts)
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def prefix(book_id: str) -> str:
+    return f"books/{book_id}/"
+
+
+def segment_key(book_id: str, chapter: int, index: int) -> str:
+    return f"books/{book_id}/segments/{chapter:04d}/{index:05d}.pcm"
+
+
+def segment_words_key(book_id: str, chapter: int, index: int) -> str:
+    """A segment's timed words (JSON, seconds of the segment's audio), in a tree of their
+    own beside the audio's (one file per segment under `segments/` is the audio)."""
+    return f"books/{book_id}/words/{chapter:04d}/{index:05d}.json"
+
+
+def captions_file(n: int | None, fmt: str) -> str:
+    """Where chapter n's captions (n None: the whole book's) are kept in the store."""
+    return f"captions/book.{fmt}" if n is None else f"captions/{n:03d}.{fmt}"
+
+
+def captions_download_name(title: str, book_id: str, n: int | None, fmt: str) -> str:
+    """`The Tiny Book.srt`, or `001 The Beginning.srt` for chapter 0 (as the audio's)."""
+    if n is None:
+        return book_download_name(title, book_id, fmt)
+    return chapter_download_name(n, title).removesuffix(".mp3") + f".{fmt}"
+
+
+def plan_key(book_id: str, chapter: int) -> str:
+    return f"books/{book_id}/plan/{chapter:04d}.json"
+
+
+def output_key(book_id: str, name: str) -> str:
+    return f"books/{book_id}/out/{name}"
+
+
+def chapter_file(n: int) -> str:
+    """Where chapter n's MP3 is kept in the store (a key; users see `chapter_download_name`)."""
+    return f"chapters/{n:03d}.mp3"
+
+
+# -- the names a user sees: downloads, the manifest, the CLI's output folder (one naming) ----
+
+
+def file_stem(title: str) -> str:
+    """A title as a file name: letters, digits, spaces, '-' and '_' kept, the rest '_'."""
+    return "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip()[:120]
+
+
+def book_download_name(title: str, book_id: str, fmt: str) -> str:
+    """`The Tiny Book.m4b` (the book's id when the title has no usable character)."""
+    return f"{file_stem(title) or book_id}.{fmt}"
+
+
+def chapter_download_name(n: int, title: str) -> str:
+    """`001 The Beginning.mp3` for chapter 0: numbered from 1, as a player lists tracks."""
+    stem = file_stem(title)
+    return f"{n + 1:03d} {stem}.mp3" if stem else f"{n + 1:03d}.mp3"
+
+
+class BookStore:
+    """Book records in Redis (`r`: a bytes-mode client) and files in `store`."""
+
+    def __init__(self, r: redis.Redis, keys: Keys, store: ArtifactStore) -> None:
+        self.r = r
+        self.keys = keys
+        self.store = store
+        self._create = r.register_script(_CREATE)
+        self._store_segment = r.register_script(_STORE_SEGMENT)
+        self._transition = Transition(r)
+        self._add_formats = r.register_script(_ADD_FORMATS)
+        self._assembled = r.register_script(_ASSEMBLED)
+
+    def _keys(self, book_id: str) -> list[str]:
+        return [self.keys.book(book_id), self.keys.book_done(book_id)]
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def create(self, book_id: str, *, title: str, author: str, voice: str, speed: float,
+               formats: tuple[str, ...], chapters: int, words: int, sample_rate: int,
+               source_format: str, owner: str = "") -> bool:
+        """Write a new record; False when a live one exists already (a re-submit). `owner`:
+        the API key that made it (web/auth.py), "" while the farm has no keys."""
+        fields = {"id": book_id, "state": BookState.QUEUED, "title": title, "author": author,
+                  "voice": voice, "speed": speed, "formats": ",".join(formats),
+                  "chapters": chapters, "words": words, "sample_rate": sample_rate,
+                  "source_format": source_format, "total": 0, "done": 0, "audio_samples": 0,
+                  "cursor": 0, "feed_gen": 0, "created_at": time.time(), "owner": owner,
+                  # The at-rest key sealing its files when it was made ("" for none): they
+                  # may be plaintext only if this is empty (`written_before_keys`).
+                  "sealed_by": self.store.sealing_key_id or ""}
+        args = [x for k, v in fields.items() for x in (k, str(v))]
+        created = bool(self._create(keys=self._keys(book_id), args=args))
+        if created:
+            self.r.zadd(self.keys.books_progress, {book_id: fields["created_at"]})
+        return created
+
+    def set_plan(self, book_id: str, chapters: list[tuple[str, int]]) -> bool:
+        """Record the segment counts the prepare task found and start rendering."""
+        fields: dict[str, object] = {"chapters": len(chapters),
+                                     "total": sum(n for _, n in chapters),
+                                     "chapter_titles": json.dumps([t for t, _ in chapters]),
+                                     "rendering_at": time.time()}
+        offset = 0
+        for c, (_, n) in enumerate(chapters):
+            fields[f"c{c}_total"], fields[f"c{c}_offset"] = n, offset
+            fields.setdefault(f"c{c}_done", 0)
+            offset += n
+        moved, _ = self.move(book_id, (BookState.PREPARING,), BookState.RENDERING, **fields)
+        if moved:
+            self.progressed(book_id)
+        return moved
+
+    def move(self, book_id: str, from_states: Iterable[str], to: BookState,
+             **fields: object) -> tuple[bool, str | None]:
+        """Transition atomically; returns (moved, state afterwards), state None if unknown."""
+        return self._transition(self.keys.book(book_id), from_states, to, **fields)
+
+    def store_segment(self, book_id: str, seq: int, chapter: int, index: int,
+                      pcm: bytes, words: list[dict] | None = None) -> tuple[int, str]:
+        """Write segment audio (and its timed words), then count it once. Returns (done,
+        state): done -1 when the book is canceled or gone (the files written are removed
+        again)."""
+        key = segment_key(book_id, chapter, index)
+        words_key = segment_words_key(book_id, chapter, index)
+        if words is not None:  # before the audio: a counted segment always has both
+            self.store.put(words_key, json.dumps(words, ensure_ascii=False).encode())
+        self.store.put(key, pcm)
+        done, _total, state = self._store_segment(
+            keys=[*self._keys(book_id), self.keys.books_progress],
+            args=[seq, chapter, len(pcm) // 2, repr(time.time()), book_id])
+        if done < 0:
+            self.store.delete(key)
+            if words is not None:
+                self.store.delete(words_key)
+        return int(done), state.decode() if isinstance(state, bytes) else str(state)
+
+    def progressed(self, book_id: str, *, resumed: bool = False) -> None:
+        """The book moved on: the stall sweeper leaves it a while longer. `resumed`: it is
+        live again (a retry of a failed book, which the sweeper had forgotten). Progress
+        also clears the sweeper's count of resumes: it fails only a book that keeps
+        stalling with no progress between."""
+        with self.r.pipeline(transaction=False) as p:
+            p.zadd(self.keys.books_progress, {book_id: time.time()}, xx=not resumed)
+            if not resumed:
+                p.hdel(self.keys.book(book_id), "stall_resumes")
+            p.execute()
+
+    def idle_since(self, before: float) -> list[str]:
+        """The books whose last progress is older than `before` (a Unix time)."""
+        return [b.decode() for b in self.r.zrangebyscore(self.keys.books_progress, "-inf",
+                                                          before)]
+
+    def forget_progress(self, book_id: str) -> None:
+        self.r.zrem(self.keys.books_progress, book_id)
+
+    def claim_resume(self, book_id: str, hold_s: float) -> int | None:
+        """The stall sweeper's claim on resuming a book: each book pool worker sweeps, and
+        only one may resume it per `hold_s`. Returns how many resumes the sweepers have made
+        with this one, or None when another sweeper has the claim."""
+        if not self.r.set(self.keys.book_sweep(book_id), 1, nx=True, px=int(hold_s * 1000)):
+            return None
+        return int(self.r.hincrby(self.keys.book(book_id), "stall_resumes", 1))
+
+    def cancel(self, book_id: str) -> tuple[bool, str | None]:
+        """Cancel a book, or delete a finished one: the same one transition also clears an
+        earlier failure's error, which would otherwise still say why a canceled book failed."""
+        return self.move(book_id, (*BOOK_ACTIVE, BookState.DONE, BookState.FAILED),
+                         BookState.CANCELED,
+                         finished_at=time.time(), error="", error_chapter="", error_text="")
+
+    def add_formats(self, book_id: str, formats: tuple[str, ...]) -> bool:
+        """Add formats to a book (a re-submit with other `formats`): the audio is the same, so
+        nothing is rendered again. True when the book was done and went back to assembling:
+        the caller sends the assembly, which packages the stored segments in every format."""
+        out = self._add_formats(keys=self._keys(book_id), args=list(formats))
+        return bool(out[0])
+
+    def assembled(self, book_id: str, formats: list[str], duration_s: float) -> tuple[int, str]:
+        """The assembly of `formats` is written: (1, "done"); (2, "assembling") when formats
+        were added while it ran (assemble again); (0, state) when the book left assembling."""
+        out = self._assembled(keys=self._keys(book_id),
+                              args=[",".join(formats), repr(time.time()), duration_s])
+        return int(out[0]), out[1].decode() if isinstance(out[1], bytes) else str(out[1])
+
+    def fail(self, book_id: str, chapter: int | None, text: str, message: str) -> bool:
+        """Fail an active book; `chapter`: where it failed, None for the book as a whole."""
+        moved, _ = self.move(book_id, BOOK_ACTIVE, BookState.FAILED,
+                             finished_at=time.time(), error=message,
+                             error_chapter="" if chapter is None else chapter,
+                             error_text=text[:500])
+        return moved
+
+    def new_feed_gen(self, book_id: str) -> int:
+        """A new feeder generation: every older feeder of the book stops at its next look."""
+        return int(self.r.hincrby(self.keys.book(book_id), "feed_gen", 1))
+
+    def set_cursor(self, book_id: str, cursor: int) -> None:
+        self.r.hset(self.keys.book(book_id), "cursor", cursor)
+
+    def done_bits(self, book_id: str, seqs: range) -> list[bool]:
+        with self.r.pipeline(transaction=False) as p:
+            for s in seqs:
+                p.getbit(self.keys.book_done(book_id), s)
+            return [bool(b) for b in p.execute()]
+
+    def is_done(self, book_id: str, seq: int) -> bool:
+        return bool(self.r.getbit(self.keys.book_done(book_id), seq))
+
+    def remove(self, book_id: str) -> int:
+        """Remove the book's files (cancel); the record stays, saying canceled."""
+        return self.store.delete_prefix(prefix(book_id))
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def state(self, book_id: str) -> str | None:
+        s = self.r.hget(self.keys.book(book_id), "state")
+        return s.decode() if s else None
+
+    def owner(self, book_id: str) -> str | None:
+        """The id of the key that made the book ("" for none); None for an unknown book."""
+        exists, owner = self.r.hmget(self.keys.book(book_id), "id", "owner")
+        return None if exists is None else (owner or b"").decode()
+
+    def get(self, book_id: str) -> dict | None:
+        raw = self.r.hgetall(self.keys.book(book_id))
+        if not raw:
+            return None
+        rec = {k.decode(): v.decode() for k, v in raw.items()}
+        out: dict = {k: rec.get(k, "") for k in ("id", "state", "title", "author", "voice",
+                                                  "source_format")}
+        for k in ("total", "done", "chapters", "words", "sample_rate", "audio_samples",
+                  "cursor", "feed_gen"):
+            out[k] = int(rec.get(k) or 0)
+        for k in ("created_at", "started_at", "rendering_at", "rendered_at", "finished_at"):
+            out[k] = float(rec[k]) if rec.get(k) else None
+        out["speed"] = float(rec.get("speed") or 1.0)
+        out["formats"] = [f for f in rec.get("formats", "").split(",") if f]
+        titles = json.loads(rec["chapter_titles"]) if rec.get("chapter_titles") else []
+        out["chapter_list"] = [{
+            "index": c, "title": t,
+            "done": int(rec.get(f"c{c}_done") or 0), "total": int(rec.get(f"c{c}_total") or 0),
+            "offset": int(rec.get(f"c{c}_offset") or 0)} for c, t in enumerate(titles)]
+        out["audio_seconds"] = (round(out["audio_samples"] / out["sample_rate"], 3)
+                                if out["sample_rate"] else 0.0)
+        out["error"] = None
+        if rec.get("error"):
+            out["error"] = {"message": rec["error"],
+                            "chapter": int(rec["error_chapter"]) if rec.get(
+                                "error_chapter") not in (None, "") else None,
+                            "text": rec.get("error_text") or None}
+        out["duration_s"] = float(rec["duration_s"]) if rec.get("duration_s") else None
+        return out
+
+    def written_before_keys(self, key: str) -> bool:
+        """Whether store object `key` belongs to a book made while the farm had no at-rest
+        keys, whose files may then be plaintext (the sealed store asks, for an object that
+        is not sealed). An object of no book, or of a book made with keys, is not."""
+        parts = key.split("/")
+        if len(parts) < 3 or parts[0] != "books":
+            return False
+        exists, sealed_by = self.r.hmget(self.keys.book(parts[1]), "id", "sealed_by")
+        return exists is not None and not sealed_by
+
+    def manifest(self, book_id: str) -> dict | None:
+        try:
+            return json.loads(self.store.get(output_key(book_id, "manifest.json")))
+        except KeyError:
+            return None

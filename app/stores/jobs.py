@@ -1,0 +1,725 @@
+"""The job store: job records, their audio chunks and progress, all in Redis.
+
+Every state change that depends on the current state runs as one Lua script, so a retried
+task, a cancel and the last segment racing each other still leave one consistent record:
+a chunk stored twice overwrites itself and is counted once, a canceled job never turns done.
+
+A job's audio is a sequence of chunks. Each segment is vocoded in windows, and each window
+is a chunk as soon as it exists, so a listener hears a segment's start while its end still
+renders. A segment declares its window count before its first window is stored (the first
+writer's count wins, so a retry cuts the same windows); chunks are numbered 0, 1, 2, ... in
+order across the job (segment 0's windows, then segment 1's), a numbering a reader can
+compute as far as the window counts are known. The job's segment count may be open while
+the web still segments the text (`total` is -1 until `seal`): segments are published as the
+frontend yields them, and the job is done once it is sealed and every window is stored.
+
+The admission ledger (`mark_queued`, `take`, and every move to canceled or failed): admission
+counts the segments that will run, which is the queue depth the broker reports less the
+messages of jobs that stopped (`{p}:admission` dead:STAGE). Each job keeps, per stage and
+segment, whether a message of it waits ("p") or a worker took it ("t"), and how many wait
+("n:STAGE"). A publish marks "p" once it is sent (a second mark, or one after the take, is a
+no-op); a worker's first take of it turns it "t" (a redelivered or retried message finds
+"t" and changes nothing, so nothing is counted off twice); the move that stops a job adds its
+waiting count to the stage's dead count, and a take of a stopped job's message counts it off
+again. A message the farm did not see published (one a crashed worker's visibility timeout
+put back, a retry, a hand-over) is never "p": it counts as live work until it is taken, the
+safe side of every race here. Each of these is one Lua step, cheap for admission to read: two
+counters, no walk of a queue.
+
+At rest each chunk's PCM is sealed (app/security/sealing.py), bound to its hash's key name and its
+field, so a chunk copied to another place or another job fails to open. A chunk that fails
+to open is never played: a reader stops before it, as before a chunk not stored yet, and the
+job fails with the reason (from running or done alike: its audio cannot be delivered whole).
+A chunk sealed with a key this process lacks is not such a failure: the reader raises
+`KeyUnavailable` (the web's 503 names the key), the job keeps its state, and its audio reads
+again once the key is back. A chunk never sealed is read as it is when the job's record says
+it was made before the farm had keys (`sealed_by` empty), else refused like a tampered one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+
+from app.broker.celery_app import ACOUSTIC_QUEUE, VOCODER_QUEUE
+from app.security.sealing import MAGIC, Sealer
+from app.stores.keys import Keys
+from app.stores.states import JOB_FINAL, JOB_LIVE, JobState, Transition, lua
+
+# Events streams are wake-up signals, not a log: a few hundred entries is plenty.
+EVENTS_MAXLEN = 500
+
+# KEYS: job_keys. ARGV: segment, window, pcm, now, ttl, samples, events maxlen,
+# "count:window_frames" the writer plans (used when the segment has none yet), the window's
+# timing JSON ('' for none: a writer from before word timestamps), the whole segment's
+# samples (0 if unknown).
+_STORE_WINDOW = lua("""
+local segment = ARGV[1]
+local window = ARGV[2]
+local pcm = ARGV[3]
+local now = ARGV[4]
+local ttl = ARGV[5]
+local samples = ARGV[6]
+local events_maxlen = ARGV[7]
+local planned = ARGV[8]
+local timing = ARGV[9]
+local segment_samples = ARGV[10]
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return -2 end
+if state == '$CANCELED' or state == '$FAILED' then return -1 end
+redis.call('HSETNX', KEYS[5], segment, planned)
+local plan = redis.call('HGET', KEYS[5], segment)
+local count = tonumber(string.match(plan, '^(%d+)'))
+local field = segment .. ':' .. window
+redis.call('HSET', KEYS[2], field, pcm)
+if timing and timing ~= '' then redis.call('HSET', KEYS[7], field, timing) end
+if segment_samples and segment_samples ~= '0' then
+  redis.call('HSETNX', KEYS[1], 'segment_samples_' .. segment, segment_samples)
+end
+if redis.call('SADD', KEYS[3], field) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'audio_samples_' .. segment, samples)
+  if segment == '0' and window == '0' then
+    redis.call('HSETNX', KEYS[1], 'first_chunk_at', now)
+  end
+  if redis.call('HINCRBY', KEYS[6], segment, 1) == count then
+    redis.call('HINCRBY', KEYS[1], 'done', 1)
+  end
+end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'chunk', field)
+local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
+local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
+if total >= 0 and done >= total and state ~= '$DONE' then
+  redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now)
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'state', '$DONE')
+end
+for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
+return done
+""", JobState)
+
+# KEYS: job_keys. ARGV: total, now, events maxlen. Closes the job's segment count; the job
+# is done at once if every segment is already stored.
+_SEAL = lua("""
+local total_in = ARGV[1]
+local now = ARGV[2]
+local events_maxlen = ARGV[3]
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return -2 end
+redis.call('HSET', KEYS[1], 'total', total_in)
+local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
+if (state == '$QUEUED' or state == '$RUNNING') and done >= tonumber(total_in) then
+  redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now)
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'state', '$DONE')
+end
+return done
+""", JobState)
+
+# The ledger's kinds of segment message, each with the stage whose lead and main queues hold
+# it (admission counts those): a segment's acoustic message, its vocoder message, and the rest
+# of its vocoder stage after it gave way to listeners (tasks/segments.py), on the vocoder lead
+# queue. A segment has at most one of each that the farm publishes itself.
+LEDGER_STAGES = {"acoustic": ACOUSTIC_QUEUE, "vocoder": VOCODER_QUEUE, "rest": VOCODER_QUEUE}
+
+
+def dead_field(stage: str) -> str:
+    """The `{p}:admission` field counting a stage's queued messages of stopped jobs."""
+    return f"dead:{stage}"
+
+
+# KEYS: job record, its ledger, the admission hash. ARGV: kind, segment, dead field, ttl.
+# A message of the segment was just sent: "p", once; a stopped job's message is dead at once.
+_MARK_QUEUED = lua("""
+local kind = ARGV[1]
+local segment = ARGV[2]
+local dead_field = ARGV[3]
+local ttl = ARGV[4]
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 0 end
+if redis.call('HSETNX', KEYS[2], kind .. ':' .. segment, 'p') == 0 then return 0 end
+redis.call('HINCRBY', KEYS[2], 'n:' .. kind, 1)
+redis.call('EXPIRE', KEYS[2], ttl)
+if state == '$CANCELED' or state == '$FAILED' then
+  redis.call('HINCRBY', KEYS[3], dead_field, 1)
+end
+return 1
+""", JobState)
+
+# KEYS: job record, its ledger, the admission hash, its events stream. ARGV: kind, segment,
+# dead field, ttl, '1' to move a queued job to running, now, events maxlen. A worker took a
+# message of the segment: the first take counts it off; returns the job's state (nil: gone).
+_TAKE = lua("""
+local kind = ARGV[1]
+local segment = ARGV[2]
+local dead_field = ARGV[3]
+local ttl = ARGV[4]
+local run = ARGV[5]
+local now = ARGV[6]
+local events_maxlen = ARGV[7]
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return false end
+local field = kind .. ':' .. segment
+local was = redis.call('HGET', KEYS[2], field)
+if was ~= 't' then
+  redis.call('HSET', KEYS[2], field, 't')
+  redis.call('EXPIRE', KEYS[2], ttl)
+  if was == 'p' then
+    redis.call('HINCRBY', KEYS[2], 'n:' .. kind, -1)
+    if (state == '$CANCELED' or state == '$FAILED')
+        and tonumber(redis.call('HGET', KEYS[3], dead_field) or '0') > 0 then
+      redis.call('HINCRBY', KEYS[3], dead_field, -1)
+    end
+  end
+end
+if run == '1' and state == '$QUEUED' then
+  redis.call('HSET', KEYS[1], 'state', '$RUNNING', 'started_at', now)
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'state', '$RUNNING')
+  redis.call('EXPIRE', KEYS[4], redis.call('TTL', KEYS[1]))
+  state = '$RUNNING'
+end
+return state
+""", JobState)
+
+# Run by the job's state transition (app/stores/states.py) right after a move, KEYS[3..5] being its
+# ledger, the admission hash and the listener leases: a job that stops takes what of it waits
+# off the live work, and has no listener to keep.
+_ON_STOP = lua("""
+    if to_state == '$CANCELED' or to_state == '$FAILED' then
+      local n = redis.call('HMGET', KEYS[3], 'n:acoustic', 'n:vocoder', 'n:rest')
+      local acoustic = tonumber(n[1] or '0')
+      local vocoder = tonumber(n[2] or '0') + tonumber(n[3] or '0')
+      if acoustic > 0 then redis.call('HINCRBY', KEYS[4], 'dead:acoustic', acoustic) end
+      if vocoder > 0 then redis.call('HINCRBY', KEYS[4], 'dead:vocoder', vocoder) end
+      redis.call('ZREM', KEYS[5], redis.call('HGET', KEYS[1], 'id'))
+    end
+""", JobState)
+
+# KEYS: the listener leases. ARGV: now, how many at most. Claims (removes) the leases that
+# lapsed and returns their job ids.
+_CLAIM_LAPSED = """
+local now = ARGV[1]
+local limit = ARGV[2]
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
+if #ids > 0 then redis.call('ZREM', KEYS[1], unpack(ids)) end
+return ids
+"""
+
+# KEYS: the listener leases, the job record. ARGV: the job id. A stream that ended lets go of
+# its lease once its job is over (a live job keeps it until it lapses: the sweep then cancels
+# it, should the web that ended the stream not have done so).
+_END_LEASE = lua("""
+local job_id = ARGV[1]
+local state = redis.call('HGET', KEYS[2], 'state')
+if not state or state == '$DONE' or state == '$CANCELED' or state == '$FAILED' then
+  redis.call('ZREM', KEYS[1], job_id)
+end
+""", JobState)
+
+UNPUBLISHED_ERROR = "the web process stopped before the job's segments were all queued"
+STALLED_ERROR = ("no progress for {s:.0f} s: its segments were lost (a broker failure?) and "
+                 "nothing more will come")
+REFUSED_ERROR = ("chunk {name} of the job's audio failed to open at rest ({reason}: "
+                 "tampered, or sealed with a key no longer configured); it is never played")
+
+
+@dataclass
+class Chunk:
+    index: int  # the chunk's place in the job's audio: 0, 1, 2, ...
+    pcm: bytes  # 16-bit little-endian mono
+    segment: int = 0
+    window: int = 0
+    segment_end: bool = True  # the segment's last window (its pause included)
+    # Where the chunk starts on the job's timeline (seconds; None where an earlier
+    # segment's length is not known yet), and the words that start in it, on that timeline:
+    # {"word", "start", "end", "text_start"?, "text_end"?}.
+    start_s: float | None = None
+    words: list[dict] = field(default_factory=list)
+
+
+def segment_starts(lengths: dict[int, int], last: int) -> dict[int, int]:
+    """Where each segment up to `last` starts on the job's timeline, in samples, as far as
+    the lengths of the segments before it are known."""
+    starts, at = {}, 0
+    for segment in range(last + 1):
+        starts[segment] = at
+        if segment not in lengths:
+            break
+        at += lengths[segment]
+    return starts
+
+
+def place_words(timing: dict | None, segment_start: int | None, rate: int) -> tuple[
+        float | None, list[dict]]:
+    """A chunk's stored timing (segment-relative) put on the job's timeline, which its
+    segment joins at sample `segment_start`: (chunk start in seconds, its words)."""
+    if segment_start is None or not rate:
+        return None, []
+    offset = segment_start / rate
+    start = round(offset + (timing or {}).get("start", 0) / rate, 3)
+    words = [{**w, "start": round(offset + w["start"], 3), "end": round(offset + w["end"], 3)}
+             for w in (timing or {}).get("words", [])]
+    return start, words
+
+
+OPEN_TOTAL = -1  # a job's segment count while the web still segments its text
+
+
+def _window_count(plan: bytes) -> int:
+    """The window count of a segment's stored plan ("count:window_frames")."""
+    return int(plan.split(b":")[0])
+
+
+def _window_counts(plans: dict[bytes, bytes]) -> dict[int, int]:
+    """segment -> window count, from a job's windows hash."""
+    return {int(k): _window_count(v) for k, v in plans.items()}
+
+
+class JobStore:
+    """Job records and chunks. `r` is a bytes-mode Redis client; `waiting` (default `r`) one
+    whose socket timeout outlasts the longest blocking wait (see app/stores/redis_conn.py)."""
+
+    def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int,
+                 waiting: redis.Redis | None = None, sealer: Sealer | None = None) -> None:
+        self.r = r
+        self.sealer = sealer or Sealer([])
+        self.waiting = waiting or r
+        self.keys = keys
+        self.ttl_s = ttl_s
+        self._store_window = r.register_script(_STORE_WINDOW)
+        self._seal = r.register_script(_SEAL)
+        self._transition = Transition(r, on_move=_ON_STOP)
+        self._mark_queued = r.register_script(_MARK_QUEUED)
+        self._take = r.register_script(_TAKE)
+        self._claim_lapsed = r.register_script(_CLAIM_LAPSED)
+        self._end_lease = r.register_script(_END_LEASE)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def create(self, *, total: int = OPEN_TOTAL, voice: str, speed: float, fmt: str, chars: int,
+               sample_rate: int, request_id: str = "", owner: str = "",
+               lease_s: float = 0.0) -> dict:
+        """A new queued job. `lease_s`: the job is a stream's, listened to; its listener lease
+        starts now and lapses after `lease_s` unless renewed (`renew_leases`)."""
+        job_id = uuid.uuid4().hex
+        record: dict[str, Any] = {
+            "id": job_id, "state": JobState.QUEUED, "total": total, "done": 0,
+            "voice": voice, "speed": speed, "format": fmt, "chars": chars,
+            "sample_rate": sample_rate, "created_at": time.time(),
+            "cache_hits": 0, "cache_misses": 0, "request_id": request_id,
+            # The API key that made it (web/auth.py): "" while the farm has no keys.
+            "owner": owner,
+            # The at-rest key sealing when it was made ("" for none): its chunks may be
+            # plaintext only if this is empty (`_open_chunk`).
+            "sealed_by": self.sealer.sealing_key_id or "",
+        }
+        key = self.keys.job(job_id)
+        with self.r.pipeline() as p:  # MULTI: the record never exists outside the set
+            p.hset(key, mapping={k: str(v) for k, v in record.items()})
+            p.expire(key, self.ttl_s)
+            p.zadd(self.keys.unpublished, {job_id: record["created_at"]})
+            p.zadd(self.keys.progress, {job_id: record["created_at"]})
+            if lease_s:
+                p.zadd(self.keys.listened, {job_id: record["created_at"] + lease_s})
+            p.execute()
+        return cast(dict, self.get(job_id))  # just written, in one MULTI
+
+    def owner(self, job_id: str) -> str | None:
+        """The id of the key that made the job ("" for none); None for an unknown job."""
+        exists, owner = self.r.hmget(self.keys.job(job_id), "id", "owner")
+        return None if exists is None else (owner or b"").decode()
+
+    def mark_published(self, job_id: str) -> None:
+        """Every segment of the job is on the broker (or the job failed): nothing to sweep."""
+        self.r.zrem(self.keys.unpublished, job_id)
+
+    def sweep_unpublished(self, grace_s: float) -> list[str]:
+        """Fail jobs created over `grace_s` ago whose segments were never all queued (their
+        web process died mid-submit). Returns the ids it failed."""
+        failed = []
+        cutoff = time.time() - grace_s
+        for raw in self.r.zrangebyscore(self.keys.unpublished, "-inf", cutoff):
+            job_id = raw.decode()
+            # The transition is atomic and moves only a queued or running job, so a job
+            # that finished meanwhile is only forgotten.
+            if self.fail(job_id, UNPUBLISHED_ERROR)[0]:
+                failed.append(job_id)
+            self.r.zrem(self.keys.unpublished, job_id)
+        return failed
+
+    def sweep_stalled(self, stall_s: float) -> list[str]:
+        """Fail live jobs whose last progress is over `stall_s` old, and forget finished or
+        expired ones. Returns the ids it failed."""
+        failed = []
+        for raw in self.r.zrangebyscore(self.keys.progress, "-inf", time.time() - stall_s):
+            job_id = raw.decode()
+            # One that progressed since the range was read is left alone (its score moved
+            # on); the fail is atomic and moves only a queued or running job, so a finished
+            # or expired one is only forgotten.
+            score = self.r.zscore(self.keys.progress, job_id)
+            if score is not None and score > time.time() - stall_s:
+                continue
+            if self.fail(job_id, STALLED_ERROR.format(s=stall_s))[0]:
+                failed.append(job_id)
+            self.r.zrem(self.keys.progress, job_id)
+        return failed
+
+    def idle_sealed(self, idle_since: float, created_before: float,
+                    max_resumes: int) -> dict[str, int]:
+        """{job id: total} of the live, sealed jobs created before `created_before` whose
+        last progress (created, a window stored, resumed) is at or before `idle_since`, and
+        that were resumed fewer than `max_resumes` times."""
+        ids = [raw.decode() for raw in self.r.zrangebyscore(self.keys.progress, "-inf",
+                                                              idle_since)]
+        with self.r.pipeline(transaction=False) as p:
+            for job_id in ids:
+                p.hmget(self.keys.job(job_id), "state", "total", "created_at", "resumes")
+            records = p.execute()
+        return {job_id: int(total) for job_id, (state, total, created, resumes)
+                in zip(ids, records, strict=True)
+                if state is not None and state.decode() in JOB_LIVE and int(total) >= 0
+                and float(created) < created_before and int(resumes or 0) < max_resumes}
+
+    def unfinished_segments(self, job_id: str, total: int) -> list[int]:
+        """The segments of a sealed job with a window still to store."""
+        with self.r.pipeline(transaction=False) as p:
+            p.hgetall(self.keys.windows(job_id))
+            p.hgetall(self.keys.windows_done(job_id))
+            plans, stored = p.execute()
+        counts = _window_counts(plans)
+        stored = {int(k): int(v) for k, v in stored.items()}
+        return [s for s in range(total) if s not in counts or stored.get(s, 0) < counts[s]]
+
+    def published_specs(self, job_id: str, segments: Iterable[int]) -> dict[int, dict]:
+        """The specs `note_spec` kept for `segments` (those it has)."""
+        segments = list(segments)
+        raw = self.r.hmget(self.keys.specs(job_id), segments) if segments else []
+        return {s: json.loads(v) for s, v in zip(segments, raw, strict=True) if v}
+
+    def resumed(self, job_id: str) -> None:
+        """Count a resume of the job, and count it as progress (the stall sweeper and the
+        next resume wait from now)."""
+        with self.r.pipeline() as p:
+            p.hincrby(self.keys.job(job_id), "resumes", 1)
+            p.zadd(self.keys.progress, {job_id: time.time()}, xx=True)
+            p.execute()
+
+    # Each transition returns (moved, state afterwards); state is None for an unknown job.
+
+    def cancel(self, job_id: str, reason: str = "") -> tuple[bool, str | None]:
+        """Cancel a live job; `reason` (its `error`) says why when the client did not ask."""
+        return self._move(job_id, JOB_LIVE, JobState.CANCELED, "finished_at", reason)
+
+    def fail(self, job_id: str, error: str) -> tuple[bool, str | None]:
+        return self._move(job_id, JOB_LIVE, JobState.FAILED, "finished_at", error)
+
+    def _move(self, job_id: str, from_states: Iterable[str], to: JobState, stamp: str,
+              error: str = "") -> tuple[bool, str | None]:
+        """The transition, stamping `stamp` (and `error`, if any); a 'state' event tells
+        the job's listeners."""
+        fields = {stamp: repr(time.time()), **({"error": error} if error else {})}
+        return self._transition(self.keys.job(job_id), from_states, to,
+                                events_key=self.keys.events(job_id),
+                                events_maxlen=EVENTS_MAXLEN,
+                                extra_keys=(self.keys.queued(job_id), self.keys.admission,
+                                            self.keys.listened), **fields)
+
+    # -- the admission ledger (see the module docstring) ----------------------------------
+
+    def mark_queued(self, job_id: str, kind: str, segment: int) -> None:
+        """A message of the segment's `kind` (LEDGER_STAGES) was just sent to its stage's
+        lead or main queue."""
+        self._mark_queued(keys=[self.keys.job(job_id), self.keys.queued(job_id),
+                                self.keys.admission],
+                          args=[kind, segment, dead_field(LEDGER_STAGES[kind]), self.ttl_s])
+
+    def take(self, job_id: str, kind: str, segment: int, run: bool = False) -> str | None:
+        """A worker took a message of the segment's `kind`; with `run`, a queued job turns
+        running. Returns the job's state (None: unknown or expired), which says whether the
+        segment is still wanted."""
+        state = self._take(keys=[self.keys.job(job_id), self.keys.queued(job_id),
+                                 self.keys.admission, self.keys.events(job_id)],
+                           args=[kind, segment, dead_field(LEDGER_STAGES[kind]), self.ttl_s,
+                                 "1" if run else "0", repr(time.time()), EVENTS_MAXLEN])
+        return state.decode() if state else None
+
+    def segments_waiting(self, job_id: str) -> dict[str, int]:
+        """How many of the job's messages wait, by kind, as far as the ledger knows."""
+        raw = self.r.hmget(self.keys.queued(job_id), [f"n:{k}" for k in LEDGER_STAGES])
+        return {k: int(v or 0) for k, v in zip(LEDGER_STAGES, raw, strict=True)}
+
+    def dead_segments(self) -> dict[str, int]:
+        """Messages of stopped jobs on each stage's lead and main queues, as counted."""
+        stages = dict.fromkeys(LEDGER_STAGES.values())
+        raw = self.r.hmget(self.keys.admission, [dead_field(s) for s in stages])
+        return {s: int(v or 0) for s, v in zip(stages, raw, strict=True)}
+
+    # -- listener leases (app/stores/listeners.py holds and renews them) ---------------------------
+
+    def renew_leases(self, job_ids: Iterable[str], lease_s: float) -> None:
+        """The listeners of these stream jobs are still there: their leases run `lease_s`
+        from now. One that the sweep claimed already stays gone (its job is canceled)."""
+        until = time.time() + lease_s
+        mapping = dict.fromkeys(job_ids, until)
+        if mapping:
+            self.r.zadd(self.keys.listened, mapping, xx=True)
+
+    def end_lease(self, job_id: str) -> None:
+        """The stream of the job ended: forget its lease if the job is over (else it lapses,
+        and the sweep cancels the job if nobody did)."""
+        self._end_lease(keys=[self.keys.listened, self.keys.job(job_id)], args=[job_id])
+
+    def claim_lapsed_leases(self, limit: int = 100,
+                            lapsed_by: float | None = None) -> list[str]:
+        """Take the leases that lapsed by `lapsed_by` (default now; infinity: every lease) out
+        of the set; their job ids."""
+        until = time.time() if lapsed_by is None else lapsed_by
+        ids = self._claim_lapsed(keys=[self.keys.listened],
+                                 args=["+inf" if until == math.inf else repr(until), limit])
+        return [i.decode() for i in ids]
+
+    def note_spec(self, job_id: str, spec: dict) -> None:
+        """Keep what segment `spec["index"]` was published with (`published_specs`)."""
+        key = self.keys.specs(job_id)
+        with self.r.pipeline(transaction=False) as p:
+            p.hset(key, spec["index"], json.dumps(spec, separators=(",", ":"),
+                                                  ensure_ascii=False))
+            p.expire(key, self.ttl_s)
+            p.execute()
+
+    def seal(self, job_id: str, total: int) -> int:
+        """The job has `total` segments (every one is published). Returns segments done."""
+        return int(self._seal(keys=self.keys.job_keys(job_id),
+                              args=[total, repr(time.time()), EVENTS_MAXLEN]))
+
+    def store_window(self, job_id: str, segment: int, window: int, pcm: bytes,
+                     plan: tuple[int, int], words: list[dict] | None = None,
+                     start: int = 0, segment_samples: int = 0) -> int:
+        """Store window `window` of segment `segment`; idempotent. `plan` is the writer's
+        (window count, frames per window) for the segment; the first writer's plan stands
+        (see `window_plan`). `words` are the words that start in this window, their times in
+        seconds of the segment's audio; `start` is the window's first sample in the segment
+        and `segment_samples` the segment's whole length (pause included), which places the
+        segments after it on the job's timeline. Returns segments done, -1 if the job was
+        canceled or failed (nothing stored), -2 if the job is unknown or expired."""
+        timing = json.dumps({"start": start, "words": words or []}, separators=(",", ":"),
+                            ensure_ascii=False)
+        sealed = self.sealer.seal(pcm, self._chunk_context(job_id, f"{segment}:{window}"))
+        now = time.time()
+        done = int(self._store_window(
+            keys=self.keys.job_keys(job_id),
+            args=[segment, window, sealed, repr(now), self.ttl_s, len(pcm) // 2,
+                  EVENTS_MAXLEN, f"{plan[0]}:{plan[1]}", timing, segment_samples],
+        ))
+        if done >= 0:  # progress: the stall sweeper leaves the job alone a while longer
+            self.r.zadd(self.keys.progress, {job_id: now}, xx=True)
+        return done
+
+    def window_plan(self, job_id: str, segment: int, plan: tuple[int, int]) -> tuple[int, int]:
+        """The segment's (window count, frames per window): `plan` unless a writer (an
+        earlier try of the same segment) set one already, which then stands."""
+        key = self.keys.windows(job_id)
+        with self.r.pipeline() as p:
+            p.hsetnx(key, segment, f"{plan[0]}:{plan[1]}")
+            p.hget(key, segment)
+            p.expire(key, self.ttl_s)
+            _, raw, _ = p.execute()
+        count, frames = raw.decode().split(":")
+        return int(count), int(frames)
+
+    def store_chunk(self, job_id: str, index: int, pcm: bytes,
+                    words: list[dict] | None = None) -> int:
+        """Store segment `index`'s audio as its one window."""
+        return self.store_window(job_id, index, 0, pcm, (1, 0), words,
+                                 segment_samples=len(pcm) // 2)
+
+    def _chunk_context(self, job_id: str, name: str) -> str:
+        """What a chunk is sealed to: its hash's key name and its field ("segment:window")."""
+        return f"{self.keys.chunks(job_id)}\x00{name}"
+
+    def _open_chunk(self, job_id: str, name: str, sealed: bytes | None) -> bytes | None:
+        """A stored chunk's PCM; None when it is missing or fails to open, which also fails
+        the job with the reason (a chunk that fails to open is never played). Raises
+        KeyUnavailable, changing nothing, when it was sealed with a key the ring lacks."""
+        if sealed is None:
+            return None
+        plaintext_ok = False
+        if self.sealer.enabled and not sealed.startswith(MAGIC):  # before keys, or forged?
+            exists, sealed_by = self.r.hmget(self.keys.job(job_id), "id", "sealed_by")
+            plaintext_ok = exists is not None and not sealed_by
+        pcm, reason = self.sealer.read(sealed, self._chunk_context(job_id, name), plaintext_ok)
+        if pcm is None:
+            self._move(job_id, (*JOB_LIVE, JobState.DONE), JobState.FAILED, "finished_at",
+                       REFUSED_ERROR.format(name=name, reason=reason))
+        return pcm
+
+    def count_cache(self, job_id: str, hit: bool) -> None:
+        self.r.hincrby(self.keys.job(job_id), "cache_hits" if hit else "cache_misses", 1)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> dict | None:
+        raw = self.r.hgetall(self.keys.job(job_id))
+        if not raw:
+            return None
+        rec: dict[str, Any] = {k.decode(): v.decode() for k, v in raw.items()}
+        stored = {int(k[len("audio_samples_"):]): int(v) for k, v in rec.items()
+                  if k.startswith("audio_samples_")}
+        lengths = {int(k[len("segment_samples_"):]): int(v) for k, v in rec.items()
+                   if k.startswith("segment_samples_")}
+        samples = sum(stored.values())
+        rec = {k: v for k, v in rec.items()
+               if not k.startswith(("audio_samples_", "segment_samples_"))}
+        # Each segment's length in samples, as far as known: declared by its first window,
+        # else what is stored of it so far (a writer from before lengths were declared).
+        rec["segment_samples"] = {**stored, **lengths}
+        for k in ("total", "done", "chars", "sample_rate", "cache_hits", "cache_misses",
+                  "resumes"):
+            rec[k] = int(rec.get(k, 0))
+        rec["speed"] = float(rec["speed"])
+        for k in ("created_at", "started_at", "finished_at"):
+            rec[k] = float(rec[k]) if rec.get(k) else None
+        rec["audio_seconds"] = round(samples / rec["sample_rate"], 3) if rec["sample_rate"] else 0
+        rec["error"] = rec.get("error") or None
+        return rec
+
+    def state(self, job_id: str) -> str | None:
+        s = self.r.hget(self.keys.job(job_id), "state")
+        return s.decode() if s else None
+
+    def _order(self, job_id: str, total: int) -> tuple[list[tuple[int, int, bool]], bool]:
+        """The job's chunks in order as (segment, window, segment's last window), as far as
+        window counts are known, and whether that is all of them (sealed, and every
+        segment's count known)."""
+        counts = _window_counts(self.r.hgetall(self.keys.windows(job_id)))
+        order: list[tuple[int, int, bool]] = []
+        segment = 0
+        while segment in counts:
+            n = counts[segment]
+            order.extend((segment, w, w == n - 1) for w in range(n))
+            segment += 1
+        return order, total >= 0 and segment >= total
+
+    def chunk_count(self, job_id: str, total: int) -> int | None:
+        """How many chunks the job has, once every segment's window count is known."""
+        order, complete = self._order(job_id, total)
+        return len(order) if complete else None
+
+    def chunks_from(self, job_id: str, first: int, total: int, limit: int,
+                    job: dict | None = None) -> tuple[list[Chunk], int | None]:
+        """The consecutive run of stored chunks starting at chunk `first` (at most `limit`),
+        with their words on the job's timeline, and the job's chunk count (None while not
+        yet known). `job` is the job's record if the caller has just read it; a chunk that
+        fails to open ends the run and fails the job, and `job` is read again to say so."""
+        order, complete = self._order(job_id, total)
+        count = len(order) if complete else None
+        wanted = order[first:first + limit] if first >= 0 else []
+        if not wanted:
+            return [], count
+        fields = [f"{s}:{w}" for s, w, _ in wanted]
+        with self.r.pipeline(transaction=False) as p:
+            p.hmget(self.keys.chunks(job_id), fields)
+            p.hmget(self.keys.words(job_id), fields)
+            values, timings = p.execute()
+        job = job or self.get(job_id) or {}
+        rate = job.get("sample_rate", 0)
+        starts = segment_starts(job.get("segment_samples", {}), wanted[-1][0])
+        run = []
+        for i, ((s, w, end), v, t) in enumerate(zip(wanted, values, timings, strict=True)):
+            pcm = self._open_chunk(job_id, f"{s}:{w}", v)
+            if pcm is None:
+                if v is not None:  # it failed to open, and failed the job: say so
+                    job.update(self.get(job_id) or {})
+                break
+            start_s, words = place_words(json.loads(t) if t else None, starts.get(s), rate)
+            run.append(Chunk(first + i, pcm, s, w, end, start_s, words))
+        return run, count
+
+    def timed_words(self, job_id: str, job: dict, partial: bool = False) -> list[dict] | None:
+        """Every word of the job in order, on the job's timeline, each with its `segment`
+        (None when a chunk is missing: the job is not done, or its audio expired). With
+        `partial`, the words of the chunks stored so far, up to the first one missing."""
+        order, complete = self._order(job_id, job["total"])
+        if not complete and not partial:
+            return None
+        fields = [f"{s}:{w}" for s, w, _ in order]
+        timings = self.r.hmget(self.keys.words(job_id), fields) if fields else []
+        starts = segment_starts(job.get("segment_samples", {}), order[-1][0] if order else 0)
+        words: list[dict] = []
+        for (s, _, _), t in zip(order, timings, strict=True):
+            if t is None and partial:
+                break  # a chunk still rendering (timings are stored with their chunk)
+            _, placed = place_words(json.loads(t) if t else None, starts.get(s),
+                                    job["sample_rate"])
+            words.extend({**w, "segment": s} for w in placed)
+        return words
+
+    def all_chunks(self, job_id: str, total: int) -> list[bytes | None]:
+        """Every chunk of the job in order (None where one is missing or expired, or fails
+        to open: the job is then failed, with the reason)."""
+        order, complete = self._order(job_id, total)
+        if not complete:
+            return [None]
+        fields = [f"{s}:{w}" for s, w, _ in order]
+        sealed = self.r.hmget(self.keys.chunks(job_id), fields) if order else []
+        chunks: list[bytes | None] = []
+        for name, blob in zip(fields, sealed, strict=True):
+            chunks.append(self._open_chunk(job_id, name, blob))
+            if blob is not None and chunks[-1] is None:
+                break  # the job failed: nothing after it is wanted
+        return chunks + [None] * (len(fields) - len(chunks))
+
+    def segment_pcm(self, job_id: str, segment: int) -> bytes | None:
+        """Segment `segment`'s whole audio (its windows joined, its pause included), or None
+        while a window is missing (or expired, or fails to open). For the voice canary's
+        quality pool (tasks/quality.py), which scores what a listener got."""
+        raw = self.r.hget(self.keys.windows(job_id), segment)
+        if raw is None:
+            return None
+        names = [f"{segment}:{w}" for w in range(_window_count(raw))]
+        pieces = []
+        for name, sealed in zip(names, self.r.hmget(self.keys.chunks(job_id), names),
+                                strict=True):
+            pcm = self._open_chunk(job_id, name, sealed)
+            if pcm is None:
+                return None
+            pieces.append(pcm)
+        return b"".join(pieces)
+
+    def last_event_id(self, job_id: str) -> bytes:
+        last = self.r.xrevrange(self.keys.events(job_id), count=1)
+        return cast(bytes, last[0][0]) if last else b"0-0"
+
+    def wait_event(self, job_id: str, after_id: bytes, timeout_s: float) -> bool:
+        """Block until an event newer than `after_id` exists or the timeout passes."""
+        ms = max(1, int(timeout_s * 1000))
+        return bool(self.waiting.xread({self.keys.events(job_id): after_id}, count=1,
+                                       block=ms))
+
+    def wait_for_chunks(self, job_id: str, after: int, wait_s: float,
+                        limit: int) -> tuple[dict | None, list[Chunk]]:
+        """Long-poll: the chunks after cursor `after` as soon as the next one exists.
+
+        Returns `(job, chunks)`: chunks is the consecutive run after the cursor (empty when
+        the wait ran out, or when the job ended without them); `job["chunks"]` is the job's
+        chunk count, None while not yet known. The event-stream mark is taken
+        before the chunks are read, so a chunk stored in between still wakes the wait.
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            mark = self.last_event_id(job_id)
+            job = self.get(job_id)
+            if job is None:
+                return None, []
+            chunks, job["chunks"] = self.chunks_from(job_id, after + 1, job["total"], limit,
+                                                     job)
+            if chunks or job["state"] in JOB_FINAL:
+                return job, chunks
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return job, []
+            self.wait_event(job_id, mark, remaining)

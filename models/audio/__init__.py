@@ -1,0 +1,1 @@
+"""Audio out: the encoders the API serves, and how good a rendered segment sounds."""

@@ -1,0 +1,2 @@
+"""Books: parsing a book file into chapters (`parse`) and assembling the rendered
+segments into chapter files and an audiobook (`assemble`)."""

@@ -1,0 +1,70 @@
+"""Books in, chapters out: EPUB, Markdown, HTML and plain text to a `Book` of (title, text).
+
+Pure: bytes and a file name in, a `Book` or a `BookError` out; no network, no Redis.
+
+One module a format (:mod:`.text`, :mod:`.markdown`, :mod:`.html`, :mod:`.epub`), the checks
+an EPUB passes before ebooklib opens it (:mod:`.epub_safety`: zip bombs, path traversal,
+DRM, XML entities and external references), the decoding of text uploads
+(:mod:`.encoding`), and the `Book` they all return with the rule that tidies it
+(:mod:`.book`). :func:`parse_book` picks the format by the file's extension.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from models.books.parse.book import MAX_TITLE_CHARS, Book, BookError, Chapter, finish
+from models.books.parse.encoding import decode_text
+from models.books.parse.epub import parse_epub
+from models.books.parse.epub_safety import (
+    MAX_ENTRIES,
+    MAX_RATIO,
+    MAX_UNCOMPRESSED,
+    RATIO_MIN_BYTES,
+    check_epub_archive,
+)
+from models.books.parse.html import html_blocks, parse_html
+from models.books.parse.markdown import parse_markdown
+from models.books.parse.text import parse_text
+
+__all__ = [
+    "EXTENSIONS", "MAX_ENTRIES", "MAX_RATIO", "MAX_TITLE_CHARS", "MAX_UNCOMPRESSED",
+    "RATIO_MIN_BYTES", "Book", "BookError", "Chapter", "check_epub_archive", "finish",
+    "extensions_text", "html_blocks", "not_a_book_file", "parse_book", "parse_epub",
+    "parse_html", "parse_markdown", "parse_text",
+]
+
+EXTENSIONS = {".epub": "epub", ".txt": "text", ".text": "text", ".md": "markdown",
+              ".markdown": "markdown", ".html": "html", ".htm": "html", ".xhtml": "html"}
+
+
+def extensions_text() -> str:
+    """Every book file extension, as a refusal names them: ".epub, .txt, ... or .xhtml"."""
+    *rest, last = EXTENSIONS
+    return f"{', '.join(rest)} or {last}"
+
+
+def not_a_book_file(filename: str) -> BookError:
+    """The refusal of an upload whose extension is no book's (415 `unsupported_format`)."""
+    return BookError("unsupported_format",
+                     f"'{filename}' is not a book file; send {extensions_text()}")
+
+
+def parse_book(data: bytes, filename: str) -> Book:
+    """Parse an upload by its extension. Raises BookError."""
+    ext = posixpath.splitext(filename.lower())[1]
+    kind = EXTENSIONS.get(ext)
+    if kind is None:
+        raise not_a_book_file(filename)
+    stem = posixpath.splitext(posixpath.basename(filename.replace("\\", "/")))[0]
+    if kind == "epub":
+        book = parse_epub(data)
+    else:
+        text = decode_text(data, filename)
+        if kind == "markdown":
+            book = parse_markdown(text, fallback_title=stem)
+        elif kind == "html":
+            book = parse_html(text, fallback_title=stem)
+        else:
+            book = parse_text(text, fallback_title=stem)
+    return finish(book)

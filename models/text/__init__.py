@@ -1,0 +1,2 @@
+"""The text frontend: normalisation (English, Chinese), segments, lexicons, SSML,
+words in time and captions."""
