@@ -341,3 +341,4 @@ class GriffinLimVocoder(Vocoder):
 
 # A Piper VITS voice's HiFi-GAN decoder (vocodes its latents); imported only when loaded.
 register_vocoder_lazy("hifigan", "models.piper:PiperVocoder")
+register_vocoder_lazy("hibari", "models.hibari_stage:HibariVocoder")

@@ -380,11 +380,11 @@ def assert_chunk_order(chunks: list[dict], segments: int, total: int | None = No
     assert [(c["segment"], c["window"]) for c in chunks] == expected
 
 
-def assert_speech(pcm: np.ndarray, words: int) -> None:
+def assert_speech(pcm: np.ndarray, words: int, rate: int = SR) -> None:
     """Audio a listener would call speech: loud enough, voiced most of the time, with
-    pauses, and as long as `words` words take to say (1.2 to 5 words a second)."""
+    pauses, and as long as `words` words take to say (1.2 to 5 words a second) at `rate`."""
     x = pcm.astype(np.float32) / 32768
-    seconds = len(x) / SR
+    seconds = len(x) / rate
     assert words / 5.0 <= seconds <= words / 1.2, f"{seconds:.2f} s for {words} words"
     frames = x[: len(x) // 512 * 512].reshape(-1, 512)
     rms = np.sqrt((frames**2).mean(axis=1))
