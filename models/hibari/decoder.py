@@ -5,7 +5,9 @@ layer scale), a LayerNorm and the int8 ``head`` (256 -> 3005 = five parts of 601
 log-magnitude ``lh``, harmonic phase shift ``theta``, noise log-magnitude ``ln``, free-phase
 log-magnitude ``lr`` and its phase ``phi``).
 
-Its receptive field is finite: 3 frames either side for ``dec_in`` and 3 per block, so 27; a
+The pointwise layers run in float with the dequantised int8 weights (``layers`` says why: a
+quantised activation's scale would make every frame depend on the whole segment). So the
+receptive field is finite: 3 frames either side for ``dec_in`` and 3 per block, so 27; a
 window decoded with 27 frames of context on each side has the same parts as the whole segment
 there (``RECEPTIVE_FRAMES``). The DSP after it needs 2 more (see ``dsp.CONTEXT_FRAMES``).
 """
@@ -43,7 +45,7 @@ class HibariDecoder(nn.Module):
     """``(B, 130, F)`` frames (+ lengths) -> ``(B, 3005, F)`` parts, padding masked."""
 
     def __init__(self, weights: HibariWeights, cfg: DecoderConfig | None = None,
-                 exact: bool = True) -> None:
+                 exact: bool = False) -> None:
         super().__init__()
         self.cfg = cfg = cfg or DecoderConfig()
         floats, matrices = weights.subset("m.")

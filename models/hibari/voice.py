@@ -46,14 +46,16 @@ class HibariVoice:
     hop = dsp.HOP
     WINDOW_CONTEXT = RECEPTIVE_FRAMES + dsp.CONTEXT_FRAMES  # 29 frames
 
-    def __init__(self, device: str | torch.device = "cpu", exact: bool = True) -> None:
+    def __init__(self, device: str | torch.device = "cpu", exact_decoder: bool = False) -> None:
+        """``exact_decoder``: the decoder's activations quantised as the graph does (closer
+        spectral parts, but windows no longer equal the whole); for measurements only."""
         self.device = torch.device(device)
         weights = read_weights()
-        self.acoustic = HibariAcoustic(weights, exact=exact).to(self.device).eval()
-        self.decoder = HibariDecoder(weights, exact=exact).to(self.device).eval()
+        self.acoustic = HibariAcoustic(weights, exact=True).to(self.device).eval()
+        self.decoder = HibariDecoder(weights, exact=exact_decoder).to(self.device).eval()
         with open(asset_path("vocab.json"), encoding="utf-8") as f:
             self.vocab: dict[str, int] = json.load(f)
-        _LOGGER.info("loaded the hibari voice on %s (exact int8: %s)", self.device, exact)
+        _LOGGER.info("loaded the hibari voice on %s", self.device)
 
     def ids(self, phonemes: str) -> list[int]:
         """``[0, id of each symbol, 0]``: id ``i + 1`` is ``phonemes[i]``.
