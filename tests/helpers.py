@@ -34,7 +34,8 @@ from app.states import JOB_FINAL, BookState
 from tests import brokers
 
 ROOT = Path(__file__).resolve().parents[1]
-SR = 22050
+SR = 24_000  # the default voice's rate (en_us-hibari-heart)
+PIPER_SR = ESPEAK_SR = 22_050  # en_us-joe-medium's and eSpeak's
 
 T = TypeVar("T")
 
@@ -360,7 +361,7 @@ def wav_to_pcm(data: bytes) -> tuple[np.ndarray, int]:
 
 def decode_chunk(chunk: dict) -> np.ndarray:
     pcm, rate = wav_to_pcm(base64.b64decode(chunk["audio"]))
-    assert rate == SR
+    assert rate == chunk["sample_rate"]  # each chunk says its voice's rate, and so does its WAV
     return pcm
 
 

@@ -84,7 +84,7 @@ def test_pcm_and_ogg_streams(server):
     job = wait_done(server, submit(server, fresh_text(2))["id"])
     pcm_resp = requests.get(f"{server}/v1/jobs/{job['id']}/stream", params={"format": "pcm"},
                             timeout=60)
-    assert pcm_resp.headers["Content-Type"] == "audio/L16; rate=22050; channels=1"
+    assert pcm_resp.headers["Content-Type"] == f"audio/L16; rate={SR}; channels=1"
     pcm = np.frombuffer(pcm_resp.content, dtype="<i2")
     assert np.array_equal(pcm, polled_pcm(server, job["id"]))
     ogg = requests.get(f"{server}/v1/jobs/{job['id']}/stream", params={"format": "ogg"},
