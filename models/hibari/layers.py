@@ -57,13 +57,15 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.exact = exact
         self.int8_weights = matrix.zero_point == 0  # the int8 product below assumes it
-        integers = matrix.weight.float() - matrix.zero_point
-        self.register_buffer("weight_t", integers.t().contiguous())  # (in, out) float
-        self.register_buffer("weight_i8", matrix.weight.t().contiguous())  # (in, out) int8
-        # what shifting the uint8 activation by -128 takes off each output: 128 * column sum
-        self.register_buffer("weight_colsum", integers.sum(dim=1))
-        self.register_buffer("weight_scale", torch.tensor(matrix.scale, dtype=torch.float32))
-        self.register_buffer("weight_float", matrix.dequantize().t().contiguous())
+        integers = matrix.weight.float() - matrix.zero_point  # (out, in)
+        if exact:  # only what each path reads is kept
+            self.register_buffer("weight_t", integers.t().contiguous())  # (in, out) float
+            self.register_buffer("weight_i8", matrix.weight.t().contiguous())  # (in, out) int8
+            # what shifting the uint8 activation by -128 takes off each output
+            self.register_buffer("weight_colsum", integers.sum(dim=1))
+            self.register_buffer("weight_scale", torch.tensor(matrix.scale, dtype=torch.float32))
+        else:
+            self.register_buffer("weight_float", matrix.dequantize().t().contiguous())
         self.register_buffer("bias", bias.float().clone())
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
