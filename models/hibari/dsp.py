@@ -95,7 +95,11 @@ def pulses(f0: torch.Tensor, first: int, count: int) -> torch.Tensor:
 def stft(x: torch.Tensor, frames: int) -> torch.Tensor:
     """Centred STFT (reflect padding, source window) -> ``(601, frames)`` complex64."""
     c = _constants(x.device)
-    padded = torch.nn.functional.pad(x[None, None], (N_FFT // 2, N_FFT // 2), mode="reflect")[0, 0]
+    half = N_FFT // 2
+    if x.numel() > half:
+        padded = torch.nn.functional.pad(x[None, None], (half, half), mode="reflect")[0, 0]
+    else:  # a window of one or two frames: torch reflects once only, numpy as often as needed
+        padded = torch.from_numpy(np.pad(x.cpu().numpy(), half, mode="reflect")).to(x.device)
     windows = padded.unfold(0, N_FFT, HOP)[:frames] * c["source_window"]
     return torch.fft.rfft(windows, dim=1).T
 

@@ -92,6 +92,14 @@ def test_windows_without_context_do_not(voice, features):
     assert (windowed(voice, features.frames, 3, 37, 0) - whole).abs().max().item() > WINDOWED_TOL
 
 
+def test_the_smallest_pieces_decode(voice):
+    """Pads alone (no phoneme) and a one-frame window without context still give audio of
+    the right length (the STFT's reflect padding is longer than such a piece)."""
+    frames = voice.features([[0, 0]])[0].frames
+    assert voice.decode(frames, 1).shape == (frames.shape[1] * 300,)
+    assert voice.decode_window(frames, 1, 1, 2, 0).shape == (300,)
+
+
 def test_a_batch_gives_each_item_what_it_gives_alone(voice):
     texts = ["Yes.", TEXT, "Can you tell me where the train station is?"]
     id_lists = [voice.ids(phonemize(t)) for t in texts]
