@@ -49,9 +49,9 @@ class Settings:
     acoustic_model: str = "espeak"
     vocoder: str = "griffinlim"
     # hibari's voice heart (the hibari-tts wheel): through the farm it read the WER test's
-    # sentences clearer than Piper's en_US-joe-medium (pocketsphinx WER 0.047 vs 0.081) at a
-    # fifth of the compute per second of audio (0.033 s vs 0.181 s, docs/benchmarks.md,
-    # "The English voices"). The Piper voice and the eSpeak voices stay addressable by name.
+    # sentences at least as clearly as Piper's en_US-joe-medium (pocketsphinx WER 0.081 each;
+    # 0.070 vs 0.081 in process) at a fifth of the compute per second of audio (0.026 s vs
+    # 0.138 s): docs/benchmarks.md, "The English voices". Piper and eSpeak stay selectable.
     default_voice: str = "en_us-hibari-heart"
     # More Piper voices: every NAME.onnx (+ NAME.onnx.json) here is offered after a restart.
     voices_dir: str = ""
