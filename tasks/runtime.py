@@ -114,11 +114,32 @@ def _piper(kind: str, model_path: str, inference=None):
     return st[key]
 
 
+def _hibari(kind: str):
+    """The hibari half `kind` ("acoustic" or "vocoder"), loaded once per process (the voice
+    inside is loaded once and shared, models/hibari/voice.py)."""
+    st = _mine()
+    key = f"hibari-{kind}"
+    if key not in st:
+        with _lock:
+            if key not in st:
+                from models.errors import VoiceUnavailable
+                from models.hibari.stage import HibariAcoustic, HibariVocoder
+
+                cls = HibariAcoustic if kind == "acoustic" else HibariVocoder
+                try:
+                    st[key] = cls(device=device())
+                except (OSError, ValueError) as exc:  # final: a retry reads the same files
+                    raise VoiceUnavailable(f"the hibari voice cannot be loaded: {exc}") from exc
+    return st[key]
+
+
 def acoustic_for(voice):
     """The acoustic model that renders `voice` (a models.voices.Voice)."""
     # models load after the fork, in the process that runs them
-    from models.voices import PIPER
+    from models.voices import HIBARI, PIPER
 
+    if voice.engine == HIBARI:
+        return _hibari("acoustic")
     if voice.engine != PIPER:
         return acoustic_model()
     return _piper("acoustic", voice.model_path, voice.inference)
@@ -127,17 +148,20 @@ def acoustic_for(voice):
 def vocoder_for(voice):
     """The vocoder that renders `voice`'s features."""
     # models load after the fork, in the process that runs them
-    from models.voices import PIPER
+    from models.voices import HIBARI, PIPER
 
+    if voice.engine == HIBARI:
+        return _hibari("vocoder")
     return _piper("vocoder", voice.model_path) if voice.engine == PIPER else vocoder()
 
 
 def warm_up(queue: str) -> None:
     """Load every model of `queue`'s stage and run each once on a short input.
 
-    A Piper voice whose files cannot be loaded is logged with the reason and skipped: the
-    other voices still serve, and a job for the broken one fails with that reason. Once done,
-    this process counts in `voxfarm_model_processes_warm`.
+    Every neural voice (Piper's, hibari's) is loaded and run once. One whose files cannot be
+    loaded is logged with the reason and skipped: the other voices still serve, and a job
+    for the broken one fails with that reason. Once done, this process counts in
+    `voxfarm_model_processes_warm`.
     """
     if _threads > 0:
         # torch loads in the model pools, after the fork (CUDA is not fork-safe)
@@ -148,7 +172,7 @@ def warm_up(queue: str) -> None:
     # torch loads in the model pools, after the fork (CUDA is not fork-safe)
     import torch
 
-    from models.voices import PIPER, list_voices
+    from models.voices import HIBARI, PIPER, list_voices
 
     farm()  # reads the settings, the voices directory among them
     log = logging.getLogger("voxfarm.workers")
@@ -160,10 +184,15 @@ def warm_up(queue: str) -> None:
         silence = torch.full((cfg.n_mels, 32), math.log(cfg.log_floor), device=model.device)
         model.vocode([silence])
     for voice in list_voices():
-        if voice.engine != PIPER:
+        if voice.engine not in (PIPER, HIBARI):
             continue
         try:
-            if queue == "acoustic":
+            if voice.engine == HIBARI and queue == "acoustic":
+                acoustic_for(voice).synthesize("həlˈO.")
+            elif voice.engine == HIBARI:
+                decoder = vocoder_for(voice)
+                decoder.vocode([torch.zeros(decoder.mel_config.n_mels, 8)])
+            elif queue == "acoustic":
                 acoustic_for(voice).synthesize("həlˈoʊ.", seed=0)
             else:
                 decoder = vocoder_for(voice)

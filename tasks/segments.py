@@ -37,7 +37,7 @@ from app.obs import metrics
 from app.stores.melcache import mel_cache_key, scoped_key
 from app.stores.states import JobState
 from models.errors import SpeechError
-from models.voices import PIPER
+from models.voices import HIBARI, NEURAL, PIPER
 from tasks import batching, books, canary, runtime
 from tasks.base import FarmTask, NoRoom
 
@@ -175,7 +175,7 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
     digest = scoped_key(content, cache_owner(farm, spec))
     # The entry holds the timing beside the features, which the vocoder stage turns into word
     # timestamps, hit or miss: a neural voice's frames per phoneme id, eSpeak's word starts.
-    timed = voice.engine == PIPER or hasattr(model, "synthesize_timed")
+    timed = voice.engine in NEURAL or hasattr(model, "synthesize_timed")
     hit = farm.mel_cache.touch(digest, durations=timed)
     task.request.mel_cache_hit = hit  # the canary times a version's model on misses only
     if not hit:
@@ -188,6 +188,8 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
             # The noise of the VITS prior and duration predictor comes from a generator
             # seeded by the key: the same request renders the same audio, hit or miss.
             features, durations = _acoustic_piper(model, voice, spec, noise_seed(content))
+        elif voice.engine == HIBARI:
+            features, durations = _acoustic_hibari(model, spec)
         elif timed:
             features, durations = model.synthesize_timed(spec["phonemes"], spec["voice"],
                                                          spec["speed"])
@@ -243,14 +245,22 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
     voice = canary.voice_for(farm, spec)
     vocoder = runtime.vocoder_for(voice)
     features = mel_from_bytes(blob).to(vocoder.device)
+    # hibari's decoder adds seeded noise (the source-filter's noise part); its seed comes
+    # from the cached features, which the segment's content names (models/hibari/stage.py).
+    seed = 0
+    if voice.engine == HIBARI:
+        from models.hibari.stage import seed_of
+
+        seed = seed_of(blob)
     pause = np.zeros(int(vocoder.sample_rate * spec["pause_ms"] / 1000), dtype=np.float32)
     if "book_id" in spec:  # book audio goes to the artifact store, not Redis
-        audio = _vocode_piece(vocoder, voice, features)
+        audio = _vocode_piece(vocoder, voice, features, seed=seed)
         words = _word_times(farm, vocoder, voice, mel_key, spec, len(audio))
         books.store_segment(farm, spec, _pcm(audio, pause), vocoder.sample_rate, words)
-    elif voice.engine == PIPER and (from_window or farm.settings.vocoder_window_frames):
+    elif voice.engine in NEURAL and (from_window or farm.settings.vocoder_window_frames):
         words = _word_times(farm, vocoder, voice, mel_key, spec)
-        rest = _stream_windows(farm, vocoder, voice, features, spec, pause, words, from_window)
+        rest = _stream_windows(farm, vocoder, voice, features, spec, pause, words, from_window,
+                               seed)
         if rest is not None:  # it gave way: the rest reads the features this stage holds
             continue_segment(farm.celery, mel_key, spec, rest, queue=VOCODER_LEAD_QUEUE,
                              regenerations=regenerations,
@@ -261,7 +271,7 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
             task.request.gave_way = True
             return spec["index"]
     else:
-        audio = _vocode_piece(vocoder, voice, features)
+        audio = _vocode_piece(vocoder, voice, features, seed=seed)
         words = _word_times(farm, vocoder, voice, mel_key, spec, len(audio))
         farm.jobs.store_chunk(spec["job_id"], spec["index"], _pcm(audio, pause), words)
     farm.mel_cache.release(mel_key, drop="book_id" in spec)
@@ -290,10 +300,32 @@ def _acoustic_piper(model, voice, spec: dict, seed: int) -> tuple:
                         (spec["phonemes"], seed))
 
 
-def _vocode_piece(vocoder, voice, features, piece=None) -> np.ndarray:
+def _acoustic_hibari(model, spec: dict) -> tuple:
+    """hibari's frames and durations, in a batch with other segments of the same speed where
+    the pool batches. Its acoustic half draws no noise: nothing to seed here."""
+    speed = spec["speed"]
+
+    def run(items: list[str]) -> list:
+        return model.synthesize_timed_batch(items, speed)
+
+    return batching.run(ACOUSTIC_QUEUE, (model.model_id, speed), run, spec["phonemes"])
+
+
+def _vocode_piece(vocoder, voice, features, piece=None, seed: int = 0) -> np.ndarray:
     """The audio of a window of `features` (the whole segment when `piece` is None), in a
-    batch with other segments' windows or wholes where the pool batches."""
-    if voice.engine == PIPER:
+    batch with other segments' windows or wholes where the pool batches. `seed`: hibari's
+    decoder noise (the Piper decoder draws none)."""
+    if voice.engine == HIBARI:
+        from models.neural.hifigan import Window
+
+        piece = piece or Window.whole(int(features.shape[-1]))
+
+        def run_hibari(items: list) -> list:
+            return vocoder.vocode_windows(items)
+
+        audio = batching.run(VOCODER_QUEUE, vocoder.model_id, run_hibari,
+                             (features, piece, seed))
+    elif voice.engine == PIPER:
         if piece is None:
             # torch loads on first use: the book and quality pools import this too
             from models.neural.hifigan import Window
@@ -328,6 +360,13 @@ def _word_times(farm, vocoder, voice, mel_key: str, spec: dict,
     from models.neural.voice_file import ids_and_positions
     from models.text.words import WordSpan, espeak_word_times, word_times
 
+    if voice.engine == HIBARI:
+        # Frames per id, as for a Piper voice; one frame is 300 samples at 24 kHz.
+        from models.hibari.stage import word_positions
+
+        spans = [WordSpan.from_list(item) for item in spec["words"]]
+        return word_times(spans, spec["phonemes"], word_positions(spec["phonemes"], durations),
+                          durations, vocoder.hop_length / vocoder.sample_rate)
     if voice.engine != PIPER:
         spans = [WordSpan.from_list(item) for item in spec["words"]]
         return espeak_word_times(spans, durations, len(spec["phonemes"]),
@@ -340,7 +379,7 @@ def _word_times(farm, vocoder, voice, mel_key: str, spec: dict,
 
 
 def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarray,
-                    words: list[dict], start: int = 0) -> int | None:
+                    words: list[dict], start: int = 0, seed: int = 0) -> int | None:
     """Vocode the segment window by window from window `start`, storing each as a chunk the
     moment it exists. Returns None when its last window is stored, or the window it stopped
     before to give way to listeners waiting for their first audio (`_give_way`): once a
@@ -358,12 +397,12 @@ def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarra
     plan = (len(vocoder.windows(frames, window)), window)
     _, window = farm.jobs.window_plan(spec["job_id"], spec["index"], plan)
     cut = vocoder.windows(frames, window)
-    hop, rate = vocoder.voice.hop_length, vocoder.sample_rate
+    hop, rate = vocoder.hop_length, vocoder.sample_rate
     segment_samples = frames * hop + len(pause)
     for w, piece in enumerate(cut[start:], start):
         if w == 1 and start == 0 and _give_way(farm):
             return w
-        audio = _vocode_piece(vocoder, voice, features, piece)
+        audio = _vocode_piece(vocoder, voice, features, piece, seed)
         last = w == len(cut) - 1
         mine = [word for word in words
                 if (w == 0 or word["start"] * rate >= piece.start * hop)

@@ -34,7 +34,8 @@ from app.stores.states import JOB_FINAL, BookState
 from tests import brokers
 
 ROOT = Path(__file__).resolve().parents[1]
-SR = 22050
+SR = 24_000  # the default voice's rate (en_us-hibari-heart)
+PIPER_SR = ESPEAK_SR = 22_050  # en_us-joe-medium's and eSpeak's
 
 T = TypeVar("T")
 
@@ -360,7 +361,7 @@ def wav_to_pcm(data: bytes) -> tuple[np.ndarray, int]:
 
 def decode_chunk(chunk: dict) -> np.ndarray:
     pcm, rate = wav_to_pcm(base64.b64decode(chunk["audio"]))
-    assert rate == SR
+    assert rate == chunk["sample_rate"]  # each chunk says its voice's rate, and so does its WAV
     return pcm
 
 
@@ -380,11 +381,11 @@ def assert_chunk_order(chunks: list[dict], segments: int, total: int | None = No
     assert [(c["segment"], c["window"]) for c in chunks] == expected
 
 
-def assert_speech(pcm: np.ndarray, words: int) -> None:
+def assert_speech(pcm: np.ndarray, words: int, rate: int = SR) -> None:
     """Audio a listener would call speech: loud enough, voiced most of the time, with
-    pauses, and as long as `words` words take to say (1.2 to 5 words a second)."""
+    pauses, and as long as `words` words take to say (1.2 to 5 words a second) at `rate`."""
     x = pcm.astype(np.float32) / 32768
-    seconds = len(x) / SR
+    seconds = len(x) / rate
     assert words / 5.0 <= seconds <= words / 1.2, f"{seconds:.2f} s for {words} words"
     frames = x[: len(x) // 512 * 512].reshape(-1, 512)
     rms = np.sqrt((frames**2).mean(axis=1))

@@ -46,7 +46,7 @@ from models.text.frontend import MAX_BREAK_MS
 from models.text.lexicon import MAX_ENTRIES as LEXICON_MAX_ENTRIES
 from models.text.lexicon import MAX_PHONEME_CHARS as LEXICON_MAX_PHONEMES
 from models.text.ssml import SPEED_MAX, SPEED_MIN  # the speeds the farm renders
-from models.voices import ESPEAK, PIPER
+from models.voices import ESPEAK, HIBARI, PIPER
 
 # -- the values the API takes ----------------------------------------------------------------
 
@@ -238,7 +238,8 @@ Lexicon = Annotated[Any, WithJsonSchema({
     "additionalProperties": {"type": "string", "minLength": 1,
                              "maxLength": LEXICON_MAX_PHONEMES},
     "description": "word (or phrase) -> phonemes in the voice's alphabet (Piper IPA for a "
-                   "neural voice, eSpeak mnemonics for an eSpeak voice); matched as whole "
+                   "Piper voice, misaki symbols for hibari, eSpeak mnemonics for an eSpeak "
+                   "voice); matched as whole "
                    "words, case-insensitive, before normalisation, and spoken as given. Adds "
                    "to the server's lexicon for the voice (`NAME.lexicon.json` in the voices "
                    "directory) and wins over it.",
@@ -583,7 +584,9 @@ class PhonemizedSegment(ResponseModel):
 
 class Phonemized(ResponseModel):
     voice: str
-    alphabet: Literal["ipa", "espeak"] = Field(description="what `phonemes` are written in")
+    alphabet: Literal["ipa", "misaki", "espeak"] = Field(
+        description="what `phonemes` are written in: `ipa` (a Piper voice), `misaki` (hibari: "
+                    "IPA with `A I O W Y` for its diphthongs, its vocab.json), `espeak`")
     segments: list[PhonemizedSegment]
 
 
@@ -606,7 +609,7 @@ class Captions(ResponseModel):
 
 class Voice(ResponseModel):
     name: str
-    engine: Annotated[str, OneOf((PIPER, ESPEAK))]
+    engine: Annotated[str, OneOf((PIPER, HIBARI, ESPEAK))]
     language: str
     display_name: str = None
     variant: str | None = None

@@ -156,3 +156,4 @@ class EspeakAcoustic(AcousticModel):
 
 # A Piper VITS voice's acoustic half (latent z, not a mel); imported only when loaded.
 register_acoustic_lazy("vits", "models.neural.piper:PiperAcoustic")
+register_acoustic_lazy("hibari", "models.hibari.stage:HibariAcoustic")

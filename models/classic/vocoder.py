@@ -342,3 +342,4 @@ class GriffinLimVocoder(Vocoder):
 
 # A Piper VITS voice's HiFi-GAN decoder (vocodes its latents); imported only when loaded.
 register_vocoder_lazy("hifigan", "models.neural.piper:PiperVocoder")
+register_vocoder_lazy("hibari", "models.hibari.stage:HibariVocoder")

@@ -198,6 +198,11 @@ class _PiperHalf:
         tag = f"~{self.inference.tag}" if self.inference.tag else ""
         self.model_id = f"{self.model_prefix}-v{self.version}-{self.voice.model_id}{tag}"
 
+    @property
+    def hop_length(self) -> int:
+        """Samples per latent frame (what streaming windows are cut in)."""
+        return self.voice.hop_length
+
     @classmethod
     def from_checkpoint(cls, path: str, device: str = "cpu", **kwargs: Any):
         return cls(device=device, model_path=path, **kwargs)

@@ -16,8 +16,10 @@
 3. Segmentation (:func:`split_segments`): sentences; a sentence longer than the limit is cut at
    clause punctuation, a clause still too long at word boundaries (spaces in English, jieba
    words in Chinese); very short sentences are merged with a neighbour.
-4. G2P through libespeak-ng (English) or jieba + pypinyin + espeak (Mandarin, polyphones
-   resolved by word: see ``models.text.text_zh``). A segment whose phonemes exceed
+4. G2P through libespeak-ng (English), hibari's own misaki port for the hibari voice
+   (``models.hibari.g2p``, pure Python plus a small OOV net; it runs in the same frontend
+   thread as eSpeak), or jieba + pypinyin + espeak (Mandarin, polyphones resolved by word:
+   see ``models.text.text_zh``). A segment whose phonemes exceed
    :data:`MAX_SEGMENT_PHONEMES` is halved at a word boundary until it fits, so the bound holds
    whatever the text.
 
@@ -41,7 +43,7 @@ from models.text.text_en import normalize_en
 from models.text.text_zh import g2p_zh, normalize_zh, strip_language_switches
 from models.text.text_zh import words as zh_words
 from models.text.words import WordSpan, align_words, phoneme_groups, source_spans
-from models.voices import PIPER, Voice, get_voice, piper_config
+from models.voices import HIBARI, NEURAL, PIPER, Voice, get_voice, piper_config
 
 # Bound on one segment's phoneme count, measured as espeak mnemonic characters (whitespace
 # excluded; an upper bound on the true phoneme count, since one phoneme takes 1-4 characters).
@@ -278,6 +280,8 @@ def _word_spans(text: str, phonemes: str, language: str, voice: Voice,
             return _g2p(word, voice, ipa=False, fixed=fixed)
         if voice.engine == PIPER:
             return _word_phonemes(word, piper_config(voice.model_path).espeak_voice)
+        if voice.engine == HIBARI:
+            return _hibari_word_phonemes(word)
         return _espeak_word_phonemes(word, voice.name)
 
     spans = align_words(words, phonemes, say)
@@ -320,7 +324,7 @@ def _spliced(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str]) -> st
         # Punctuation right after a lexicon word is its clause's end (espeak would drop a
         # clause mark that starts a text): Piper keeps it on the word.
         lead = _LEADING_MARK.match(run)
-        if lead and parts and voice.engine == PIPER:
+        if lead and parts and voice.engine in NEURAL:
             parts[-1] += lead.group(1)
             run = run[lead.end():]
         if run.strip():
@@ -334,7 +338,7 @@ def _spliced(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str]) -> st
         at = match.end()
     say(text[at:])
     joined = " ".join(part for part in parts if part)
-    if voice.engine == PIPER:  # clause punctuation follows its word, as Piper writes it
+    if voice.engine in NEURAL:  # clause punctuation follows its word, as Piper writes it
         joined = re.sub(r"\s+([.,;:!?])", r"\1", joined)
     return joined
 
@@ -342,6 +346,20 @@ def _spliced(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str]) -> st
 @functools.lru_cache(maxsize=8192)
 def _word_phonemes(word: str, espeak_voice: str) -> str:
     return piper_phonemes(word, espeak_voice)
+
+
+@functools.lru_cache(maxsize=8192)
+def _hibari_word_phonemes(word: str) -> str:
+    return _hibari_g2p(word)
+
+
+def _hibari_g2p(text: str) -> str:
+    """hibari's phonemes for ``text``: its G2P's, kept to its vocab (the G2P can pass a
+    quote mark the model has no id for; its own runtime drops those the same way)."""
+    from models.hibari.g2p import phonemize as hibari_phonemize
+    from models.hibari.vocab import keep_vocab
+
+    return keep_vocab(hibari_phonemize(text))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -361,6 +379,8 @@ def _g2p(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str] | None = N
     if voice.engine == PIPER:
         # Piper's own phoneme set: IPA with the clause punctuation kept (it shapes prosody).
         return piper_phonemes(text, voice.base)
+    if voice.engine == HIBARI:
+        return _hibari_g2p(text)
     if voice.language == "zh":
         return g2p_zh(text, ipa=ipa)
     # A foreign word makes espeak emit "(fr)...(en)"; [[...]] rendering cannot switch language.
@@ -368,6 +388,10 @@ def _g2p(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str] | None = N
 
 
 def _says_something(phonemes: str, voice: Voice) -> bool:
+    if voice.engine == HIBARI:
+        from models.hibari.vocab import says_something
+
+        return says_something(phonemes)
     if voice.engine == PIPER:
         try:
             ids_for(phonemes, piper_config(voice.model_path))
@@ -538,8 +562,8 @@ def _segments_of(runs, default: Voice, lexicon: Mapping[str, str] | None,
         spec = draft.spec
         return Segment(
             index=index, text=_unmark(draft.text, draft.marked), phonemes=draft.phonemes,
-            # Piper's phonemes are IPA already.
-            ipa=draft.phonemes if spec.engine == PIPER else _g2p(
+            # A neural voice's phonemes are IPA already (misaki's for hibari).
+            ipa=draft.phonemes if spec.engine in NEURAL else _g2p(
                 draft.text, spec, ipa=True, fixed=draft.marked.phonemes),
             pause_ms=draft.pause_ms, words=draft.words,
             voice=draft.run.voice, rate=draft.run.rate,
@@ -648,12 +672,14 @@ def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
                 + (f" of item {where}" if at < 0 else ""), where, position, bad[1])
         if spec.engine == PIPER:
             text = unicodedata.normalize("NFD", text)
+        elif spec.engine == HIBARI:  # a space is its word boundary; a tab or line break is none
+            text = re.sub(r"\s", " ", text)
         if not text or not _says_something(text, spec):
             if at >= 0 and not PLACEHOLDERS.sub("", text).strip(" .,;:!?"):
                 continue  # punctuation between sentences of a string
             raise InvalidPhonemes(f"item {item_index} says nothing", item_index)
         words: tuple[WordSpan, ...] = ()
-        if spec.engine == PIPER:
+        if spec.engine in NEURAL:
             words = tuple(WordSpan(text[a:b], a, b, *((at + a, at + b) if at >= 0 else (-1, -1)))
                           for a, b in phoneme_groups(text))
         segments.append(Segment(index=len(segments), text=text, phonemes=text, ipa=text,

@@ -1,8 +1,10 @@
 """Pronunciation lexicons: words spoken as the phonemes given for them.
 
 A lexicon maps words (or phrases) to phonemes in the voice's own alphabet: IPA as Piper writes
-it for a neural voice (``{"Nguyen": "ŋwˈɪn"}``), eSpeak's phoneme mnemonics for an eSpeak voice
-(``{"Nguyen": "Nw'In"}``). Two sources, the request's winning over the server's:
+it for a Piper voice (``{"Nguyen": "ŋwˈɪn"}``), misaki's symbols for hibari (``{"Nguyen":
+"ŋwˈIn"}``: IPA with ``A I O W Y`` for its diphthongs, ``models.hibari.vocab``), eSpeak's
+phoneme mnemonics for an eSpeak voice (``{"Nguyen": "Nw'In"}``). Two sources, the request's
+winning over the server's:
 
 * per request: ``lexicon`` in a job, stream or phonemize request;
 * per server: ``NAME.lexicon.json`` in the voices directory (``VOXFARM_VOICES_DIR``) for the
@@ -39,7 +41,7 @@ from pathlib import Path
 
 from models.errors import InvalidLexicon
 from models.neural.voice_file import BOS, EOS, PAD
-from models.voices import PIPER, Voice, piper_config, voices_dir
+from models.voices import HIBARI, PIPER, Voice, piper_config, voices_dir
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,10 @@ _MNEMONIC = re.compile(r"[\x20-\x5a\x5c\x5e-\x7e]+")
 def unsayable(phonemes: str, voice: Voice) -> tuple[int, list[str]] | None:
     """``(position of the first symbol, symbols)`` that ``voice`` cannot say in ``phonemes``,
     or None when it can say them all. Positions index ``phonemes`` as given."""
+    if voice.engine == HIBARI:
+        from models.hibari.vocab import unsayable as hibari_unsayable
+
+        return hibari_unsayable(phonemes)
     if voice.engine == PIPER:
         id_map = piper_config(voice.model_path).phoneme_id_map
         # The start, end and pad markers are ids, not phonemes anyone may write.
@@ -95,7 +101,8 @@ def check_entry(word: object, phonemes: object, voice: Voice) -> tuple[str, str]
         raise InvalidLexicon(word, "private-use characters are not words")
     bad = unsayable(phonemes, voice)
     if bad is not None:
-        alphabet = "Piper IPA" if voice.engine == PIPER else "eSpeak mnemonics"
+        alphabet = {PIPER: "Piper IPA", HIBARI: "hibari's misaki phonemes, vocab.json"}.get(
+            voice.engine, "eSpeak mnemonics")
         raise InvalidLexicon(word, f"voice {voice.voice_name} has no phoneme "
                              f"{', '.join(repr(s) for s in bad[1])} (its alphabet: {alphabet}); "
                              f"first at character {bad[0]} of {phonemes!r}", bad[0], bad[1])

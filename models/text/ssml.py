@@ -63,7 +63,7 @@ from models.text.text_en import (
     ordinal_suffix,
     year,
 )
-from models.voices import PIPER, Voice, get_voice
+from models.voices import NEURAL, PIPER, Voice, get_voice
 
 SPEED_MIN, SPEED_MAX = 0.5, 2.0
 # The longest SSML document parsed, in characters: a long book chapter (about 150,000
@@ -413,7 +413,8 @@ class _Handler(ContentHandler):
 
     def check_phoneme(self, attrs: dict[str, str], voice: Voice, offset: int) -> None:
         alphabet = attrs.get("alphabet", "ipa")
-        wanted = "ipa" if voice.engine == PIPER else "x-espeak"
+        # hibari's misaki symbols are IPA but for a few capitals (its diphthongs): "ipa".
+        wanted = "ipa" if voice.engine in NEURAL else "x-espeak"
         if alphabet != wanted:
             raise self.error("unsupported_ssml", f"<phoneme alphabet=\"{alphabet}\">: voice "
                              f"{voice.name} takes alphabet=\"{wanted}\"", "phoneme", offset,

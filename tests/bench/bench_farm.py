@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/bench/bench_farm.py [--sentences 50] [--voice en-us]
 
-The voice is the farm's default (the neural `en_us-joe-medium`) unless `--voice` names
+The voice is the farm's default (the neural `en_us-hibari-heart`) unless `--voice` names
 another (`en-us` for eSpeak + Griffin-Lim).
 
 Direct: the same frontend, acoustic and vocoder code called in this process. Farm: the same

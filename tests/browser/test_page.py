@@ -55,7 +55,7 @@ def test_page_loads_without_console_errors(page, server):
     open_page(page)
     assert page.title() == "voxfarm"
     assert page.locator("#voice option[value='en-us+f3']").count() == 1
-    assert page.locator("#voice").input_value() == "en_us-joe-medium"  # the neural default
+    assert page.locator("#voice").input_value() == "en_us-hibari-heart"  # the neural default
     # The book section says what this server offers.
     books_served = requests.post(f"{server}/v1/books", timeout=10).status_code != 404
     status = page.locator("#books-status").inner_text()

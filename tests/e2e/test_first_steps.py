@@ -94,7 +94,7 @@ def test_say_names_the_farm_from_the_environment_and_shows_progress_off_a_termin
     assert all(done <= total for done, _ in counts)
     assert [d for d, _ in counts] == sorted(d for d, _ in counts)
     pcm, rate = wav_to_pcm((tmp_path / "out.wav").read_bytes())
-    assert rate == 22050 and len(pcm) / rate > 3.0
+    assert rate == 24000 and len(pcm) / rate > 3.0  # the default voice, hibari
 
 
 def test_openai_voice_names_are_voices_on_every_route(server, tmp_path):

@@ -127,7 +127,7 @@ def test_a_stream_client_that_stops_reading_is_dropped(farm, tmp_path):
         # body never reached its terminating zero-length chunk.
         assert not received.endswith(b"0\r\n\r\n")
         final = requests.get(f"{base}/v1/jobs/{job['id']}", timeout=10).json()
-        total_bytes = final["audio_seconds"] * 22050 * 2
+        total_bytes = final["audio_seconds"] * 24000 * 2
         assert len(received) < total_bytes
 
 

@@ -84,7 +84,7 @@ def test_pcm_and_ogg_streams(server):
     job = wait_done(server, submit(server, fresh_text(2))["id"])
     pcm_resp = requests.get(f"{server}/v1/jobs/{job['id']}/stream", params={"format": "pcm"},
                             timeout=60)
-    assert pcm_resp.headers["Content-Type"] == "audio/L16; rate=22050; channels=1"
+    assert pcm_resp.headers["Content-Type"] == f"audio/L16; rate={SR}; channels=1"
     pcm = np.frombuffer(pcm_resp.content, dtype="<i2")
     assert np.array_equal(pcm, polled_pcm(server, job["id"]))
     ogg = requests.get(f"{server}/v1/jobs/{job['id']}/stream", params={"format": "ogg"},
@@ -138,7 +138,7 @@ def test_openai_client_streams_every_format(oai, fmt, codec, rate):
     text = "The OpenAI client reads this. It arrives as the farm renders it."
     with oai.audio.speech.with_streaming_response.create(
             model="tts-1", voice="nova", input=text, response_format=fmt) as resp:
-        assert resp.headers["X-Voxfarm-Voice"] == "en_us-joe-medium"  # the neural default
+        assert resp.headers["X-Voxfarm-Voice"] == "en_us-hibari-heart"  # the default voice
         data = b"".join(resp.iter_bytes())
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.audio[0]
@@ -164,7 +164,8 @@ def test_openai_pcm_is_24k_speech_and_speed_is_clamped(oai):
 
     normal, headers = pcm_at(1.0)
     assert headers["Content-Type"] == "audio/pcm"
-    # Back to the 22,050 Hz the speech check expects, by linear interpolation.
+    # At the rate the speech check expects (the default voice's, 24 kHz: the same), by linear
+    # interpolation.
     at_sr = np.interp(np.arange(0, len(normal), 24000 / SR), np.arange(len(normal)), normal)
     assert_speech(at_sr.astype(np.int16), len(text.split()))
     fast, headers = pcm_at(4.0)

@@ -262,7 +262,7 @@ def test_two_farms_side_by_side_and_say_finds_its_farm(farms):
         assert "using " not in proc.stderr, proc.stderr
     for wav in (a / "a.wav", b / "b.wav"):
         pcm, rate = wav_to_pcm(wav.read_bytes())
-        assert rate == 22050 and len(pcm) / rate > 1.0 and abs(pcm).max() > 1000
+        assert rate == 24000 and len(pcm) / rate > 1.0 and abs(pcm).max() > 1000
     text_a = requests.get(f"http://127.0.0.1:{port_a}/metrics", timeout=10).text
     text_b = requests.get(f"http://127.0.0.1:{port_b}/metrics", timeout=10).text
     assert submitted(text_a) == 1 and submitted(text_b) == 1  # one job each

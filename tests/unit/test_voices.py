@@ -83,7 +83,8 @@ def test_name_0_is_accepted_wherever_the_api_takes_a_voice(redis_url, tmp_path) 
     client = create_app(Settings().with_(redis_url=with_db(redis_url, 6),
                                          store_dir=str(tmp_path))).test_client()
     for body in ({"text": "Hello there.", "voice": "en_us-joe-medium:0"},
-                 {"text": '<speak><voice name="en_us-joe-medium:0">Hello.</voice></speak>'}):
+                 {"text": '<speak><voice name="en_us-joe-medium:0">Hello.</voice></speak>',
+                  "voice": "en_us-joe-medium"}):
         resp = client.post("/v1/phonemize", json=body)
         assert resp.status_code == 200, resp.get_json()
     resp = client.post("/v1/phonemize", json={"text": "Hi.", "voice": "en_us-joe-medium:1"})
