@@ -217,6 +217,14 @@ class Settings:
     # threads per process (0: the CLI's default, one).
     metrics_port: int = 0
     torch_threads: int = 0
+    # What runs the neural models (models/engine.py; docs/models.md, "Inference engines"):
+    # auto: compiled by OpenVINO on a CPU device, torch on CUDA; torch: eager everywhere;
+    # openvino: compiled wherever the device is a CPU. A stage the engine cannot compile
+    # stays in torch with one log line. The engine uses the pool's torch_threads.
+    engine: str = "auto"
+    # Converted models and compiled blobs kept between starts (a warm start skips the
+    # conversion and the compilation); empty: VAR_DIR/engine-cache.
+    engine_cache: str = ""
     # Encryption at rest (app/sealing.py): `id:base64key,...`, 32-byte keys; the first seals
     # cached features, job chunks and book files, every one opens (rotation: put the new key
     # first, keep the old behind it until what it sealed has expired). Empty: nothing sealed.
@@ -246,6 +254,9 @@ class Settings:
 
     def __post_init__(self) -> None:
         from app.embedded_redis import maxmemory_bytes
+
+        if self.engine not in ("auto", "torch", "openvino"):
+            raise ValueError(f"VOXFARM_ENGINE={self.engine!r}: one of auto, torch, openvino")
 
         try:
             maxmemory_bytes(self.embedded_redis_maxmemory)
