@@ -535,11 +535,11 @@ class VitsStages(Protocol):
     """The tensor stages of :class:`VitsAcoustic`, as an inference engine runs them."""
 
     def encode_stage(self, ids: torch.Tensor, x_mask: torch.Tensor, dp_noise: torch.Tensor,
-               g: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+                     g: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
-    def flow_stage(self, z_p: torch.Tensor, y_mask: torch.Tensor, g: torch.Tensor | None = None
-             ) -> torch.Tensor: ...
+    def flow_stage(self, z_p: torch.Tensor, y_mask: torch.Tensor,
+                   g: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 class VitsOutput(NamedTuple):
@@ -567,8 +567,7 @@ class VitsAcoustic(nn.Module):
             self.emb_g = nn.Embedding(cfg.n_speakers, cfg.gin_channels)
         # What runs the two tensor stages (:meth:`encode_stage`, :meth:`flow_stage`): None,
         # these modules in eager torch; or the same stages compiled by an inference engine
-        # (models/engine.py).
-        # The noise, the durations and the alignment stay here either way.
+        # (models/engine.py). The noise, the durations and the alignment stay here either way.
         self.stages: VitsStages | None = None
 
     @property
@@ -585,8 +584,8 @@ class VitsAcoustic(nn.Module):
         hidden, mean, log_std = self.enc_p(ids, x_mask)
         return mean, log_std, self.dp.reverse(hidden, x_mask, dp_noise, g=g)
 
-    def flow_stage(self, z_p: torch.Tensor, y_mask: torch.Tensor, g: torch.Tensor | None = None
-             ) -> torch.Tensor:
+    def flow_stage(self, z_p: torch.Tensor, y_mask: torch.Tensor,
+                   g: torch.Tensor | None = None) -> torch.Tensor:
         """The flow in reverse: prior sample ``z_p`` ``(B, inter, T)`` (noise already in it),
         ``y_mask`` ``(B, 1, T)`` -> latent ``z`` ``(B, inter, T)``, zero past each item."""
         return self.flow.reverse(z_p * y_mask, y_mask, g=g) * y_mask
