@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import openvino
 import torch
 
 from models.engine import EngineConfig
@@ -70,6 +71,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="best of N timed runs")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--precision", default="f32", choices=["f32", "bf16"],
+                        help="the engine's inference precision (the farm's: f32)")
     args = parser.parse_args()
 
     model = default_voice_path()
@@ -85,7 +88,8 @@ def main() -> None:
             decoder_session = session(decoder_path, threads)
             # The pools' engine at this thread count, its cache in the temporary folder (the
             # first thread count converts, the next reads the conversion back).
-            config = EngineConfig("openvino", str(Path(tmp) / "engine"), threads=threads)
+            config = EngineConfig("openvino", str(Path(tmp) / "engine"), threads=threads,
+                                  precision=args.precision)
             compiled = PiperAcoustic(engine=config).voice
             compiled.decoder = PiperVocoder(engine=config).voice.decoder
             for name, text in SEGMENTS.items():
@@ -101,8 +105,14 @@ def main() -> None:
                     z_onnx = acoustic_session.run(None, feeds)[0]  # warm-up
                     decoder_session.run(None, {LATENT: z_onnx})  # warm-up
                     voice.decoder.decode(out.z, out.frame_lengths, max_batch=batch)  # warm-up
-                    compiled.latents(id_lists, seeds, max_batch=batch)  # warm-up
-                    compiled.decoder.decode(out.z, out.frame_lengths, max_batch=batch)
+                    # Warm-up, and how far the compiled stages land from eager torch.
+                    c_out = compiled.latents(id_lists, seeds, max_batch=batch)
+                    z_err = float((c_out.z - out.z).abs().max()) if torch.equal(
+                        c_out.frame_lengths, out.frame_lengths) else math.inf
+                    a_err = float((compiled.decoder.decode(out.z, out.frame_lengths,
+                                                           max_batch=batch)
+                                   - voice.decoder.decode(out.z, out.frame_lengths,
+                                                          max_batch=batch)).abs().max())
                     n = args.repeats
                     # Interleaved, engine after engine, so all see the same machine load.
                     t_acoustic = c_acoustic = o_acoustic = math.inf
@@ -121,26 +131,27 @@ def main() -> None:
                         o_decoder = min(o_decoder, best_of(1, decoder_session.run, None,
                                                            {LATENT: z_onnx}))
                     per_item = audio_seconds / batch
-                    for stage, t, c, o in (("acoustic", t_acoustic, c_acoustic, o_acoustic),
-                                           ("decoder", t_decoder, c_decoder, o_decoder)):
+                    for stage, t, c, o, err in (
+                            ("acoustic", t_acoustic, c_acoustic, o_acoustic, z_err),
+                            ("decoder", t_decoder, c_decoder, o_decoder, a_err)):
                         rows.append((stage, name, per_item, threads, batch, t / audio_seconds,
-                                     c / audio_seconds, o / audio_seconds))
+                                     c / audio_seconds, o / audio_seconds, err))
                     print(f"  done {name} threads={threads} batch={batch}", flush=True)
 
     print()
-    import openvino
-
     print("RTF = compute seconds / audio seconds (lower is faster); CPU, "
-          f"torch {torch.__version__}, OpenVINO {openvino.__version__.split('-')[0]}, "
-          f"onnxruntime {ort.__version__}")
+          f"torch {torch.__version__}, OpenVINO {openvino.__version__.split('-')[0]} "
+          f"({args.precision}), onnxruntime {ort.__version__}; ov err: max abs against eager "
+          "torch (latent; audio), inf if a duration differs")
     header = (f"| {'stage':<8} | {'segment':<7} | {'audio s':>7} | {'threads':>7} | "
               f"{'batch':>5} | {'torch':>7} | {'openvino':>8} | {'ort':>7} | {'ov/torch':>8} | "
-              f"{'ov/ort':>6} |")
+              f"{'ov/ort':>6} | {'ov err':>7} |")
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
-    for stage, name, seconds, threads, batch, t, c, o in sorted(rows):
+    for stage, name, seconds, threads, batch, t, c, o, err in sorted(rows):
         print(f"| {stage:<8} | {name:<7} | {seconds:>7.2f} | {threads:>7} | {batch:>5} | "
-              f"{t:>7.4f} | {c:>8.4f} | {o:>7.4f} | {c / t:>8.2f} | {c / o:>6.2f} |")
+              f"{t:>7.4f} | {c:>8.4f} | {o:>7.4f} | {c / t:>8.2f} | {c / o:>6.2f} | "
+              f"{err:>7.1e} |")
 
 if __name__ == "__main__":
     main()
