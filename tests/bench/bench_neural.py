@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,8 +27,16 @@ import onnxruntime as ort
 import openvino
 import torch
 
-from models.engine import EngineConfig
-from models.piper import PiperAcoustic, PiperVocoder, default_voice_path, load_piper_voice
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this checkout's models/, not the installed one's
+
+from models.engine import EngineConfig  # noqa: E402
+from models.piper import (  # noqa: E402
+    PiperAcoustic,
+    PiperVocoder,
+    default_voice_path,
+    load_piper_voice,
+)
 
 LATENT = "/Mul_7_output_0"
 SEGMENTS = {
