@@ -104,7 +104,7 @@ class Farm:
         for name in ("VOXFARM_REDIS_URL", "REDIS_URL", "VOXFARM_BROKER_URL"):
             env.pop(name, None)  # its own embedded Redis, as `make run` on a fresh box
         self.proc = subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "voxfarm"), "up", "--var", str(var), "--port",
+            [sys.executable, "-m", "app.cli", "up", "--var", str(var), "--port",
              str(self.port), "--metrics-port", "0"],
             cwd=ROOT, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
             start_new_session=True)
