@@ -149,6 +149,11 @@ def compile_graphs(specs: Sequence[GraphSpec], key: str, config: EngineConfig
         "INFERENCE_NUM_THREADS": max(1, config.threads),
         "PERFORMANCE_HINT": "LATENCY",
         "INFERENCE_PRECISION_HINT": config.precision,
+        # OpenVINO pins its inference threads to cores by default (on Linux). A farm runs
+        # several one-thread pool processes on the same cores, and each would pin its thread
+        # to the same first core; unpinned, the kernel spreads them
+        # (docs/benchmarks.md, "Inference engines").
+        "ENABLE_CPU_PINNING": False,
         "CACHE_DIR": str(cache / "blobs"),
     }
     graphs = {}
