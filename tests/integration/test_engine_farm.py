@@ -1,7 +1,8 @@
 """The compiled engine through a real farm: the shared farm's pools run the neural stages on
 OpenVINO (the default on CPU, VOXFARM_ENGINE=auto), a farm with VOXFARM_ENGINE=torch runs them
 eager, and the same requests sound the same on both: every sample within 1e-3 of full scale
-(the test prints the worst difference in 16-bit steps), the same length, word times equal. The same request twice on the compiled farm gives the same bytes, cache hit or miss
+(the test prints the worst difference in 16-bit steps), the same length, word times equal.
+The same request twice on the compiled farm gives the same bytes, cache hit or miss
 (tests/integration/test_neural.py)."""
 
 from __future__ import annotations
