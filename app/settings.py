@@ -24,7 +24,7 @@ whatever the environment, so a test builds the exact settings it needs and passe
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
@@ -115,6 +115,14 @@ class VoiceSettings(_Group):
     device: str = "cpu"
     # `voxfarm worker`: torch threads per process (0: the CLI's default, one).
     torch_threads: Count = 0
+    # What runs the neural models (models/engine.py; docs/models.md, "Inference engines"):
+    # auto: compiled by OpenVINO on a CPU device, torch on CUDA; torch: eager everywhere;
+    # openvino: compiled wherever the device is a CPU. A stage the engine cannot compile
+    # stays in torch with one log line. The engine uses the pool's torch_threads.
+    engine: Literal["auto", "torch", "openvino"] = "auto"
+    # Converted models and compiled blobs kept between starts (a warm start skips the
+    # conversion and the compilation); empty: VAR_DIR/engine-cache.
+    engine_cache: str = ""
     # The GPU memory rule (docs/operations.md, "GPU memory"): a CUDA worker with less than
     # this share of its device's memory free runs no forward pass and never falls back to its
     # CPU; it hands the segment to a pool with room, and the web answers 507 while no pool of

@@ -108,7 +108,8 @@ def _piper(kind: str, model_path: str, inference=None):
                 cls = PiperAcoustic if kind == "acoustic" else PiperVocoder
                 extra = {"inference": inference} if inference else {}
                 try:
-                    st[key] = cls(device=device(), model_path=model_path, **extra)
+                    st[key] = cls(device=device(), model_path=model_path,
+                                  engine=engine_config(), **extra)
                 except VoiceFileError as exc:  # final: a retry reads the same broken file
                     raise VoiceUnavailable(f"the voice cannot be loaded: {exc}") from exc
     return st[key]
@@ -131,6 +132,18 @@ def _hibari(kind: str):
                 except (OSError, ValueError) as exc:  # final: a retry reads the same files
                     raise VoiceUnavailable(f"the hibari voice cannot be loaded: {exc}") from exc
     return st[key]
+
+
+def engine_config(settings: Settings | None = None):
+    """How this process runs its neural models (models/engine.py): the settings' engine and
+    cache, and the pool's threads (one unless the worker says otherwise)."""
+    from pathlib import Path
+
+    from models.engine import EngineConfig
+
+    settings = settings or farm().settings
+    cache = settings.engine_cache or str(Path(settings.var_dir) / "engine-cache")
+    return EngineConfig(settings.engine, cache, threads=_threads or 1)
 
 
 def acoustic_for(voice):

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -171,6 +172,13 @@ def plan_windows(n_frames: int, window: int, context: int, growth: int = 1) -> l
     return plan
 
 
+class DecoderStages(Protocol):
+    """The tensor stage of :class:`HifiganDecoder`, as an inference engine runs it."""
+
+    def decode_stage(self, z: torch.Tensor, lengths: torch.Tensor,
+                     sid: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
 class HifiganDecoder(nn.Module):
     """Latent ``z`` ``(B, in_channels, T)`` -> float32 audio ``(B, T * hop)`` in [-1, 1].
 
@@ -199,6 +207,9 @@ class HifiganDecoder(nn.Module):
             # The speaker table lives at the top of a VITS model; the decoder keeps a copy so
             # the vocoder pool needs only speaker ids.
             self.emb_g = nn.Embedding(cfg.n_speakers, cfg.gin_channels)
+        # What runs :meth:`decode_stage`: None, these modules in eager torch; or the same
+        # stage compiled by an inference engine (models/engine.py).
+        self.stages: DecoderStages | None = None
 
     @property
     def hop_length(self) -> int:
@@ -278,17 +289,20 @@ class HifiganDecoder(nn.Module):
             padded_z = torch.zeros(len(group), channels, padded, device=self.device)
             for k, i in enumerate(group):
                 padded_z[k, :, : frames[i]] = z[i, :, : frames[i]].to(self.device, torch.float32)
-            out = self._decode_padded(
-                padded_z, [frames[i] for i in group], [speakers[i] for i in group]
-            )
+            lengths_g = torch.tensor([frames[i] for i in group], device=self.device)
+            sid_g = None
+            if self.cfg.n_speakers > 1:
+                sid_g = torch.tensor([speakers[i] for i in group], dtype=torch.long,
+                                     device=self.device)
+            out = (self.stages or self).decode_stage(padded_z, lengths_g, sid_g)
             for k, i in enumerate(group):
                 audio[i, : frames[i] * hop] = out[k, : frames[i] * hop]
         return audio[0] if single else audio
 
-    def _decode_padded(self, z: torch.Tensor, frames: list[int], speakers: list[int]
-                       ) -> torch.Tensor:
-        """``(G, C, T)`` with each item's ``frames`` -> ``(G, T * hop)``, masked per item."""
-        lengths = torch.tensor(frames, device=self.device)
+    def decode_stage(self, z: torch.Tensor, lengths: torch.Tensor,
+                     sid: torch.Tensor | None = None) -> torch.Tensor:
+        """``z`` ``(G, C, T)`` with each item's frames ``lengths`` ``(G,)`` (and speakers
+        ``sid`` ``(G,)`` for a multi-speaker voice) -> ``(G, T * hop)``, masked per item."""
         masks: list[torch.Tensor] = []
         factor, size = 1, z.shape[2]
         for stage in range(len(self.ups) + 1):
@@ -296,8 +310,7 @@ class HifiganDecoder(nn.Module):
             if stage < len(self.ups):
                 factor *= self.cfg.upsample_rates[stage]
         x = self.conv_pre(z * masks[0])
-        if self.cfg.n_speakers > 1:
-            sid = torch.tensor(speakers, dtype=torch.long, device=self.device)
+        if self.cfg.n_speakers > 1 and sid is not None:
             x = x + self.cond(self.emb_g(sid).unsqueeze(-1))
         for i, up in enumerate(self.ups):
             x = up(F.leaky_relu(x, LRELU_SLOPE) * masks[i])

@@ -22,6 +22,7 @@ import torch
 from models.classic.acoustic import AcousticModel
 from models.classic.mel import MelConfig
 from models.classic.vocoder import Vocoder
+from models.engine import EngineConfig, accelerate
 from models.neural.hifigan import HifiganDecoder, Window, plan_windows
 from models.neural.vits import VitsAcoustic, VitsOutput
 from models.neural.voice_file import (
@@ -187,16 +188,26 @@ class _PiperHalf:
     model_prefix: ClassVar[str]
 
     def __init__(self, device: str | torch.device = "cpu", model_path: str | None = None,
-                 config_path: str | None = None, inference: Inference | None = None) -> None:
+                 config_path: str | None = None, inference: Inference | None = None,
+                 engine: EngineConfig | None = None) -> None:
         self.device = torch.device(device)
         self.voice = load_piper_voice(model_path or default_voice_path(), config_path,
                                       self.device)
+        # The half this class runs goes to the engine the config picks (models/engine.py);
+        # without a config, eager torch. The other half stays as loaded, unused.
+        self.engine = "torch"
+        if engine is not None:
+            self.engine = accelerate(self._model(), self.voice.model_id, engine, self.device)
         self.mel_config = _latent_config(self.voice)
         # A voice version's overrides (app/canary/): they change the latent, so they are
         # part of the model id, hence of every cache key (and of the noise seed drawn from it).
         self.inference = inference or Inference()
         tag = f"~{self.inference.tag}" if self.inference.tag else ""
         self.model_id = f"{self.model_prefix}-v{self.version}-{self.voice.model_id}{tag}"
+
+    def _model(self) -> torch.nn.Module:
+        """The torch module of the half this class runs."""
+        raise NotImplementedError
 
     @property
     def hop_length(self) -> int:
@@ -219,6 +230,9 @@ class PiperAcoustic(_PiperHalf, AcousticModel):
     """
 
     model_prefix: ClassVar[str] = "vits"
+
+    def _model(self) -> VitsAcoustic:
+        return self.voice.acoustic
 
     def synthesize(self, phonemes: str, voice: str = "", speed: float = 1.0, seed: int = 0,
                    speaker: str | int | None = None) -> torch.Tensor:
@@ -267,6 +281,9 @@ class PiperVocoder(_PiperHalf, Vocoder):
 
     name: ClassVar[str] = "hifigan"
     model_prefix: ClassVar[str] = "hifigan"
+
+    def _model(self) -> HifiganDecoder:
+        return self.voice.decoder
 
     def vocode(self, mels: list[torch.Tensor], speaker: str | int | None = None
                ) -> list[torch.Tensor]:

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -530,6 +530,17 @@ class ResidualCouplingBlock(nn.Module):
 # -- the acoustic half -------------------------------------------------------------------------
 
 
+class VitsStages(Protocol):
+    """The tensor stages of :class:`VitsAcoustic`, as an inference engine runs them."""
+
+    def encode_stage(self, ids: torch.Tensor, x_mask: torch.Tensor, dp_noise: torch.Tensor,
+                     g: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def flow_stage(self, z_p: torch.Tensor, y_mask: torch.Tensor,
+                   g: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
 class VitsOutput(NamedTuple):
     """What :meth:`VitsAcoustic.infer` returns."""
 
@@ -553,10 +564,30 @@ class VitsAcoustic(nn.Module):
         self.flow = ResidualCouplingBlock(cfg)
         if cfg.n_speakers > 1:
             self.emb_g = nn.Embedding(cfg.n_speakers, cfg.gin_channels)
+        # What runs the two tensor stages (:meth:`encode_stage`, :meth:`flow_stage`): None,
+        # these modules in eager torch; or the same stages compiled by an inference engine
+        # (models/engine.py). The noise, the durations and the alignment stay here either way.
+        self.stages: VitsStages | None = None
 
     @property
     def device(self) -> torch.device:
         return self.enc_p.proj.weight.device
+
+    def encode_stage(
+        self, ids: torch.Tensor, x_mask: torch.Tensor, dp_noise: torch.Tensor,
+        g: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Text encoder and duration predictor: ``ids`` ``(B, L)`` (zero past each item),
+        ``x_mask`` ``(B, 1, L)``, ``dp_noise`` ``(B, 2, L)`` already scaled by ``noise_w`` ->
+        the prior's mean and log-std ``(B, inter, L)`` and log-durations ``(B, 1, L)``."""
+        hidden, mean, log_std = self.enc_p(ids, x_mask)
+        return mean, log_std, self.dp.reverse(hidden, x_mask, dp_noise, g=g)
+
+    def flow_stage(self, z_p: torch.Tensor, y_mask: torch.Tensor,
+                   g: torch.Tensor | None = None) -> torch.Tensor:
+        """The flow in reverse: prior sample ``z_p`` ``(B, inter, T)`` (noise already in it),
+        ``y_mask`` ``(B, 1, T)`` -> latent ``z`` ``(B, inter, T)``, zero past each item."""
+        return self.flow.reverse(z_p * y_mask, y_mask, g=g) * y_mask
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> VitsAcoustic:
@@ -637,6 +668,7 @@ class VitsAcoustic(nn.Module):
         generators = [torch.Generator().manual_seed(s) for s in seeds]
         channels = self.cfg.inter_channels
         max_batch = max_batch or default_max_batch(device)
+        stages = self.stages or self
 
         # Text encoder and durations, per bucket of phoneme lengths.
         durations: list[torch.Tensor] = [torch.empty(0)] * batch
@@ -648,11 +680,11 @@ class VitsAcoustic(nn.Module):
                                                                      (0, padded - max_len))
             x_mask = sequence_mask(torch.tensor(n), padded).unsqueeze(1).float().to(device)
             g = self._speaker_embedding(speakers, group)
-            hidden, mean, log_std = self.enc_p(x.to(device) * x_mask[:, 0].long(), x_mask)
             noise = torch.zeros(len(group), 2, padded)
             for k, i in enumerate(group):
                 noise[k, :, : n[k]] = torch.randn(2, n[k], generator=generators[i])
-            log_w = self.dp.reverse(hidden, x_mask, noise.to(device) * noise_w, g=g)
+            mean, log_std, log_w = stages.encode_stage(
+                x.to(device) * x_mask[:, 0].long(), x_mask, noise.to(device) * noise_w, g)
             w_ceil = torch.ceil(torch.exp(log_w) * x_mask * length_scale)[:, 0]  # (G, L)
             for k, i in enumerate(group):
                 durations[i] = w_ceil[k, : n[k]].long()
@@ -674,7 +706,7 @@ class VitsAcoustic(nn.Module):
             y_mask = sequence_mask(torch.tensor([frames[i] for i in group]), padded)
             y_mask = y_mask.unsqueeze(1).float().to(device)
             g = self._speaker_embedding(speakers, group)
-            z = self.flow.reverse(z_p * y_mask, y_mask, g=g) * y_mask
+            z = stages.flow_stage(z_p, y_mask, g)
             for k, i in enumerate(group):
                 z_items[i] = z[k, :, : frames[i]]
 

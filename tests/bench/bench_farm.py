@@ -70,9 +70,13 @@ class Direct:
         self.voice = get_voice(voice or Settings().default_voice)
         if self.voice.engine == PIPER:
             from models.neural.piper import PiperAcoustic, PiperVocoder
+            from tasks.runtime import engine_config
 
-            self.acoustic = PiperAcoustic(model_path=self.voice.model_path)
-            self.vocoder = PiperVocoder(model_path=self.voice.model_path)
+            # The pools' engine and cache (VOXFARM_ENGINE, one thread), so farm/direct stays
+            # a measure of the farm's overhead, not of two engines.
+            engine = engine_config(Settings.from_env())
+            self.acoustic = PiperAcoustic(model_path=self.voice.model_path, engine=engine)
+            self.vocoder = PiperVocoder(model_path=self.voice.model_path, engine=engine)
         else:
             from models.classic.acoustic import load_acoustic
             from models.classic.vocoder import load_vocoder

@@ -1,0 +1,302 @@
+"""Inference engines: the farm's torch models run compiled on CPU, eager on CUDA.
+
+The torch modules in ``models/`` stay the one definition of each model. On a CPU pool the
+engine converts the stages a pool runs (``openvino.convert_model`` on the torch module itself,
+so there is no second model definition) and compiles them for this CPU:
+
+- a VITS voice's text encoder + duration predictor (``VitsAcoustic.encode_stage``: the
+  duration noise is an input) and its flow (``VitsAcoustic.flow_stage``: the prior sample, noise
+  already in it, is an input). The farm draws every noise from its seeded generators, and the
+  durations, the alignment and the word times stay in torch between the two graphs, so the
+  same request gives the same bytes every time, compiled or not, cache hit or miss;
+- its HiFi-GAN decoder (``HifiganDecoder.decode_stage``), one graph for any batch and any
+  frame length (whole segments, streaming windows, batches with their masks).
+
+Why OpenVINO, and why f32: docs/models.md, "Inference engines" (figures in
+docs/benchmarks.md). Compilation costs seconds, so two caches keep a warm start fast: the
+converted model (OpenVINO IR, keyed by the voice's content hash, this module's graph version
+and the OpenVINO version) and OpenVINO's own ``CACHE_DIR`` of compiled blobs.
+
+A stage that cannot be converted or compiled (an operator the engine lacks, an engine that is
+not installed) stays in torch for that voice with one log line naming why; it never fails the
+pool. Concurrency: a compiled stage is called from the thread that runs the pool's forward
+passes (the task's thread, or the batcher's: tasks/batching.py); a lock serialises callers
+anyway, as torch's modules allow concurrent calls.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+_LOGGER = logging.getLogger(__name__)
+
+ENGINES = ("auto", "torch", "openvino")
+# Bump when a stage wrapper below (or a stage it traces) changes what it computes: it keys the
+# converted-model cache, so a farm never compiles a stale graph.
+GRAPH_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How a pool runs its models.
+
+    ``engine``: ``auto`` (OpenVINO on a CPU device, torch on CUDA), ``torch`` (eager
+    everywhere) or ``openvino``. ``cache_dir``: converted models and compiled blobs.
+    ``threads``: inference threads per process (the pools share the cores: one by default).
+    ``precision``: ``f32``; OpenVINO's default on CPUs with bf16 units is bf16, which moved the
+    flow's latent by 0.26 against torch, and a duration's ceiling can flip on far less.
+    """
+
+    engine: str = "auto"
+    cache_dir: str = "var/engine-cache"
+    threads: int = 1
+    precision: str = "f32"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"VOXFARM_ENGINE={self.engine!r}: one of {', '.join(ENGINES)}")
+
+
+def resolve(engine: str, device: str | torch.device) -> str:
+    """The engine that runs on ``device``: ``torch`` or ``openvino``."""
+    if engine not in ENGINES:
+        raise ValueError(f"VOXFARM_ENGINE={engine!r}: one of {', '.join(ENGINES)}")
+    on_cpu = torch.device(device).type == "cpu"
+    if engine == "torch" or not on_cpu:
+        # OpenVINO's CPU plugin would move a CUDA pool's work onto the host: never wanted.
+        return "torch"
+    return "openvino"
+
+
+# -- OpenVINO ----------------------------------------------------------------------------------
+
+
+class CompiledGraph:
+    """One compiled OpenVINO model and its infer request: arrays in, arrays out."""
+
+    def __init__(self, compiled: Any, name: str) -> None:
+        self.name = name
+        self._request = compiled.create_infer_request()
+        self._lock = threading.Lock()
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        with self._lock:
+            results = self._request.infer(list(inputs), share_inputs=False)
+            # Copies: the request reuses its output buffers on the next call.
+            return [np.array(results[i]) for i in range(len(results))]
+
+
+def _ov_core():
+    import openvino as ov
+
+    return ov, ov.Core()
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """A stage to convert: the module, an example input and each input's shape (-1 dynamic)."""
+
+    name: str
+    module: nn.Module
+    example: tuple[torch.Tensor, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (a file), held while the ``with`` block runs: the
+    processes of a pool starting together convert a model once, not once each."""
+
+    class _Lock:
+        def __enter__(self):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            return self
+
+        def __exit__(self, *exc):
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+
+    return _Lock()
+
+
+def compile_graphs(specs: Sequence[GraphSpec], key: str, config: EngineConfig
+                   ) -> dict[str, CompiledGraph]:
+    """Convert (or read back converted) and compile each of ``specs`` for this CPU.
+
+    The converted models live under ``cache_dir/ir/KEY-GRAPH_VERSION-OPENVINO/NAME.xml``,
+    written to a temporary folder and renamed into place, so a reader never sees half a file;
+    OpenVINO keeps the compiled blobs under ``cache_dir/blobs``.
+    """
+    ov, core = _ov_core()
+    cache = Path(config.cache_dir)
+    folder = cache / "ir" / f"{key}-g{GRAPH_VERSION}-ov{ov.__version__.split('-')[0]}"
+    properties = {
+        "INFERENCE_NUM_THREADS": max(1, config.threads),
+        "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_PRECISION_HINT": config.precision,
+        # OpenVINO pins its inference threads to cores by default (on Linux). A farm runs
+        # several one-thread pool processes on the same cores, and each would pin its thread
+        # to the same first core; unpinned, the kernel spreads them
+        # (docs/benchmarks.md, "Inference engines").
+        "ENABLE_CPU_PINNING": False,
+        "CACHE_DIR": str(cache / "blobs"),
+    }
+    graphs = {}
+    for spec in specs:
+        xml = folder / f"{spec.name}.xml"
+        with _locked(cache / "locks" / f"{folder.name}-{spec.name}.lock"):
+            if not xml.exists():
+                started = time.perf_counter()
+                with torch.no_grad():
+                    model = ov.convert_model(
+                        spec.module.eval(), example_input=spec.example,
+                        input=[ov.PartialShape(list(s)) for s in spec.shapes],
+                    )
+                folder.mkdir(parents=True, exist_ok=True)
+                staging = Path(tempfile.mkdtemp(dir=folder, prefix=".tmp-"))
+                try:
+                    # Weights stay f32: the IR is what the pool compiles, at f32.
+                    ov.save_model(model, str(staging / xml.name), compress_to_fp16=False)
+                    os.replace(staging / xml.with_suffix(".bin").name, xml.with_suffix(".bin"))
+                    os.replace(staging / xml.name, xml)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+                _LOGGER.info("converted %s for OpenVINO in %.1f s", spec.name,
+                             time.perf_counter() - started)
+        graphs[spec.name] = CompiledGraph(core.compile_model(str(xml), "CPU", properties),
+                                          spec.name)
+    return graphs
+
+
+# -- the VITS stages ---------------------------------------------------------------------------
+
+
+class _EncodeGraph(nn.Module):
+    """``VitsAcoustic.encode_stage`` for one-speaker voices, as a module to trace."""
+
+    def __init__(self, acoustic: nn.Module) -> None:
+        super().__init__()
+        self.acoustic = acoustic
+
+    def forward(self, ids, x_mask, dp_noise):
+        return self.acoustic.encode_stage(ids, x_mask, dp_noise)
+
+
+class _FlowGraph(nn.Module):
+    def __init__(self, acoustic: nn.Module) -> None:
+        super().__init__()
+        self.acoustic = acoustic
+
+    def forward(self, z_p, y_mask):
+        return self.acoustic.flow_stage(z_p, y_mask)
+
+
+class _DecodeGraph(nn.Module):
+    def __init__(self, decoder: nn.Module) -> None:
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, z, lengths):
+        return self.decoder.decode_stage(z, lengths)
+
+
+class CompiledVits:
+    """``VitsStages`` run by compiled graphs (models/neural/vits.py sets it as ``stages``)."""
+
+    def __init__(self, graphs: dict[str, CompiledGraph]) -> None:
+        self.encode_graph, self.flow_graph = graphs["encode"], graphs["flow"]
+
+    def encode_stage(self, ids, x_mask, dp_noise, g=None):
+        mean, log_std, log_w = self.encode_graph(
+            ids.numpy().astype(np.int64), x_mask.numpy(), dp_noise.numpy())
+        return torch.from_numpy(mean), torch.from_numpy(log_std), torch.from_numpy(log_w)
+
+    def flow_stage(self, z_p, y_mask, g=None):
+        return torch.from_numpy(self.flow_graph(z_p.numpy(), y_mask.numpy())[0])
+
+
+class CompiledDecoder:
+    """``DecoderStages`` run by a compiled graph (models/neural/hifigan.py sets it as
+    ``stages``)."""
+
+    def __init__(self, graphs: dict[str, CompiledGraph]) -> None:
+        self.decode_graph = graphs["decode"]
+
+    def decode_stage(self, z, lengths, sid=None):
+        return torch.from_numpy(
+            self.decode_graph(z.numpy(), lengths.numpy().astype(np.int64))[0])
+
+
+def _vits_specs(acoustic) -> list[GraphSpec]:
+    # Example inputs of a typical sentence; every dimension but the channels is dynamic.
+    length, frames, channels = 64, 256, acoustic.cfg.inter_channels
+    ids = torch.randint(1, acoustic.cfg.n_vocab, (1, length))
+    return [
+        GraphSpec("encode", _EncodeGraph(acoustic),
+                  (ids, torch.ones(1, 1, length), torch.randn(1, 2, length)),
+                  ((-1, -1), (-1, 1, -1), (-1, 2, -1))),
+        GraphSpec("flow", _FlowGraph(acoustic),
+                  (torch.randn(1, channels, frames), torch.ones(1, 1, frames)),
+                  ((-1, channels, -1), (-1, 1, -1))),
+    ]
+
+
+def _decoder_specs(decoder) -> list[GraphSpec]:
+    frames, channels = 96, decoder.cfg.in_channels
+    return [GraphSpec("decode", _DecodeGraph(decoder),
+                      (torch.randn(1, channels, frames), torch.tensor([frames])),
+                      ((-1, channels, -1), (-1,)))]
+
+
+def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.device) -> str:
+    """Run ``model``'s stages (a ``VitsAcoustic`` or a ``HifiganDecoder``) on the engine the
+    config picks for ``device``; returns the engine that runs them (``torch`` or
+    ``openvino``). Any failure leaves the model in eager torch with one log line naming why.
+    """
+    from models.neural.hifigan import HifiganDecoder
+    from models.neural.vits import VitsAcoustic
+
+    engine = resolve(config.engine, device)
+    model.stages = None
+    if engine == "torch":
+        return "torch"
+    kind = "decoder" if isinstance(model, HifiganDecoder) else "acoustic"
+    if not isinstance(model, HifiganDecoder | VitsAcoustic):
+        raise TypeError(f"no compiled stages for {type(model).__name__}")
+    try:
+        if model.cfg.n_speakers > 1:
+            # The graphs take no speaker input: a multi-speaker voice stays exact in torch
+            # rather than risk a graph that ignores the speaker.
+            raise NotImplementedError("multi-speaker voices are not compiled yet")
+        started = time.perf_counter()
+        if kind == "decoder":
+            model.stages = CompiledDecoder(
+                compile_graphs(_decoder_specs(model), f"{model_id}-decoder", config))
+        else:
+            model.stages = CompiledVits(
+                compile_graphs(_vits_specs(model), f"{model_id}-acoustic", config))
+        _LOGGER.info("%s of %s runs on OpenVINO (%d thread(s), %s), ready in %.1f s", kind,
+                     model_id, config.threads, config.precision,
+                     time.perf_counter() - started)
+        return "openvino"
+    except Exception as exc:  # an operator the engine lacks, no openvino installed, ...
+        model.stages = None
+        _LOGGER.warning("%s of %s runs in torch eager: the OpenVINO engine failed: %s: %s",
+                        kind, model_id, type(exc).__name__, str(exc).splitlines()[0][:300]
+                        if str(exc) else "")
+        return "torch"
