@@ -101,6 +101,7 @@ class CompiledGraph:
 
 
 def _ov_core():
+    # openvino is the worker extra's, loaded only where a stage compiles
     import openvino as ov
 
     return ov, ov.Core()
@@ -268,6 +269,7 @@ def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.d
     config picks for ``device``; returns the engine that runs them (``torch`` or
     ``openvino``). Any failure leaves the model in eager torch with one log line naming why.
     """
+    # breaks the cycle: the voice modules import this one for accelerate()
     from models.neural.hifigan import HifiganDecoder
     from models.neural.vits import VitsAcoustic
 

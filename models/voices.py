@@ -178,6 +178,7 @@ def _piper_voice(model_path: Path) -> Voice | None:
 
 def _hibari_voices() -> list[Voice]:
     """hibari's voice ``heart``, when the ``hibari-tts`` wheel is installed."""
+    # the hibari wheel is looked for only when the voices are listed
     from models.hibari import vocab as hibari_voice
 
     path = hibari_voice.model_path()

@@ -123,6 +123,7 @@ def _hibari(kind: str):
     if key not in st:
         with _lock:
             if key not in st:
+                # models load after the fork, in the process that runs them
                 from models.errors import VoiceUnavailable
                 from models.hibari.stage import HibariAcoustic, HibariVocoder
 
@@ -137,6 +138,7 @@ def _hibari(kind: str):
 def engine_config(settings: Settings | None = None):
     """How this process runs its neural models (models/engine.py): the settings' engine and
     cache, and the pool's threads (one unless the worker says otherwise)."""
+    # the engine (torch, openvino) loads only in the pools, after the fork
     from pathlib import Path
 
     from models.engine import EngineConfig

