@@ -1,6 +1,7 @@
 """The OpenAPI document is the API's contract: moving where its paths are declared must not
-change it. tests/fixtures/openapi.json is the document as main wrote it before the paths moved
-beside their views; any difference but ordering fails here."""
+change it. tests/fixtures/openapi.json is the document as it stands (written before the paths moved
+beside their views, then with the hibari voice); any difference but ordering fails here: a
+change to the contract is made on purpose, with the fixture."""
 
 from __future__ import annotations
 
