@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import ROOT, running_farm
-from tests.integration.test_neural import audio_of
+from tests.integration.test_neural import PIPER, audio_of
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def words(client, job: dict) -> list:
 
 def test_the_pools_run_the_compiled_engine_and_sound_as_eager_torch_does(
         client, farm, redis_url, tmp_path):
-    compiled = [audio_of(client, text) for text in TEXTS]
+    compiled = [audio_of(client, text, voice=PIPER) for text in TEXTS]
     assert "runs in torch eager" not in logs(farm)  # no stage fell back
     # The pools converted (or read back) each stage into the engine's cache.
     cache = Path(farm.settings.var_dir) / "engine-cache"
@@ -59,7 +59,7 @@ def test_the_pools_run_the_compiled_engine_and_sound_as_eager_torch_does(
         from web import create_app
 
         eager_client = create_app(tf.settings, tf.farm).test_client()
-        eager = [audio_of(eager_client, text) for text in TEXTS]
+        eager = [audio_of(eager_client, text, voice=PIPER) for text in TEXTS]
         eager_words = [words(eager_client, job) for _, job in eager]
         assert "OpenVINO" not in logs(tf)
     worst = 0
