@@ -25,7 +25,7 @@ import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import cli
+from app.cli import procfile as cli_procfile
 from app.local.embedded_redis import free_port
 from tests.helpers import ROOT, wait_until, wav_to_pcm, with_db
 
@@ -162,7 +162,7 @@ def farms(redis_url, tmp_path_factory):
     a.mkdir()
     b.mkdir()
     port_a, port_b = free_port(), free_port()
-    pools = cli.worker_pools(cli.read_procfile())  # one metrics port each
+    pools = cli_procfile.worker_pools(cli_procfile.read_procfile())  # one metrics port each
     metrics_a, metrics_b = free_run(len(pools)), free_run(len(pools), avoid=len(pools))
     flower_a = free_port()
     url_b = with_db(redis_url, 14)
@@ -202,7 +202,7 @@ def test_up_keeps_the_terminal_to_a_few_lines_and_each_log_in_var_log(farms):
     assert len(start) <= 10, start  # (a child's warning or two may come before it)
     # Each process's whole output, in its own file.
     logs = farms.a / "var" / "log"
-    names = ["web", *cli.worker_pools(cli.read_procfile()), "flower"]
+    names = ["web", *cli_procfile.worker_pools(cli_procfile.read_procfile()), "flower"]
     assert sorted(p.name for p in logs.glob("*.log")) == sorted(f"{n}.log" for n in names)
     acoustic = (logs / "acoustic.log").read_text()
     assert "[tasks]" in acoustic and "voxfarm.acoustic.synthesize" in acoustic
@@ -217,7 +217,7 @@ def test_two_farms_side_by_side_and_say_finds_its_farm(farms):
     metrics_a, metrics_b, flower_a, url_b = (farms.metrics_a, farms.metrics_b, farms.flower_a,
                                              farms.url_b)
     tmp_path = a.parent
-    pools = cli.worker_pools(cli.read_procfile())
+    pools = cli_procfile.worker_pools(cli_procfile.read_procfile())
     # Every pool of each farm: interactive, batch (books) and book orchestration. (Ready
     # means the interactive pools are live; the others may come a moment later.)
     every_pool = {"acoustic": 1, "vocoder": 1, "acoustic_lead": 1, "vocoder_lead": 1,
