@@ -37,6 +37,7 @@ def chunk_pcm(chunks: list[dict]) -> tuple[np.ndarray, int]:
     return np.concatenate(parts), rate
 
 
+@pytest.mark.slow  # its WER is also measured beside hibari's in tests/integration/test_hibari.py
 def test_the_piper_voice_is_intelligible(client):
     errors = words = 0
     for sentence in SENTENCES:
