@@ -21,10 +21,17 @@ def create_app(settings: Settings, farm: Farm | None = None) -> Flask:
     register_error_handlers(app, settings.retry_after_s)
     # The voice list comes from libespeak-ng once per process: read it now, so no request
     # handler on the hub ever calls into the library (the frontend thread alone does).
-    from models.voices import list_voices, use_voices_dir
+    from models.voices import HIBARI, list_voices, use_voices_dir
 
     use_voices_dir(settings.voices_dir)
-    list_voices()
+    voices = list_voices()
+    if any(v.engine == HIBARI for v in voices):
+        # hibari's G2P loads its lexicons on its first call (about a second): pay it at start,
+        # before the web answers /readyz, not in the first request that speaks with it. Pure
+        # Python and no eSpeak, so it may run outside the frontend thread.
+        from models.hibari.g2p import phonemize
+
+        phonemize("Hello.")
 
     # First, so its request hooks (request id, HTTP metrics) wrap every other blueprint.
     from web.observability import observability
