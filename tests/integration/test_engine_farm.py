@@ -47,13 +47,18 @@ def words(client, job: dict) -> list:
 def test_the_pools_run_the_compiled_engine_and_sound_as_eager_torch_does(
         client, farm, redis_url, tmp_path):
     compiled = [audio_of(client, text) for text in TEXTS]
-    assert "runs in torch eager" not in logs(farm)  # no stage fell back
+    # No stage fell back but the one known not to convert: the hibari acoustic half (its int8
+    # products, torch._int_mm, have no OpenVINO rule; models/engine.py).
+    fallbacks = {line.split(" runs in torch eager")[0].split("acoustic of ")[-1]
+                 for line in logs(farm).splitlines() if "runs in torch eager" in line}
+    assert all(name.startswith("hibari-acoustic-") for name in fallbacks), fallbacks
     # The pools converted (or read back) each stage into the engine's cache.
     cache = Path(farm.settings.var_dir) / "engine-cache"
     if not cache.is_absolute():
         cache = ROOT / cache  # the workers run in the checkout
     converted = {p.name for p in cache.glob("ir/piper-en_US-joe-medium-*/*.xml")}
     assert {"encode.xml", "flow.xml", "decode.xml"} <= converted
+    assert list(cache.glob("ir/hibari-vocoder-*-decoder-*/parts.xml"))  # the default voice's
 
     with running_farm(redis_url, 12, tmp_path, engine="torch") as tf:
         from web import create_app
