@@ -27,7 +27,9 @@ def wclient(words_farm):
     return create_app(words_farm.settings, words_farm.farm).test_client()
 
 
-SSML_BOOK = {"title": "Dialogue", "chapters": [
+# A dialogue switches to an eSpeak voice, so the book is read by the Piper voice: both are
+# 22,050 Hz, and a job (a book) has one sample rate (the hibari default is 24 kHz).
+SSML_BOOK = {"title": "Dialogue", "voice": "en_us-joe-medium", "chapters": [
     {"title": "One", "text": "The keeper spoke first. Then the visitor answered."},
     {"title": "Two", "text_type": "ssml",
      "text": 'The robot said <voice name="en-us+f3">hello there</voice>'

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import ROOT, running_farm
-from tests.integration.test_neural import audio_of
+from tests.integration.test_neural import PIPER, audio_of
 
 pytestmark = pytest.mark.integration
 
@@ -27,6 +27,8 @@ TEXTS = [
     "Yes, and quickly too!",
     "Seven hundred and twelve boats sailed out of the harbour at dawn.",
 ]
+# The Piper voice (all its stages compiled) and the default, hibari (its decoder compiled).
+VOICES = [{"voice": PIPER}, {}]
 
 
 def pcm(wav: bytes) -> np.ndarray:
@@ -46,7 +48,7 @@ def words(client, job: dict) -> list:
 
 def test_the_pools_run_the_compiled_engine_and_sound_as_eager_torch_does(
         client, farm, redis_url, tmp_path):
-    compiled = [audio_of(client, text) for text in TEXTS]
+    compiled = [audio_of(client, text, **voice) for voice in VOICES for text in TEXTS]
     # No stage fell back but the one known not to convert: the hibari acoustic half (its int8
     # products, torch._int_mm, have no OpenVINO rule; models/engine.py).
     fallbacks = {line.split(" runs in torch eager")[0].split("acoustic of ")[-1]
@@ -64,7 +66,7 @@ def test_the_pools_run_the_compiled_engine_and_sound_as_eager_torch_does(
         from web import create_app
 
         eager_client = create_app(tf.settings, tf.farm).test_client()
-        eager = [audio_of(eager_client, text) for text in TEXTS]
+        eager = [audio_of(eager_client, text, **voice) for voice in VOICES for text in TEXTS]
         eager_words = [words(eager_client, job) for _, job in eager]
         assert "OpenVINO" not in logs(tf)
     worst = 0
