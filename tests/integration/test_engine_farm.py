@@ -27,6 +27,8 @@ TEXTS = [
     "Yes, and quickly too!",
     "Seven hundred and twelve boats sailed out of the harbour at dawn.",
 ]
+# The Piper voice (all its stages compiled) and the default, hibari (its decoder compiled).
+VOICES = [{"voice": PIPER}, {}]
 
 
 def pcm(wav: bytes) -> np.ndarray:
@@ -46,20 +48,25 @@ def words(client, job: dict) -> list:
 
 def test_the_pools_run_the_compiled_engine_and_sound_as_eager_torch_does(
         client, farm, redis_url, tmp_path):
-    compiled = [audio_of(client, text, voice=PIPER) for text in TEXTS]
-    assert "runs in torch eager" not in logs(farm)  # no stage fell back
+    compiled = [audio_of(client, text, **voice) for voice in VOICES for text in TEXTS]
+    # No stage fell back but the one known not to convert: the hibari acoustic half (its int8
+    # products, torch._int_mm, have no OpenVINO rule; models/engine.py).
+    fallbacks = {line.split(" runs in torch eager")[0].split("acoustic of ")[-1]
+                 for line in logs(farm).splitlines() if "runs in torch eager" in line}
+    assert all(name.startswith("hibari-acoustic-") for name in fallbacks), fallbacks
     # The pools converted (or read back) each stage into the engine's cache.
     cache = Path(farm.settings.var_dir) / "engine-cache"
     if not cache.is_absolute():
         cache = ROOT / cache  # the workers run in the checkout
     converted = {p.name for p in cache.glob("ir/piper-en_US-joe-medium-*/*.xml")}
     assert {"encode.xml", "flow.xml", "decode.xml"} <= converted
+    assert list(cache.glob("ir/hibari-vocoder-*-decoder-*/parts.xml"))  # the default voice's
 
     with running_farm(redis_url, 12, tmp_path, engine="torch") as tf:
         from web import create_app
 
         eager_client = create_app(tf.settings, tf.farm).test_client()
-        eager = [audio_of(eager_client, text, voice=PIPER) for text in TEXTS]
+        eager = [audio_of(eager_client, text, **voice) for voice in VOICES for text in TEXTS]
         eager_words = [words(eager_client, job) for _, job in eager]
         assert "OpenVINO" not in logs(tf)
     worst = 0
