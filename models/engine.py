@@ -340,7 +340,7 @@ def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.d
                          model_id, config.threads, config.precision,
                          time.perf_counter() - started)
             return "openvino"
-        if model.cfg.n_speakers > 1:
+        if getattr(model.cfg, "n_speakers", 1) > 1:
             # The graphs take no speaker input: a multi-speaker voice stays exact in torch
             # rather than risk a graph that ignores the speaker.
             raise NotImplementedError("multi-speaker voices are not compiled yet")
