@@ -42,8 +42,9 @@ from app.security.sealing import Sealer
 from app.settings import Settings
 from app.stores.artifacts import SealedStore, open_store
 from app.stores.books import BookStore
-from app.stores.jobs import JobStore, dead_field
+from app.stores.jobs import JobStore
 from app.stores.keys import Keys
+from app.stores.ledger import dead_field
 from app.stores.listeners import ListenerLeases, StoreContact
 from app.stores.melcache import MelCache
 from app.stores.redis_conn import blocking_client, redis_client
@@ -79,7 +80,7 @@ return tostring(new)
 # Admission, atomically (Farm._admit). KEYS: the tickets of admitted jobs not all on the
 # queue yet (zset "id:segments" -> when it stops counting, should its web die first), the
 # tickets of jobs that are (zset -> when their last segment was published), the admission
-# hash (app/stores/jobs.py: dead:STAGE), the listener leases. A stage's live work is its messages
+# hash (app/stores/ledger.py: dead:STAGE), the listener leases. A stage's live work is its messages
 # less those of stopped jobs; a queue seen empty has none of those, which rights a count that
 # a lost message left behind. Each segment counts once: a job published before the queues
 # were read is in their depth, so its ticket counts only if it was published after. Returns
@@ -272,7 +273,7 @@ class Farm:
         memory to run it.
 
         Live work is what will run: the messages on a stage's lead and main queues less
-        those of canceled or failed jobs, which the workers skip (the ledger: app/stores/jobs.py).
+        those of canceled or failed jobs, which the workers skip (the ledger: app/stores/ledger.py).
         A stream job whose listener lease lapsed is canceled first (`sweep_unlistened`, once
         a lapse tells that its web is gone), so a farm restarted under a backlog of abandoned
         streams takes new work at once.
@@ -515,7 +516,7 @@ class Farm:
 
     def live_depth(self, stage: str) -> int:
         """The stage's waiting segments that will run: `stage_depth` less the messages of
-        stopped jobs (the ledger, app/stores/jobs.py), as admission counts them."""
+        stopped jobs (the ledger, app/stores/ledger.py), as admission counts them."""
         depth = self.stage_depth(stage)
         dead = int(self.redis.hget(self.keys.admission, dead_field(stage)) or 0)
         return max(0, depth - dead) if depth else 0

@@ -141,7 +141,7 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
             if published is not None:
                 published()
             # After the publish: a worker that took it first has marked it taken already.
-            jobs.mark_queued(job_id, "acoustic", seg.index)
+            jobs.ledger.mark_queued(job_id, "acoustic", seg.index)
             count += 1
     except BaseException as exc:  # a failed publish, the frontend, the client leaving
         if job_id is not None:

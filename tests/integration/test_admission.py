@@ -75,7 +75,7 @@ def test_text_found_past_the_cap_fails_its_job_and_its_queued_segments_do_not_co
         job = tf.farm.jobs.get(job_id)
         assert job["state"] == "failed" and "more than 4 segments" in job["error"]
         assert tf.farm.stage_depth("acoustic") == 4
-        assert tf.farm.jobs.dead_segments()["acoustic"] == 4
+        assert tf.farm.jobs.ledger.dead_segments()["acoustic"] == 4
         # 4 dead + 2 would pass the bound of 5; live, 2 fit.
         wait_until(lambda: tickets_lapsed(tf), 10, "the admission ticket never lapsed")
         assert post_phonemes(client, 2).status_code == 202
@@ -131,7 +131,7 @@ def test_a_wait_refusal_names_the_segments_of_both_stages(redis_url, tmp_path):
             spec = {"job_id": job["id"], "index": index, "phonemes": "ə", "voice":
                     tf.settings.default_voice, "speed": 1.0, "pause_ms": 0}
             tf.farm.celery.send_task(VOCODER_TASK, args=("no-features", spec))
-            tf.farm.jobs.mark_queued(job["id"], "vocoder", index)
+            tf.farm.jobs.ledger.mark_queued(job["id"], "vocoder", index)
         assert tf.farm.stage_depth("vocoder") == 6
         tf.farm.record_run("acoustic", 0.5)
         tf.farm.record_run("vocoder", 2.0)
@@ -144,7 +144,7 @@ def test_a_wait_refusal_names_the_segments_of_both_stages(redis_url, tmp_path):
         assert resp.headers["Retry-After"] == "10"
         # Once the job is canceled none of it counts, in either stage.
         tf.farm.jobs.cancel(job["id"])
-        assert tf.farm.jobs.dead_segments() == {"acoustic": 1, "vocoder": 6}
+        assert tf.farm.jobs.ledger.dead_segments() == {"acoustic": 1, "vocoder": 6}
         assert post_phonemes(client, 1).status_code == 202
 
 
@@ -156,33 +156,33 @@ def test_the_ledger_counts_each_message_off_once(redis_url, tmp_path):
         jobs = tf.farm.jobs
         job_id = jobs.create(voice="en-us", speed=1.0, fmt="wav", chars=9,
                              sample_rate=22050)["id"]
-        jobs.mark_queued(job_id, "acoustic", 0)
-        jobs.mark_queued(job_id, "acoustic", 0)  # marked twice: one message
-        assert jobs.segments_waiting(job_id) == {"acoustic": 1, "vocoder": 0, "rest": 0}
-        assert jobs.take(job_id, "acoustic", 0, run=True) == "running"
-        assert jobs.take(job_id, "acoustic", 0, run=True) == "running"  # redelivered
-        assert jobs.segments_waiting(job_id)["acoustic"] == 0
+        jobs.ledger.mark_queued(job_id, "acoustic", 0)
+        jobs.ledger.mark_queued(job_id, "acoustic", 0)  # marked twice: one message
+        assert jobs.ledger.segments_waiting(job_id) == {"acoustic": 1, "vocoder": 0, "rest": 0}
+        assert jobs.ledger.take(job_id, "acoustic", 0, run=True) == "running"
+        assert jobs.ledger.take(job_id, "acoustic", 0, run=True) == "running"  # redelivered
+        assert jobs.ledger.segments_waiting(job_id)["acoustic"] == 0
         # A worker quicker than the publisher's mark: the late mark counts nothing.
-        jobs.take(job_id, "vocoder", 0)
-        jobs.mark_queued(job_id, "vocoder", 0)
-        assert jobs.segments_waiting(job_id)["vocoder"] == 0
+        jobs.ledger.take(job_id, "vocoder", 0)
+        jobs.ledger.mark_queued(job_id, "vocoder", 0)
+        assert jobs.ledger.segments_waiting(job_id)["vocoder"] == 0
         for index in (1, 2, 3):
-            jobs.mark_queued(job_id, "acoustic", index)
-        jobs.mark_queued(job_id, "rest", 0)
+            jobs.ledger.mark_queued(job_id, "acoustic", index)
+        jobs.ledger.mark_queued(job_id, "rest", 0)
         assert jobs.cancel(job_id)[0]
         assert not jobs.cancel(job_id)[0]  # a second cancel moves nothing, counts nothing
-        assert jobs.dead_segments() == {"acoustic": 3, "vocoder": 1}
+        assert jobs.ledger.dead_segments() == {"acoustic": 3, "vocoder": 1}
         # A stopped job's message sent after the stop (its chain's next stage) is dead at once.
-        jobs.mark_queued(job_id, "vocoder", 1)
-        assert jobs.dead_segments() == {"acoustic": 3, "vocoder": 2}
+        jobs.ledger.mark_queued(job_id, "vocoder", 1)
+        assert jobs.ledger.dead_segments() == {"acoustic": 3, "vocoder": 2}
         # Taken twice (a redelivery), counted off once.
-        assert jobs.take(job_id, "acoustic", 1, run=True) == "canceled"
-        assert jobs.take(job_id, "acoustic", 1, run=True) == "canceled"
-        assert jobs.dead_segments() == {"acoustic": 2, "vocoder": 2}
+        assert jobs.ledger.take(job_id, "acoustic", 1, run=True) == "canceled"
+        assert jobs.ledger.take(job_id, "acoustic", 1, run=True) == "canceled"
+        assert jobs.ledger.dead_segments() == {"acoustic": 2, "vocoder": 2}
         for kind, index in (("acoustic", 2), ("acoustic", 3), ("vocoder", 1), ("rest", 0)):
-            jobs.take(job_id, kind, index)
-        assert jobs.dead_segments() == {"acoustic": 0, "vocoder": 0}
-        assert jobs.segments_waiting(job_id) == {"acoustic": 0, "vocoder": 0, "rest": 0}
+            jobs.ledger.take(job_id, kind, index)
+        assert jobs.ledger.dead_segments() == {"acoustic": 0, "vocoder": 0}
+        assert jobs.ledger.segments_waiting(job_id) == {"acoustic": 0, "vocoder": 0, "rest": 0}
 
 
 def test_a_stream_job_whose_lease_lapsed_is_canceled_and_stops_counting(redis_url, tmp_path):
@@ -217,7 +217,7 @@ def test_a_stream_job_whose_lease_lapsed_is_canceled_and_stops_counting(redis_ur
         assert post_phonemes(client, 1).status_code == 202  # the orphan's 2 no longer count
         assert farm.jobs.get(orphan["id"])["state"] == "canceled"
         assert farm.jobs.get(orphan["id"])["error"] == LISTENER_GONE.format(s=lease)
-        assert farm.jobs.dead_segments()["acoustic"] == 2
+        assert farm.jobs.ledger.dead_segments()["acoustic"] == 2
         assert farm.jobs.state(held["id"]) == "queued"
         assert farm.jobs.state(rest["id"]) == "queued"
         assert farm.sweep_unlistened() == []

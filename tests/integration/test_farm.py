@@ -131,8 +131,8 @@ def test_cancel_stops_pending_segments(client, farm):
     # Every message of it is taken in the end, each counted off the ledger once: nothing of
     # it waits as far as admission knows (docs/reliability.md, "Admission counts...").
     jobs = farm.farm.jobs
-    wait_until(lambda: jobs.segments_waiting(job["id"]) == NOTHING_WAITING, 60,
-               lambda: f"the ledger still counts {jobs.segments_waiting(job['id'])}")
+    wait_until(lambda: jobs.ledger.segments_waiting(job["id"]) == NOTHING_WAITING, 60,
+               lambda: f"the ledger still counts {jobs.ledger.segments_waiting(job['id'])}")
     # A canceled job's long-poll ends instead of hanging.
     page = client.get(f"/v1/jobs/{job['id']}/chunks?after={total - 1}&wait=5").get_json()
     assert page["end"] is True and page["state"] == "canceled"
@@ -159,7 +159,7 @@ def test_long_poll_times_out_with_204_and_resumes(redis_url, tmp_path):
         # The acoustic worker sent each segment's vocoder stage on, and marked it waiting
         # in the admission ledger as it did (tasks/segments.py, `install`).
         total = job["segments"]["total"]
-        ledger = tf.farm.jobs.segments_waiting
+        ledger = tf.farm.jobs.ledger.segments_waiting
         wait_until(lambda: ledger(job["id"]) == {**NOTHING_WAITING, "vocoder": total}, 30,
                    lambda: f"the ledger says {ledger(job['id'])}")
         assert tf.farm.live_depth("vocoder") == total
@@ -198,10 +198,10 @@ def test_killed_vocoder_loses_no_segment(redis_url, tmp_path):
         assert tf.farm.redis.scard(tf.farm.keys.done(job["id"])) == page["total"]
         # The killed worker's segment was delivered twice and counted off the admission
         # ledger once: in the end nothing of the job waits, and nothing is counted dead.
-        ledger = tf.farm.jobs.segments_waiting
+        ledger = tf.farm.jobs.ledger.segments_waiting
         wait_until(lambda: ledger(job["id"]) == NOTHING_WAITING, 60,
                    lambda: f"the ledger still counts {ledger(job['id'])}")
-        assert tf.farm.jobs.dead_segments() == {"acoustic": 0, "vocoder": 0}
+        assert tf.farm.jobs.ledger.dead_segments() == {"acoustic": 0, "vocoder": 0}
 
 
 def test_break_tag_becomes_silence_at_the_chunk_end(client):
