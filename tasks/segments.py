@@ -126,7 +126,7 @@ def _run_here_or_hand_over(task: SegmentTask, stage: str, spec: dict, args: tupl
                            kwargs: dict, reroutes: int) -> None:
     """The GPU memory rule, before a forward pass of `stage`: a worker short of device memory
     neither runs it nor falls back to its own CPU. It publishes the stage again as it came
-    (the rest of the chain with it) for a pool with room (`Farm.room_for`: a CPU pool's
+    (the rest of the chain with it) for a pool with room (`Liveness.room_for`: a CPU pool's
     overflow queue, else another GPU worker) and stops here. With no pool that has room, or
     `max_reroutes` hand-overs behind it already, the segment fails with the reason (NoRoom).
     Returns when the stage may run here."""
@@ -135,7 +135,7 @@ def _run_here_or_hand_over(task: SegmentTask, stage: str, spec: dict, args: tupl
         return
     farm = task.farm
     limit = farm.settings.max_reroutes
-    queue = farm.room_for(stage, "book_id" in spec, worker) if reroutes < limit else None
+    queue = farm.liveness.room_for(stage, "book_id" in spec, worker) if reroutes < limit else None
     if queue is None:
         metrics.SEGMENTS_REROUTED.labels(stage, "gpu_memory", "none").inc()
         if reroutes < limit:
@@ -425,7 +425,7 @@ def _give_way(farm) -> bool:
     if not farm.settings.vocoder_yield:
         return False
     try:
-        return farm.queue_depth(VOCODER_LEAD_QUEUE) > 0
+        return farm.backlog.queue_depth(VOCODER_LEAD_QUEUE) > 0
     except Exception as exc:  # noqa: BLE001  (the depth is a hint; rendering goes on)
         log.debug("no vocoder lead depth (%s); the segment carries on", exc)
         return False

@@ -274,7 +274,8 @@ def stats():
     # worker heartbeats on each queue it reads) and the stage (`pool`) it belongs to.
     return jsonify(responses.Stats.answer(
         mel_cache={**f.mel_cache.stats(), **f.mel_cache.size()},
-        queues={q: {"depth": f.queue_depth(q), "workers": len(f.live_workers(q)), "pool": pool}
+        queues={q: {"depth": f.backlog.queue_depth(q),
+                    "workers": len(f.liveness.live_workers(q)), "pool": pool}
                 for q, pool in QUEUE_POOLS.items()},
     ))
 

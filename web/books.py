@@ -248,7 +248,7 @@ def create_book():
             # Done, and asked in formats it lacks: package the stored segments again (the
             # audio is the same; nothing is rendered twice).
             send_assemble(f.celery, book_id)
-        elif f.book_stalled(existing):
+        elif f.sweeps.book_stalled(existing):
             # A re-submit of a stalled book nudges it on (its message was lost with a
             # crashed web process, or the broker's queues were lost): every stage is
             # idempotent and stored segments are skipped, so nothing is rendered twice.

@@ -1,5 +1,5 @@
 """The admission ledger: what of each job waits on the queues, so admission counts only the
-segments that will run (app/farm.py's admission; app/stores/jobs.py moves jobs and runs
+segments that will run (app/services/admission.py; app/stores/jobs.py moves jobs and runs
 `ON_STOP` with each move).
 
 The admission ledger (`mark_queued`, `take`, and every move to canceled or failed): admission
