@@ -24,12 +24,13 @@ from models.errors import (
     InvalidLexicon,
     InvalidPhonemes,
     NoSpeakableText,
+    SsmlError,
     UnknownSpeaker,
     UnknownVoice,
 )
 from models.text.frontend import Segment, TextRun, phoneme_segments
 from models.text.lexicon import check_lexicon
-from models.text.ssml import MAX_SSML_CHARS, SsmlError, looks_like_ssml
+from models.text.ssml import MAX_SSML_CHARS, looks_like_ssml
 from models.text.ssml import parse as parse_ssml
 from models.voices import Voice, get_voice
 from web.errors import ApiError
