@@ -4,7 +4,7 @@ A refusal is not a fault: the farm works, and declines what it was asked, for a 
 caller can act on (come back later, ask for less, fix a request). Each kind carries its HTTP
 status, its error code and, when coming back later helps, a Retry-After; `web/errors.py` maps
 the base once into the API's one error shape, so a new kind needs no new handler. The kinds
-live beside the code that raises them (`Overloaded` in app/farm.py, `LimitExceeded` in
+live beside the code that raises them (`Overloaded` in app/services/admission.py, `LimitExceeded` in
 app/security/apikeys.py, ...); this module imports nothing of the farm, so any of them can
 derive from it. models/errors.py is the same idea for the speech side (`SpeechError`).
 """

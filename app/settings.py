@@ -198,7 +198,7 @@ class ReliabilitySettings(_Group):
     # A job accepted before a broker restart that made no progress for this long after it is
     # looked for on the broker by the acoustic pool's heartbeat, and what the restart lost
     # of it (a message inside the last writes a killed Redis had not saved) is queued again
-    # (Farm.resume_lost_jobs). Short, because queue waits are no concern (a segment waiting
+    # (Sweeps.resume_lost_jobs). Short, because queue waits are no concern (a segment waiting
     # or held is left alone) and the sweep runs only in the minutes after a restart.
     job_resume_s: Positive = 5
     # A book that made no progress (no segment stored, no planning or encoding running) for

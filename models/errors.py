@@ -101,3 +101,23 @@ class InvalidPhonemes(SpeechError):
     def __reduce__(self):  # keep the fields when the error crosses a process boundary
         return (type(self), (self.problem, self.segment, self.position, self.symbols,
                              self.limit))
+
+
+class SsmlError(SpeechError):
+    """Markup the farm refuses. ``code`` is the API's error code, ``element`` the element at
+    fault (None for markup that does not parse), ``offset`` the character of the submitted
+    text where it starts, ``line``/``column`` the same, counted from 1; ``extra`` more fields
+    for the error body (``valid``, ``limit``, ``symbols``)."""
+
+    def __init__(self, code: str, message: str, element: str | None = None, offset: int = -1,
+                 line: int = 0, column: int = 0, extra: dict | None = None) -> None:
+        self.code, self.element = code, element
+        self.offset, self.line, self.column = offset, line, column
+        self.extra = dict(extra or {})
+        where = f" at line {line}, column {column}" if line else ""
+        super().__init__(f"{message}{where}")
+        self.problem = message
+
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return (type(self), (self.code, self.problem, self.element, self.offset, self.line,
+                             self.column, self.extra))

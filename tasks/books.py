@@ -233,8 +233,8 @@ def feed(self: BookTask, book_id: str, gen: int, **_: object) -> str:
         if rec["cursor"] >= rec["total"]:
             return "fed"  # every missing segment is published; the last one finishes it
         plans = plans or _Plans(farm, rec)
-        room = FEED_WINDOW - farm.queue_depth(ACOUSTIC_BATCH_QUEUE) - farm.queue_depth(
-            VOCODER_BATCH_QUEUE)
+        room = (FEED_WINDOW - farm.backlog.queue_depth(ACOUSTIC_BATCH_QUEUE)
+                - farm.backlog.queue_depth(VOCODER_BATCH_QUEUE))
         if room <= 0:
             time.sleep(FEED_POLL_S)
             continue

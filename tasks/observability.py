@@ -100,8 +100,8 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
         # with the time the first part ran (`spent_s`): the estimate is a whole segment's.
         gave_way = getattr(task.request, "gave_way", False)
         if stage in ("acoustic", "vocoder") and state == "SUCCESS" and not gave_way:
-            try:  # the web's admission estimate (Farm.expected_wait_s) reads it
-                runtime.farm().record_run(stage, run_s + queueing.spent_before(kwargs))
+            try:  # the web's admission estimate (Backlog.expected_wait_s) reads it
+                runtime.farm().backlog.record_run(stage, run_s + queueing.spent_before(kwargs))
             except Exception:
                 logging.getLogger("voxfarm.metrics").warning("run time not recorded",
                                                              exc_info=True)

@@ -282,7 +282,7 @@ def short_of_memory(stage: str, worker: str) -> bool:
 
     metrics.GPU_MEMORY_FREE.labels(worker, device()).set(free)
     try:
-        farm().mark_short(stage, worker, short)
+        farm().liveness.mark_short(stage, worker, short)
     except Exception:  # the mark is advice for admission: the rule holds without it
         logging.getLogger("voxfarm.workers").warning("could not mark %s short=%s", worker,
                                                      short, exc_info=True)

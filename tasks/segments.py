@@ -7,7 +7,7 @@ segment: the mel cache is keyed by content, and a chunk is stored by its index.
 Both obey the GPU memory rule before their forward pass (`_run_here_or_hand_over`): a worker
 short of device memory hands the stage to a pool with room instead of running it.
 
-Both keep the admission ledger (app/stores/jobs.py): each takes its message off the job's waiting
+Both keep the admission ledger (app/stores/ledger.py): each takes its message off the job's waiting
 count as it starts (`JobStore.take`, which is also how it learns whether the job still wants
 the segment), and what a worker publishes for the next stage (Celery sends a chain's vocoder
 stage once the acoustic one returns; a segment's rest after it gave way) is marked waiting
@@ -57,7 +57,7 @@ _COUNTED_QUEUES = frozenset({*LEAD_QUEUES.values(), *LEAD_QUEUES})
 
 
 def ledger_kind(task_name: str, kwargs: dict | None) -> str:
-    """The ledger's kind of a segment message (app.stores.jobs.LEDGER_STAGES)."""
+    """The ledger's kind of a segment message (app.stores.ledger.LEDGER_STAGES)."""
     if task_name == ACOUSTIC_TASK:
         return "acoustic"
     return "rest" if (kwargs or {}).get("from_window") else "vocoder"
@@ -75,7 +75,7 @@ def _published(sender=None, body=None, routing_key=None, **_: object) -> None:
             args, kwargs = body[0], body[1]
         spec = next((a for a in args if isinstance(a, dict) and "job_id" in a), None)
         if spec is not None:
-            runtime.farm().jobs.mark_queued(spec["job_id"], ledger_kind(sender, kwargs),
+            runtime.farm().jobs.ledger.mark_queued(spec["job_id"], ledger_kind(sender, kwargs),
                                             spec["index"])
     except Exception:  # noqa: BLE001  (the publish happened; the ledger is a count)
         log.warning("a published segment was not marked in the admission ledger",
@@ -126,7 +126,7 @@ def _run_here_or_hand_over(task: SegmentTask, stage: str, spec: dict, args: tupl
                            kwargs: dict, reroutes: int) -> None:
     """The GPU memory rule, before a forward pass of `stage`: a worker short of device memory
     neither runs it nor falls back to its own CPU. It publishes the stage again as it came
-    (the rest of the chain with it) for a pool with room (`Farm.room_for`: a CPU pool's
+    (the rest of the chain with it) for a pool with room (`Liveness.room_for`: a CPU pool's
     overflow queue, else another GPU worker) and stops here. With no pool that has room, or
     `max_reroutes` hand-overs behind it already, the segment fails with the reason (NoRoom).
     Returns when the stage may run here."""
@@ -135,7 +135,7 @@ def _run_here_or_hand_over(task: SegmentTask, stage: str, spec: dict, args: tupl
         return
     farm = task.farm
     limit = farm.settings.max_reroutes
-    queue = farm.room_for(stage, "book_id" in spec, worker) if reroutes < limit else None
+    queue = farm.liveness.room_for(stage, "book_id" in spec, worker) if reroutes < limit else None
     if queue is None:
         metrics.SEGMENTS_REROUTED.labels(stage, "gpu_memory", "none").inc()
         if reroutes < limit:
@@ -163,7 +163,7 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
     if "book_id" in spec:  # a book's segment: skip it if the book stopped or has it already
         if not books.segment_wanted(farm, spec):
             raise Ignore()
-    elif farm.jobs.take(spec["job_id"], "acoustic", spec["index"], run=True) in _STOPPED:
+    elif farm.jobs.ledger.take(spec["job_id"], "acoustic", spec["index"], run=True) in _STOPPED:
         raise Ignore()  # canceled, failed or expired: the rest of the chain never runs
     # UnknownVoice is a SpeechError: the job fails at once. The spec's voice version (the
     # canary's) picks the file and inference settings.
@@ -224,7 +224,7 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
         wanted = books.segment_wanted(farm, spec)
     else:
         kind = "rest" if from_window else "vocoder"
-        wanted = farm.jobs.take(spec["job_id"], kind, spec["index"]) not in _STOPPED
+        wanted = farm.jobs.ledger.take(spec["job_id"], kind, spec["index"]) not in _STOPPED
     if not wanted:
         # Stored already (a twin publish of the feeder) or canceled: the acoustic stage
         # held the features for this stage, so let go of them here too.
@@ -425,7 +425,7 @@ def _give_way(farm) -> bool:
     if not farm.settings.vocoder_yield:
         return False
     try:
-        return farm.queue_depth(VOCODER_LEAD_QUEUE) > 0
+        return farm.backlog.queue_depth(VOCODER_LEAD_QUEUE) > 0
     except Exception as exc:  # noqa: BLE001  (the depth is a hint; rendering goes on)
         log.debug("no vocoder lead depth (%s); the segment carries on", exc)
         return False

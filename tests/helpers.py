@@ -244,7 +244,7 @@ class FarmUnderTest:
         lines = [f"{w.name}: " + ("running" if w.proc.poll() is None else
                                   f"exited {w.proc.returncode}") for w in self.workers]
         try:
-            lines.append("queues: " + ", ".join(f"{q} {self.farm.queue_depth(q)}"
+            lines.append("queues: " + ", ".join(f"{q} {self.farm.backlog.queue_depth(q)}"
                                                 for q in ALL_QUEUES))
         except Exception as exc:  # noqa: BLE001  (a diagnosis must not hide the failure)
             lines.append(f"queues: unknown ({exc.__class__.__name__}: {exc})")
@@ -254,7 +254,7 @@ class FarmUnderTest:
 
     def wait_live(self, queue: str, count: int = 1, timeout_s: float = 90) -> None:
         def live() -> bool:
-            if len(self.farm.live_workers(queue)) >= count:
+            if len(self.farm.liveness.live_workers(queue)) >= count:
                 return True
             assert all(w.proc.poll() is None for w in self.workers if w.queue == queue), \
                 f"a {queue} worker exited; log tail:\n{self.log_tail(queue)}"

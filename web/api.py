@@ -20,7 +20,6 @@ from models.text import captions
 from models.text.frontend import iter_run_segments, prepare
 from models.voices import HIBARI, PIPER, list_voices
 from web import apidoc as doc
-from web import schemas
 from web.errors import ApiError
 from web.helpers import (
     break_error,
@@ -35,7 +34,8 @@ from web.helpers import (
     ssml_or_422,
     voice_or_422,
 )
-from web.schemas import (
+from web.schemas import responses
+from web.schemas.requests import (
     AudioQuery,
     CaptionsQuery,
     ChunksQuery,
@@ -272,22 +272,23 @@ def stats():
     f = farm()
     # Every queue (QUEUE_POOLS, the overflow queues too), with the workers consuming it (a
     # worker heartbeats on each queue it reads) and the stage (`pool`) it belongs to.
-    return jsonify(schemas.Stats.answer(
+    return jsonify(responses.Stats.answer(
         mel_cache={**f.mel_cache.stats(), **f.mel_cache.size()},
-        queues={q: {"depth": f.queue_depth(q), "workers": len(f.live_workers(q)), "pool": pool}
+        queues={q: {"depth": f.backlog.queue_depth(q),
+                    "workers": len(f.liveness.live_workers(q)), "pool": pool}
                 for q, pool in QUEUE_POOLS.items()},
     ))
 
 
 @api.get("/healthz")
 def healthz():
-    return jsonify(schemas.Health.answer(status="ok"))
+    return jsonify(responses.Health.answer(status="ok"))
 
 
 @api.get("/readyz")
 def readyz():
     report = farm().readiness()
-    resp = jsonify((schemas.Ready if report["ready"] else schemas.NotReady).answer(**report))
+    resp = jsonify((responses.Ready if report["ready"] else responses.NotReady).answer(**report))
     if not report["ready"]:
         resp.status_code = 503
         resp.headers["Retry-After"] = str(farm().settings.retry_after_s)
@@ -299,22 +300,22 @@ def readyz():
 
 def openapi_paths() -> dict:
     """This blueprint's paths in the API document."""
-    job = doc.json(schemas.Job, "the job")
+    job = doc.json(responses.Job, "the job")
     return {
         "/v1/jobs": {"post": doc.op(
             "jobs", "createJob", "Submit text; the job renders in the background", {
-                "202": doc.json(schemas.Job, "accepted: the job, with links to follow it",
+                "202": doc.json(responses.Job, "accepted: the job, with links to follow it",
                                 {"Location": doc.header()}), **doc.JSON_BODY},
-            body=schemas.JobRequest)},
+            body=JobRequest)},
         "/v1/phonemize": {"post": doc.op(
             "jobs", "phonemize", "The phonemes a job of this text would speak, segment by "
             "segment", {
-                "200": doc.json(schemas.Phonemized, "the segments and their phonemes"),
+                "200": doc.json(responses.Phonemized, "the segments and their phonemes"),
                 **doc.JSON_BODY,
                 "422": doc.error("a field is wrong, a lexicon entry has phonemes the voice lacks "
                                  "(`invalid_lexicon`, with `entry`, `position` and `symbols`), "
                                  "or nothing is speakable")},
-            body=schemas.PhonemizeRequest, description=(
+            body=PhonemizeRequest, description=(
                 "Runs the same frontend as `POST /v1/jobs` (normalisation, segments, the "
                 "lexicons, G2P) and queues nothing. The segments can be edited and sent back "
                 "as a job's `phonemes`."))},
@@ -322,16 +323,16 @@ def openapi_paths() -> dict:
             "get": doc.op("jobs", "getJob", "A job's state and progress", {
                 "200": job, "404": doc.JOB_NOT_FOUND, "503": doc.UNAVAILABLE}),
             "delete": doc.op("jobs", "cancelJob", "Cancel a job (its waiting segments)", {
-                "200": doc.json(schemas.Job, "canceled"), "404": doc.JOB_NOT_FOUND,
+                "200": doc.json(responses.Job, "canceled"), "404": doc.JOB_NOT_FOUND,
                 "409": doc.error("already finished (`job_finished`)"), "503": doc.UNAVAILABLE})},
         "/v1/jobs/{job_id}/chunks": {"get": doc.op(
             "jobs", "getChunks", "Long-poll the next rendered chunks after a cursor", {
-                "200": doc.json(schemas.ChunkPage, "the chunks after the cursor, in order"),
+                "200": doc.json(responses.ChunkPage, "the chunks after the cursor, in order"),
                 "204": {"description": "nothing new within `wait`; ask again from "
                                        "`X-Next-After`",
                         "headers": {"X-Next-After": doc.header()}},
                 "404": doc.JOB_NOT_FOUND, "422": doc.INVALID, "503": doc.UNAVAILABLE},
-            query=schemas.ChunksQuery)},
+            query=ChunksQuery)},
         "/v1/jobs/{job_id}/audio": {"get": doc.op(
             "jobs", "getAudio", "The whole audio of a finished job", {
                 "200": doc.files(CONTENT_TYPES.values(), "the audio file"),
@@ -340,33 +341,33 @@ def openapi_paths() -> dict:
                                  "was canceled (`job_canceled`) or failed (`job_failed`)"),
                 "410": doc.error("the job's audio expired (`audio_expired`)"),
                 "422": doc.INVALID, "503": doc.UNAVAILABLE},
-            query=schemas.AudioQuery)},
+            query=AudioQuery)},
         "/v1/jobs/{job_id}/captions": {"get": doc.op(
             "jobs", "getCaptions", "A finished job's word timestamps, as JSON, SRT or WebVTT", {
                 "200": {"description": "the captions", "content": {
                     **doc.texts(captions.CONTENT_TYPES[f] for f in captions.CAPTION_FORMATS),
-                    "application/json": {"schema": schemas.Captions}}},
+                    "application/json": {"schema": responses.Captions}}},
                 "404": doc.JOB_NOT_FOUND,
                 "409": doc.error("SRT/VTT of a job not done yet (`job_not_done`), or a "
                                  "canceled or failed job (`job_canceled`, `job_failed`)"),
                 "410": doc.error("the job's audio expired (`audio_expired`)"),
                 "422": doc.INVALID, "503": doc.UNAVAILABLE},
-            query=schemas.CaptionsQuery, description=(
+            query=CaptionsQuery, description=(
                 "Each word's start and end in the job's audio (a neural voice's durations, "
                 "eSpeak's word events). SRT and VTT group the words into cues of at most 42 "
                 "characters and exist once the job is done; JSON also while it renders "
                 "(`complete: false`, the words so far)."))},
         "/v1/voices": {"get": doc.op("farm", "listVoices", "The voices offered", {
-            "200": doc.json(schemas.Voices, "every voice name `voice` accepts")})},
+            "200": doc.json(responses.Voices, "every voice name `voice` accepts")})},
         "/v1/stats": {"get": doc.op(
             "farm", "stats", "Mel cache counters, queue depths and live workers", {
-                "200": doc.json(schemas.Stats, "the farm's counters"), "503": doc.UNAVAILABLE})},
+                "200": doc.json(responses.Stats, "the farm's counters"), "503": doc.UNAVAILABLE})},
         "/healthz": {"get": doc.op("health", "healthz", "The web process is up", {
-            "200": doc.json(schemas.Health, "alive")})},
+            "200": doc.json(responses.Health, "alive")})},
         "/readyz": {"get": doc.op(
             "health", "readyz", "Redis reachable and a live worker on every interactive pool", {
-                "200": doc.json(schemas.Ready, "ready"),
-                "503": doc.json(schemas.NotReady, "not ready, and why", doc.RETRY_AFTER)},
+                "200": doc.json(responses.Ready, "ready"),
+                "503": doc.json(responses.NotReady, "not ready, and why", doc.RETRY_AFTER)},
             description=(
                 "`workers` counts the live workers consuming each queue (acoustic, vocoder, "
                 "their batch queues, book). Readiness needs the acoustic and vocoder queues; a "

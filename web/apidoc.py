@@ -1,7 +1,7 @@
 """The parts of the API document each blueprint declares its paths with.
 
 Each blueprint module has an `openapi_paths()` beside its views: its paths, their operations
-and what each answers, built from these helpers and the models of web/schemas.py.
+and what each answers, built from these helpers and the models of web/schemas/.
 web/openapi.py gathers them into one document (the server's and the keys' refusals, the
 path parameters, the schemas written out) and serves it.
 """
@@ -13,11 +13,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from models.text.captions import CONTENT_TYPES as CAPTION_TYPES
-from web import schemas as s
+from web.schemas.constants import BOOK_CAPTION_FORMATS
+from web.schemas.responses import Error
 
 
 def json(model: Any, description: str, headers: dict | None = None) -> dict:
-    """A JSON answer: `model` is a model of web/schemas.py (a `$ref` once written out) or a
+    """A JSON answer: `model` is a model of web/schemas/ (a `$ref` once written out) or a
     schema."""
     out = {"description": description, "content": {"application/json": {"schema": model}}}
     if headers:
@@ -26,7 +27,7 @@ def json(model: Any, description: str, headers: dict | None = None) -> dict:
 
 
 def error(description: str, headers: dict | None = None) -> dict:
-    return json(s.Error, description, headers)
+    return json(Error, description, headers)
 
 
 def files(types, description: str, headers: dict | None = None) -> dict:
@@ -85,7 +86,7 @@ JSON_BODY = {"400": BAD_JSON, "413": TOO_LARGE, "415": NOT_JSON, "422": INVALID,
 OPENAI_HEADERS = {"X-Job-Id": header(), "X-Voxfarm-Voice": header(),
                    "X-Voxfarm-Speed": header("the speed applied (clamped)")}
 CAPTION_FILES = {"description": "SubRip or WebVTT",
-                  "content": texts(CAPTION_TYPES[f] for f in s.BOOK_CAPTION_FORMATS)}
+                  "content": texts(CAPTION_TYPES[f] for f in BOOK_CAPTION_FORMATS)}
 def op(tag: str, operation_id: str, summary: str, responses: dict, *,
         body: Any = None, query: type[BaseModel] | None = None, description: str = "") -> dict:
     """One operation. `body`: a request model (JSON) or {media type: model}; `query`: the

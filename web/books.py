@@ -50,7 +50,6 @@ from models.text.frontend import check_breaks
 from models.text.ssml import looks_like_ssml
 from models.voices import Voice
 from web import apidoc as doc
-from web import schemas
 from web.auth import current_key, owner_id
 from web.errors import ApiError
 from web.helpers import (
@@ -63,8 +62,9 @@ from web.helpers import (
     ssml_or_422,
     voice_or_422,
 )
-from web.schemas import (
-    BOOK_AUDIO_TYPES,
+from web.schemas import responses
+from web.schemas.constants import BOOK_AUDIO_TYPES
+from web.schemas.requests import (
     BookAudioQuery,
     BookCaptionsQuery,
     BookFields,
@@ -248,7 +248,7 @@ def create_book():
             # Done, and asked in formats it lacks: package the stored segments again (the
             # audio is the same; nothing is rendered twice).
             send_assemble(f.celery, book_id)
-        elif f.book_stalled(existing):
+        elif f.sweeps.book_stalled(existing):
             # A re-submit of a stalled book nudges it on (its message was lost with a
             # crashed web process, or the broker's queues were lost): every stage is
             # idempotent and stored segments are skipped, so nothing is rendered twice.
@@ -392,20 +392,20 @@ def retry(book_id: str):
 
 def openapi_paths() -> dict:
     """This blueprint's paths in the API document."""
-    book = doc.json(schemas.Book, "the book, with per-chapter progress")
+    book = doc.json(responses.Book, "the book, with per-chapter progress")
     return {
         "/v1/books": {"post": doc.op(
             "books", "createBook", "Submit a book (multipart `file`, or JSON chapters) to "
             "render", {
-                "202": doc.json(schemas.Book, "accepted: rendering starts"),
-                "200": doc.json(schemas.Book, "the same book was submitted before"),
+                "202": doc.json(responses.Book, "accepted: rendering starts"),
+                "200": doc.json(responses.Book, "the same book was submitted before"),
                 "400": doc.error("the body is not valid JSON"),
                 "413": doc.error("the upload is too large"),
                 "415": doc.error("not a book file or not a supported body type"),
                 "422": doc.error("a field is wrong or the book has nothing to speak"),
                 "503": doc.UNAVAILABLE},
-            body={"multipart/form-data": schemas.BookUpload,
-                  "application/json": schemas.BookRequest})},
+            body={"multipart/form-data": BookUpload,
+                  "application/json": BookRequest})},
         "/v1/books/{book_id}": {
             "get": doc.op("books", "getBook", "A book's state, per-chapter progress, throughput "
                           "and ETA", {"200": book, "404": doc.BOOK_NOT_FOUND,
@@ -415,11 +415,11 @@ def openapi_paths() -> dict:
                                               "503": doc.UNAVAILABLE})},
         "/v1/books/{book_id}/audio": {"get": doc.op(
             "books", "getBookAudio", "The whole audiobook with chapter markers", {
-                "200": doc.files(schemas.BOOK_AUDIO_TYPES.values(), "the audiobook"),
+                "200": doc.files(BOOK_AUDIO_TYPES.values(), "the audiobook"),
                 "404": doc.error("no such book, or not rendered in this format"),
                 "409": doc.BOOK_NOT_DONE, "410": doc.BOOK_GONE, "422": doc.error("unknown format"),
                 "503": doc.UNAVAILABLE},
-            query=schemas.BookAudioQuery)},
+            query=BookAudioQuery)},
         "/v1/books/{book_id}/chapters/{n}/audio": {"get": doc.op(
             "books", "getChapterAudio", "One chapter as MP3", {
                 "200": doc.files(["audio/mpeg"], "the chapter"),
@@ -432,7 +432,7 @@ def openapi_paths() -> dict:
                 "410": doc.error("the captions are gone or the book was assembled before "
                                  "captions (`audio_missing`)"),
                 "422": doc.error("unknown format"), "503": doc.UNAVAILABLE},
-            query=schemas.BookCaptionsQuery)},
+            query=BookCaptionsQuery)},
         "/v1/books/{book_id}/chapters/{n}/captions": {"get": doc.op(
             "books", "getChapterCaptions", "One chapter's captions, on the chapter's own "
             "timeline", {
@@ -440,10 +440,10 @@ def openapi_paths() -> dict:
                 "409": doc.BOOK_NOT_DONE,
                 "410": doc.error("the captions are gone (`audio_missing`)"),
                 "422": doc.error("unknown format"), "503": doc.UNAVAILABLE},
-            query=schemas.BookCaptionsQuery)},
+            query=BookCaptionsQuery)},
         "/v1/books/{book_id}/manifest": {"get": doc.op(
             "books", "getBookManifest", "The finished book's files and chapter timings", {
-                "200": doc.json(schemas.Manifest, "the manifest"), "404": doc.BOOK_NOT_FOUND,
+                "200": doc.json(responses.Manifest, "the manifest"), "404": doc.BOOK_NOT_FOUND,
                 "409": doc.BOOK_NOT_DONE, "410": doc.BOOK_GONE, "503": doc.UNAVAILABLE})},
         "/v1/books/{book_id}/retry": {"post": doc.op(
             "books", "retryBook", "Render only what is missing of a failed or stuck book", {

@@ -33,11 +33,12 @@ from app.offload import offload
 from app.stores.states import JOB_FINAL
 from models.audio.encode import StreamEncoder
 from web import apidoc as doc
-from web import schemas
 from web.errors import ApiError
 from web.helpers import farm, json_body, openai_errors, parse
 from web.openai_compat import farm_speed, resolve_voice, submit_speech
-from web.schemas import RESPONSE_FORMATS, CaptionedSpeechRequest
+from web.schemas import responses
+from web.schemas.constants import RESPONSE_FORMATS
+from web.schemas.requests import CaptionedSpeechRequest
 from web.streams import client_gone, streaming_response
 from web.synthesis import CLIENT_LEFT, ChunkFollower
 
@@ -140,11 +141,11 @@ def _captioned(operation_id: str, summary: str) -> dict:
     return doc.op("openai", operation_id, summary, {
         "200": {"description": "the audio (base64) and its word timestamps",
                 "headers": {"X-Job-Id": doc.header()}, "content": {
-                    "application/json": {"schema": schemas.CaptionedSpeech},
+                    "application/json": {"schema": responses.CaptionedSpeech},
                     "application/x-ndjson": {"schema": {"type": "string"}}}},
         **doc.JSON_BODY,
         "409": doc.error("the job ended early (`job_failed`, `job_canceled`, `job_stalled`)"),
-    }, body=schemas.CaptionedSpeechRequest, description=(
+    }, body=CaptionedSpeechRequest, description=(
         "The body of `POST /v1/audio/speech` plus `stream` (default false) and "
         "`return_timestamps` (default true). `stream: false`: one JSON object once the job is "
         "done. `stream: true`: newline-delimited JSON, one object per rendered chunk (its "

@@ -1,4 +1,4 @@
-"""What every web module shares: the farm, a request parsed into its model (web/schemas.py),
+"""What every web module shares: the farm, a request parsed into its model (web/schemas/),
 the checks that need a voice, and the API errors they raise.
 
 Each turns bad input into one `ApiError` (web/errors.py): HTTP sends it as the one error
@@ -24,16 +24,17 @@ from models.errors import (
     InvalidLexicon,
     InvalidPhonemes,
     NoSpeakableText,
+    SsmlError,
     UnknownSpeaker,
     UnknownVoice,
 )
 from models.text.frontend import Segment, TextRun, phoneme_segments
 from models.text.lexicon import check_lexicon
-from models.text.ssml import MAX_SSML_CHARS, SsmlError, looks_like_ssml
+from models.text.ssml import MAX_SSML_CHARS, looks_like_ssml
 from models.text.ssml import parse as parse_ssml
 from models.voices import Voice, get_voice
 from web.errors import ApiError
-from web.schemas import OPENAI_VOICES
+from web.schemas.constants import OPENAI_VOICES
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -114,7 +115,7 @@ def _field(loc: tuple) -> str:
 
 def validation_error(exc: ValidationError) -> ApiError:
     """The first fault of a request as the API's error: a model's own refusal
-    (`schemas.refusal`) as it is; pydantic's type errors as `missing_field` and
+    (`web.schemas.document.refusal`) as it is; pydantic's type errors as `missing_field` and
     `invalid_type`."""
     err = exc.errors(include_url=False)[0]
     kind, ctx = err["type"], dict(err.get("ctx") or {})
@@ -237,7 +238,7 @@ def ssml_or_422(text: str, text_type: str | None, voice: Voice, speed: float,
     """The runs of `text` if it is SSML (`text_type` "ssml", or no `text_type` and a
     `<speak>` root), None for plain text; a 422 naming the element and where it starts for
     markup the farm refuses (models/text/ssml.py), a 413 past `MAX_SSML_CHARS`. `text_type` is
-    checked (schemas.TextType).
+    checked (web.schemas.fields.TextType).
 
     The parse is CPU work in proportion to the text (a book chapter: up to a second), so it
     runs in the frontend thread like the rest of the frontend (app/offload.py), never on

@@ -19,10 +19,10 @@ from app.canary.store import Canary
 from models.errors import UnknownSpeaker, UnknownVoice
 from models.neural.voice_file import Inference
 from web import apidoc as doc
-from web import schemas
 from web.errors import ApiError, farm_error
 from web.helpers import farm, iso_time, json_body, parse
-from web.schemas import CanaryRequest
+from web.schemas import responses
+from web.schemas.requests import CanaryRequest
 
 models_admin = Blueprint("models_admin", __name__)
 
@@ -99,7 +99,7 @@ def _decide(voice: str, decision, done: str):
 
 def openapi_paths() -> dict:
     """This blueprint's paths in the API document."""
-    versions = doc.json(schemas.VoiceVersions, "the voice's versions, figures and decisions")
+    versions = doc.json(responses.VoiceVersions, "the voice's versions, figures and decisions")
     return {
         "/v1/admin/voices/{voice}/versions": {"get": doc.op(
             "admin", "listVoiceVersions", "A voice's versions, the canary's figures and its "
@@ -108,12 +108,12 @@ def openapi_paths() -> dict:
         "/v1/admin/voices/{voice}/canary": {"post": doc.op(
             "admin", "startCanary", "Start a candidate version: it takes a share of new jobs "
             "until the rule (or an operator) promotes or rolls it back", {
-                "201": doc.json(schemas.VoiceVersions, "started"), **doc.JSON_BODY,
+                "201": doc.json(responses.VoiceVersions, "started"), **doc.JSON_BODY,
                 "404": doc.VOICE_NOT_FOUND,
                 "409": doc.error("the voice has a candidate already (`canary_running`)"),
                 "422": doc.error("a field is wrong, or the file is not a voice at the voice's "
                                  "sample rate (`invalid_candidate`)")},
-            body=schemas.CanaryRequest)},
+            body=CanaryRequest)},
         "/v1/admin/voices/{voice}/promote": {"post": doc.op(
             "admin", "promoteCanary", "Make the candidate live now", {
                 "200": versions, "404": doc.VOICE_NOT_FOUND, "409": doc.NO_CANDIDATE,

@@ -39,18 +39,14 @@ from flask import Blueprint, jsonify, request
 
 from app.stores.states import JOB_FINAL
 from models.audio.encode import StreamEncoder
+from models.text.ssml import SPEED_MAX, SPEED_MIN
 from models.voices import list_voices
 from web import apidoc as doc
-from web import schemas
 from web.errors import ApiError
 from web.helpers import farm, json_body, openai_errors, openai_voice_table, parse, voice_or_422
-from web.schemas import (
-    OPENAI_MODELS,
-    RESPONSE_FORMATS,
-    SPEED_MAX,
-    SPEED_MIN,
-    SpeechRequest,
-)
+from web.schemas import responses
+from web.schemas.constants import OPENAI_MODELS, RESPONSE_FORMATS
+from web.schemas.requests import SpeechRequest
 from web.streams import client_gone, encoded_audio, streaming_response
 from web.synthesis import CLIENT_LEFT, ChunkFollower, submit_text
 
@@ -135,7 +131,7 @@ def _model(name: str) -> dict:
 @openai_compat.get("/v1/models")
 def models():
     """OpenAI's model list: the names `model` is usually given (any name works)."""
-    return jsonify(schemas.ModelList.answer(object="list",
+    return jsonify(responses.ModelList.answer(object="list",
                                             data=[_model(m) for m in OPENAI_MODELS]))
 
 
@@ -145,14 +141,14 @@ def model(model_id: str):
         raise ApiError(404, "model_not_found", f"no model '{model_id}'; the farm lists "
                        f"{', '.join(OPENAI_MODELS)}", field="model", valid=list(OPENAI_MODELS),
                        type="invalid_request_error", param="model")
-    return jsonify(schemas.Model.answer(**_model(model_id)))
+    return jsonify(responses.Model.answer(**_model(model_id)))
 
 
 @openai_compat.get("/v1/audio/voices")
 def audio_voices():
     """Every name `voice` takes, as Kokoro-FastAPI lists them: the OpenAI names first, then
     the farm's own voices (`GET /v1/voices` has the details)."""
-    return jsonify(schemas.SpeechVoices.answer(
+    return jsonify(responses.SpeechVoices.answer(
         voices=[*openai_voice_table(), *(vc.name for vc in list_voices())]))
 
 
@@ -173,14 +169,14 @@ def openapi_paths() -> dict:
     return {
         "/v1/audio/speech": {"post": doc.op(
             "openai", "createSpeech", "OpenAI-compatible text to speech; the body streams as "
-            "it renders", {"200": speech_200, **doc.JSON_BODY}, body=schemas.SpeechRequest)},
+            "it renders", {"200": speech_200, **doc.JSON_BODY}, body=SpeechRequest)},
         "/v1/models": {"get": doc.op(
             "openai", "listModels", "OpenAI's model list: the names `model` usually takes "
-            "(any works)", {"200": doc.json(schemas.ModelList, "the models")})},
+            "(any works)", {"200": doc.json(responses.ModelList, "the models")})},
         "/v1/models/{model_id}": {"get": doc.op("openai", "getModel", "One model", {
-            "200": doc.json(schemas.Model, "the model"),
+            "200": doc.json(responses.Model, "the model"),
             "404": doc.error("not a listed model (`model_not_found`)")})},
         "/v1/audio/voices": {"get": doc.op(
             "openai", "listSpeechVoices", "Every name `voice` takes, Kokoro-FastAPI style",
-            {"200": doc.json(schemas.SpeechVoices, "the voice names")})},
+            {"200": doc.json(responses.SpeechVoices, "the voice names")})},
     }

@@ -1,6 +1,6 @@
 """The API described: `/openapi.json` (OpenAPI 3.1) and `/docs` (its HTML).
 
-The document is generated: every body, query and JSON answer is a model of web/schemas.py
+The document is generated: every body, query and JSON answer is a model of web/schemas/
 (the same models that validate the requests), written out by pydantic's `models_json_schema`
 into `components.schemas`. What a model cannot say (each operation's path, summary and the
 statuses it answers) each blueprint declares beside its views, in its `openapi_paths()`
@@ -36,9 +36,11 @@ from web import (
     ws,
 )
 from web import apidoc as doc
-from web import schemas as s
 from web.auth import ADMIN_PREFIX, OPEN_PATHS
 from web.helpers import farm
+from web.schemas import responses
+from web.schemas.document import document_for
+from web.schemas.requests import SocketMessage
 
 openapi = Blueprint("openapi", __name__)
 
@@ -126,7 +128,7 @@ def _path_parameters(path: str) -> list[dict]:
 def build_spec(settings: Settings, served: set[str] | None = None) -> dict:
     """The OpenAPI document; with `served` (OpenAPI-style paths), only the paths in it."""
     models: set[type[BaseModel]] = set()
-    with s.document_for(settings):
+    with document_for(settings):
         paths = {}
         for path, item in _paths().items():
             if served is not None and path not in served:
@@ -144,7 +146,7 @@ def build_spec(settings: Settings, served: set[str] | None = None) -> dict:
                         "403", doc.error("the key is not an admin key (`forbidden`)"))
             paths[path] = _written_out(item, models)
         # The socket's frames, referenced from its operation's description.
-        models.update(s.SOCKET_EVENTS, {s.SocketMessage})
+        models.update(responses.SOCKET_EVENTS, {SocketMessage})
         _, defs = models_json_schema([(m, "validation") for m in sorted(models, key=str)],
                                      ref_template=_REF, schema_generator=_Generator)
     for item in paths.values():

@@ -16,10 +16,10 @@ from __future__ import annotations
 from flask import Blueprint, current_app, render_template
 
 from models.books.parse import EXTENSIONS
+from models.text.ssml import SPEED_MAX, SPEED_MIN
 from web import apidoc as doc
 from web.auth import keys_enabled
 from web.helpers import farm
-from web.schemas import SPEED_MAX, SPEED_MIN
 
 page = Blueprint("page", __name__)
 

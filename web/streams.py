@@ -26,9 +26,8 @@ from flask import Blueprint, Response, request, stream_with_context
 from app.offload import offload
 from models.audio.encode import StreamEncoder
 from web import apidoc as doc
-from web import schemas
 from web.helpers import farm, parse
-from web.schemas import StreamQuery
+from web.schemas.requests import StreamQuery
 from web.synthesis import ChunkFollower, streamable_job
 
 streams = Blueprint("streams", __name__)
@@ -133,7 +132,7 @@ def openapi_paths() -> dict:
                 "409": doc.error("the job was canceled or failed (`job_canceled`, `job_failed`): "
                                  "nothing to stream"),
                 "422": doc.INVALID, "503": doc.UNAVAILABLE},
-            query=schemas.StreamQuery, description=(
+            query=StreamQuery, description=(
                 "Starts with the first segment as soon as it exists and ends after the last. "
                 "`wav` declares an open length (0xFFFFFFFF) in its header; `pcm` is 16-bit "
                 "little-endian mono at the voice's rate, which `Content-Type` says "

@@ -23,7 +23,7 @@ from app.farm import Farm
 from app.obs import metrics
 from app.offload import offload
 from app.security.sealing import KeyUnavailable
-from app.stores.jobs import Chunk
+from app.stores.job_audio import Chunk
 from app.stores.states import JOB_FINAL, JobState
 from models.errors import BreakTooLong, NoSpeakableText
 from models.text.frontend import Segment, TextRun, iter_run_segments, iter_segments

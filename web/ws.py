@@ -59,11 +59,11 @@ from app.security.apikeys import ApiKey
 from app.stores.states import JOB_FINAL
 from models.voices import get_voice
 from web import apidoc as doc
-from web import schemas
 from web.auth import check_still_live, count_request, current_key
 from web.errors import ApiError
 from web.helpers import check_unicode, farm, lexicon_or_422, parse, voice_or_422
-from web.schemas import SocketMessage
+from web.schemas import responses
+from web.schemas.requests import SocketMessage
 from web.synthesis import ChunkFollower, submit_text
 
 log = logging.getLogger("voxfarm.web")
@@ -337,7 +337,7 @@ def _close_with(ws, err: ApiError, code: int = 1011) -> None:
 
 def openapi_paths() -> dict:
     """This blueprint's paths in the API document."""
-    frames = ", ".join(f"`{m.__name__}`" for m in schemas.SOCKET_EVENTS)
+    frames = ", ".join(f"`{m.__name__}`" for m in responses.SOCKET_EVENTS)
     return {
         "/v1/ws": {"get": doc.op(
             "streaming", "websocket", "WebSocket: text in as it is written, PCM frames and "

@@ -39,7 +39,7 @@ from app.broker.celery_app import (
     make_celery,
 )
 from app.broker.redelivery import Redelivery
-from app.farm import WORKER_STALE_S
+from app.services.liveness import WORKER_STALE_S
 from app.settings import Settings
 from tasks import runtime
 
@@ -80,10 +80,10 @@ class Heartbeat:
     the consumers of each queue, batch pools apart or not).
 
     The acoustic pool's heartbeat also sweeps jobs whose web process died mid-submit (see
-    `Farm.sweep_unpublished`), cancels stream jobs whose web process died with the stream
-    open (`Farm.sweep_unlistened`, once it and the store have been in touch for a lease
+    `Sweeps.sweep_unpublished`), cancels stream jobs whose web process died with the stream
+    open (`Sweeps.sweep_unlistened`, once it and the store have been in touch for a lease
     period: an outage lets live leases lapse too), and queues again what a broker restart
-    lost of the jobs accepted before it (`Farm.resume_lost_jobs`): the web cannot sweep its
+    lost of the jobs accepted before it (`Sweeps.resume_lost_jobs`): the web cannot sweep its
     own, being dead, and the acoustic pool is the one every job needs anyway.
 
     Every heartbeat also hands the unacked messages of peers whose heartbeat went stale back
@@ -112,7 +112,7 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 for queue in self.queues:
-                    farm.heartbeat(queue, self.name, self.slots)
+                    farm.liveness.heartbeat(queue, self.name, self.slots)
                 self.redelivery.note_unnoted(self.name)
                 run_id = self.redelivery.broker_run_id()
                 if (in_touch_since is None and beats) or run_id != (broker_run or run_id):
@@ -124,22 +124,23 @@ class Heartbeat:
                 broker_run = run_id
                 in_touch_since = in_touch_since or time.monotonic()
                 if ACOUSTIC_QUEUE in self.queues:
-                    for job_id in farm.sweep_unpublished():
+                    for job_id in farm.sweeps.sweep_unpublished():
                         log.warning("job %s failed: its segments were never all queued", job_id)
-                    for job_id in farm.sweep_stalled():
+                    for job_id in farm.sweeps.sweep_stalled():
                         log.warning("job %s failed: no progress for %d s", job_id,
                                     farm.settings.job_stall_s)
                     # Only once this worker and the store have been in touch for a lease
                     # period: a lease that lapsed in an outage may be a live web's.
                     in_touch_s = time.monotonic() - in_touch_since
-                    for job_id in farm.sweep_unlistened(in_touch_s) or []:
+                    for job_id in farm.sweeps.sweep_unlistened(in_touch_s) or []:
                         log.info("stream job %s canceled: its listener lease lapsed", job_id)
-                    for job_id, restored, published in farm.resume_lost_jobs(self.redelivery):
+                    resumed = farm.sweeps.resume_lost_jobs(self.redelivery)
+                    for job_id, restored, published in resumed:
                         log.warning("job %s resumed after the broker's restart: %d segment(s) "
                                     "restored from unacked, %d published again", job_id,
                                     restored, published)
                 if BOOK_QUEUE in self.queues:
-                    for book_id, what in farm.sweep_stalled_books():
+                    for book_id, what in farm.sweeps.sweep_stalled_books():
                         log.warning("book %s %s: no progress for %d s and nothing of it "
                                     "queued", book_id, what, farm.settings.book_stall_s)
                 if time.monotonic() - in_touch_since > WORKER_STALE_S:
@@ -157,7 +158,7 @@ class Heartbeat:
         self._stop.set()
         try:
             for queue in self.queues:
-                runtime.farm(self.celery).worker_gone(queue, self.name)
+                runtime.farm(self.celery).liveness.worker_gone(queue, self.name)
         except Exception:
             log.warning("could not remove the heartbeat", exc_info=True)
 
@@ -303,7 +304,7 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     farm = runtime.farm(celery)
     redelivery = Redelivery(celery, farm.redis, farm.settings.key_prefix, WORKER_STALE_S)
     # A prefork pool runs `concurrency` segments at once, a batching pool `batch` to a
-    # forward pass: the admission's wait estimate counts each (Farm.expected_wait_s).
+    # forward pass: the admission's wait estimate counts each (Backlog.expected_wait_s).
     runs_model = queue not in (BOOK_QUEUE, QUALITY_QUEUE)  # these pools run no voice model
     # Warmed once per child of a prefork pool, once in the only process otherwise.
     warm = WarmCount(concurrency if pool == "prefork" and runs_model else int(runs_model))

@@ -132,7 +132,7 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
                                versions.get(seg_voice, ""))
             body = asdict(spec)
             # Kept first: a message the broker loses in a restart is published again from
-            # it (`Farm.resume_lost_jobs`).
+            # it (`Sweeps.resume_lost_jobs`).
             jobs.note_spec(job_id, body)
             try:
                 publish_segments(celery, [body])
@@ -141,7 +141,7 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
             if published is not None:
                 published()
             # After the publish: a worker that took it first has marked it taken already.
-            jobs.mark_queued(job_id, "acoustic", seg.index)
+            jobs.ledger.mark_queued(job_id, "acoustic", seg.index)
             count += 1
     except BaseException as exc:  # a failed publish, the frontend, the client leaving
         if job_id is not None:
@@ -217,7 +217,7 @@ def hand_over(celery: Celery, task_name: str, args: tuple, kwargs: dict, *,
               queue: str, chain: list | None = None) -> None:
     """Publish a segment stage again, as it came (`args`, `kwargs`, the rest of its `chain`),
     on `queue`: a CPU pool's overflow queue, or the stage's own where another GPU worker has
-    room (`Farm.room_for`). The caller counts the hand-overs in `kwargs` (tasks/segments.py:
+    room (`Liveness.room_for`). The caller counts the hand-overs in `kwargs` (tasks/segments.py:
     the GPU memory rule)."""
     celery.send_task(task_name, args=args, kwargs=kwargs, queue=queue, chain=chain or None)
 

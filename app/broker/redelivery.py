@@ -20,7 +20,7 @@ kill never reached `unacked` (kombu pops, then notes it, in two commands), and a
 written once a second can lose a publish, a delivery note or an in-flight note the broker
 had already answered. So the farm records each run of the broker (`note_run`), and after a
 restart the acoustic pool looks for the segments of the jobs accepted before it
-(`Farm.resume_lost_jobs`): `segments_on_broker` tells which are waiting on a queue or held
+(`Sweeps.resume_lost_jobs`): `segments_on_broker` tells which are waiting on a queue or held
 since the restart, and which sit in `unacked` from a delivery before it (no live worker can
 ack those: they are restored); the rest are published again from the specs the web kept.
 

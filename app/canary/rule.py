@@ -78,7 +78,7 @@ def share_point(job_id: str) -> float:
 
 
 def _range_error(name: str, value: float, lo: float, hi: float) -> str | None:
-    """The admin API's words for a value out of [lo, hi] (web/schemas.py `Range`), so the
+    """The admin API's words for a value out of [lo, hi] (web/schemas/fields.py `Range`), so the
     CLI says what the API says; NaN and the infinities fail every bound."""
     return None if lo <= value <= hi else f"'{name}' must be between {lo} and {hi}"
 

@@ -194,7 +194,7 @@ def _cancel_last_runs_streams(sup: Supervisor, settings) -> None:
     from app.farm import Farm  # the web and workers' whole stack, only for `up`
 
     try:
-        canceled = Farm(settings).cancel_every_stream()
+        canceled = Farm(settings).sweeps.cancel_every_stream()
     except redis.RedisError as exc:  # the sweep cancels them once a lease period has passed
         sup.echo(f"could not cancel the last run's streams: {exc}", err=True)
         return

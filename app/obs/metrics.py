@@ -174,9 +174,9 @@ class FarmCollector:
                                     labels=["queue"])
         try:
             for q in self.queues:
-                depth.add_metric([q], self.farm.queue_depth(q))
+                depth.add_metric([q], self.farm.backlog.queue_depth(q))
             for q in self.queues:
-                workers.add_metric([q], len(self.farm.live_workers(q)))
+                workers.add_metric([q], len(self.farm.liveness.live_workers(q)))
         except Exception as exc:  # Redis down: say so, and export no stale figures
             log.warning("metrics scrape could not read Redis: %s", exc)
             up.add_metric([], 0)

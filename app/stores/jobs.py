@@ -13,18 +13,9 @@ compute as far as the window counts are known. The job's segment count may be op
 the web still segments the text (`total` is -1 until `seal`): segments are published as the
 frontend yields them, and the job is done once it is sealed and every window is stored.
 
-The admission ledger (`mark_queued`, `take`, and every move to canceled or failed): admission
-counts the segments that will run, which is the queue depth the broker reports less the
-messages of jobs that stopped (`{p}:admission` dead:STAGE). Each job keeps, per stage and
-segment, whether a message of it waits ("p") or a worker took it ("t"), and how many wait
-("n:STAGE"). A publish marks "p" once it is sent (a second mark, or one after the take, is a
-no-op); a worker's first take of it turns it "t" (a redelivered or retried message finds
-"t" and changes nothing, so nothing is counted off twice); the move that stops a job adds its
-waiting count to the stage's dead count, and a take of a stopped job's message counts it off
-again. A message the farm did not see published (one a crashed worker's visibility timeout
-put back, a retry, a hand-over) is never "p": it counts as live work until it is taken, the
-safe side of every race here. Each of these is one Lua step, cheap for admission to read: two
-counters, no walk of a queue.
+The admission ledger (`jobs.ledger`: what of each job waits on the queues, which every move to
+canceled or failed settles) is app/stores/ledger.py; the store's other Lua scripts are
+app/stores/job_scripts.py; placing chunks and words on the job's timeline, app/stores/job_audio.py.
 
 At rest each chunk's PCM is sealed (app/security/sealing.py), bound to its hash's key name and its
 field, so a chunk copied to another place or another job fails to open. A chunk that fails
@@ -43,182 +34,16 @@ import math
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
 
-from app.broker.celery_app import ACOUSTIC_QUEUE, VOCODER_QUEUE
 from app.security.sealing import MAGIC, Sealer
+from app.stores.job_audio import Chunk, place_words, segment_starts, window_count, window_counts
+from app.stores.job_scripts import CLAIM_LAPSED, END_LEASE, EVENTS_MAXLEN, SEAL, STORE_WINDOW
 from app.stores.keys import Keys
-from app.stores.states import JOB_FINAL, JOB_LIVE, JobState, Transition, lua
-
-# Events streams are wake-up signals, not a log: a few hundred entries is plenty.
-EVENTS_MAXLEN = 500
-
-# KEYS: job_keys. ARGV: segment, window, pcm, now, ttl, samples, events maxlen,
-# "count:window_frames" the writer plans (used when the segment has none yet), the window's
-# timing JSON ('' for none: a writer from before word timestamps), the whole segment's
-# samples (0 if unknown).
-_STORE_WINDOW = lua("""
-local segment = ARGV[1]
-local window = ARGV[2]
-local pcm = ARGV[3]
-local now = ARGV[4]
-local ttl = ARGV[5]
-local samples = ARGV[6]
-local events_maxlen = ARGV[7]
-local planned = ARGV[8]
-local timing = ARGV[9]
-local segment_samples = ARGV[10]
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return -2 end
-if state == '$CANCELED' or state == '$FAILED' then return -1 end
-redis.call('HSETNX', KEYS[5], segment, planned)
-local plan = redis.call('HGET', KEYS[5], segment)
-local count = tonumber(string.match(plan, '^(%d+)'))
-local field = segment .. ':' .. window
-redis.call('HSET', KEYS[2], field, pcm)
-if timing and timing ~= '' then redis.call('HSET', KEYS[7], field, timing) end
-if segment_samples and segment_samples ~= '0' then
-  redis.call('HSETNX', KEYS[1], 'segment_samples_' .. segment, segment_samples)
-end
-if redis.call('SADD', KEYS[3], field) == 1 then
-  redis.call('HINCRBY', KEYS[1], 'audio_samples_' .. segment, samples)
-  if segment == '0' and window == '0' then
-    redis.call('HSETNX', KEYS[1], 'first_chunk_at', now)
-  end
-  if redis.call('HINCRBY', KEYS[6], segment, 1) == count then
-    redis.call('HINCRBY', KEYS[1], 'done', 1)
-  end
-end
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'chunk', field)
-local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
-local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
-if total >= 0 and done >= total and state ~= '$DONE' then
-  redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now)
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'state', '$DONE')
-end
-for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
-return done
-""", JobState)
-
-# KEYS: job_keys. ARGV: total, now, events maxlen. Closes the job's segment count; the job
-# is done at once if every segment is already stored.
-_SEAL = lua("""
-local total_in = ARGV[1]
-local now = ARGV[2]
-local events_maxlen = ARGV[3]
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return -2 end
-redis.call('HSET', KEYS[1], 'total', total_in)
-local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
-if (state == '$QUEUED' or state == '$RUNNING') and done >= tonumber(total_in) then
-  redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now)
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'state', '$DONE')
-end
-return done
-""", JobState)
-
-# The ledger's kinds of segment message, each with the stage whose lead and main queues hold
-# it (admission counts those): a segment's acoustic message, its vocoder message, and the rest
-# of its vocoder stage after it gave way to listeners (tasks/segments.py), on the vocoder lead
-# queue. A segment has at most one of each that the farm publishes itself.
-LEDGER_STAGES = {"acoustic": ACOUSTIC_QUEUE, "vocoder": VOCODER_QUEUE, "rest": VOCODER_QUEUE}
-
-
-def dead_field(stage: str) -> str:
-    """The `{p}:admission` field counting a stage's queued messages of stopped jobs."""
-    return f"dead:{stage}"
-
-
-# KEYS: job record, its ledger, the admission hash. ARGV: kind, segment, dead field, ttl.
-# A message of the segment was just sent: "p", once; a stopped job's message is dead at once.
-_MARK_QUEUED = lua("""
-local kind = ARGV[1]
-local segment = ARGV[2]
-local dead_field = ARGV[3]
-local ttl = ARGV[4]
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return 0 end
-if redis.call('HSETNX', KEYS[2], kind .. ':' .. segment, 'p') == 0 then return 0 end
-redis.call('HINCRBY', KEYS[2], 'n:' .. kind, 1)
-redis.call('EXPIRE', KEYS[2], ttl)
-if state == '$CANCELED' or state == '$FAILED' then
-  redis.call('HINCRBY', KEYS[3], dead_field, 1)
-end
-return 1
-""", JobState)
-
-# KEYS: job record, its ledger, the admission hash, its events stream. ARGV: kind, segment,
-# dead field, ttl, '1' to move a queued job to running, now, events maxlen. A worker took a
-# message of the segment: the first take counts it off; returns the job's state (nil: gone).
-_TAKE = lua("""
-local kind = ARGV[1]
-local segment = ARGV[2]
-local dead_field = ARGV[3]
-local ttl = ARGV[4]
-local run = ARGV[5]
-local now = ARGV[6]
-local events_maxlen = ARGV[7]
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return false end
-local field = kind .. ':' .. segment
-local was = redis.call('HGET', KEYS[2], field)
-if was ~= 't' then
-  redis.call('HSET', KEYS[2], field, 't')
-  redis.call('EXPIRE', KEYS[2], ttl)
-  if was == 'p' then
-    redis.call('HINCRBY', KEYS[2], 'n:' .. kind, -1)
-    if (state == '$CANCELED' or state == '$FAILED')
-        and tonumber(redis.call('HGET', KEYS[3], dead_field) or '0') > 0 then
-      redis.call('HINCRBY', KEYS[3], dead_field, -1)
-    end
-  end
-end
-if run == '1' and state == '$QUEUED' then
-  redis.call('HSET', KEYS[1], 'state', '$RUNNING', 'started_at', now)
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'state', '$RUNNING')
-  redis.call('EXPIRE', KEYS[4], redis.call('TTL', KEYS[1]))
-  state = '$RUNNING'
-end
-return state
-""", JobState)
-
-# Run by the job's state transition (app/stores/states.py) right after a move, KEYS[3..5] being its
-# ledger, the admission hash and the listener leases: a job that stops takes what of it waits
-# off the live work, and has no listener to keep.
-_ON_STOP = lua("""
-    if to_state == '$CANCELED' or to_state == '$FAILED' then
-      local n = redis.call('HMGET', KEYS[3], 'n:acoustic', 'n:vocoder', 'n:rest')
-      local acoustic = tonumber(n[1] or '0')
-      local vocoder = tonumber(n[2] or '0') + tonumber(n[3] or '0')
-      if acoustic > 0 then redis.call('HINCRBY', KEYS[4], 'dead:acoustic', acoustic) end
-      if vocoder > 0 then redis.call('HINCRBY', KEYS[4], 'dead:vocoder', vocoder) end
-      redis.call('ZREM', KEYS[5], redis.call('HGET', KEYS[1], 'id'))
-    end
-""", JobState)
-
-# KEYS: the listener leases. ARGV: now, how many at most. Claims (removes) the leases that
-# lapsed and returns their job ids.
-_CLAIM_LAPSED = """
-local now = ARGV[1]
-local limit = ARGV[2]
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
-if #ids > 0 then redis.call('ZREM', KEYS[1], unpack(ids)) end
-return ids
-"""
-
-# KEYS: the listener leases, the job record. ARGV: the job id. A stream that ended lets go of
-# its lease once its job is over (a live job keeps it until it lapses: the sweep then cancels
-# it, should the web that ended the stream not have done so).
-_END_LEASE = lua("""
-local job_id = ARGV[1]
-local state = redis.call('HGET', KEYS[2], 'state')
-if not state or state == '$DONE' or state == '$CANCELED' or state == '$FAILED' then
-  redis.call('ZREM', KEYS[1], job_id)
-end
-""", JobState)
+from app.stores.ledger import ON_STOP, AdmissionLedger
+from app.stores.states import JOB_FINAL, JOB_LIVE, JobState, Transition
 
 UNPUBLISHED_ERROR = "the web process stopped before the job's segments were all queued"
 STALLED_ERROR = ("no progress for {s:.0f} s: its segments were lost (a broker failure?) and "
@@ -226,57 +51,7 @@ STALLED_ERROR = ("no progress for {s:.0f} s: its segments were lost (a broker fa
 REFUSED_ERROR = ("chunk {name} of the job's audio failed to open at rest ({reason}: "
                  "tampered, or sealed with a key no longer configured); it is never played")
 
-
-@dataclass
-class Chunk:
-    index: int  # the chunk's place in the job's audio: 0, 1, 2, ...
-    pcm: bytes  # 16-bit little-endian mono
-    segment: int = 0
-    window: int = 0
-    segment_end: bool = True  # the segment's last window (its pause included)
-    # Where the chunk starts on the job's timeline (seconds; None where an earlier
-    # segment's length is not known yet), and the words that start in it, on that timeline:
-    # {"word", "start", "end", "text_start"?, "text_end"?}.
-    start_s: float | None = None
-    words: list[dict] = field(default_factory=list)
-
-
-def segment_starts(lengths: dict[int, int], last: int) -> dict[int, int]:
-    """Where each segment up to `last` starts on the job's timeline, in samples, as far as
-    the lengths of the segments before it are known."""
-    starts, at = {}, 0
-    for segment in range(last + 1):
-        starts[segment] = at
-        if segment not in lengths:
-            break
-        at += lengths[segment]
-    return starts
-
-
-def place_words(timing: dict | None, segment_start: int | None, rate: int) -> tuple[
-        float | None, list[dict]]:
-    """A chunk's stored timing (segment-relative) put on the job's timeline, which its
-    segment joins at sample `segment_start`: (chunk start in seconds, its words)."""
-    if segment_start is None or not rate:
-        return None, []
-    offset = segment_start / rate
-    start = round(offset + (timing or {}).get("start", 0) / rate, 3)
-    words = [{**w, "start": round(offset + w["start"], 3), "end": round(offset + w["end"], 3)}
-             for w in (timing or {}).get("words", [])]
-    return start, words
-
-
 OPEN_TOTAL = -1  # a job's segment count while the web still segments its text
-
-
-def _window_count(plan: bytes) -> int:
-    """The window count of a segment's stored plan ("count:window_frames")."""
-    return int(plan.split(b":")[0])
-
-
-def _window_counts(plans: dict[bytes, bytes]) -> dict[int, int]:
-    """segment -> window count, from a job's windows hash."""
-    return {int(k): _window_count(v) for k, v in plans.items()}
 
 
 class JobStore:
@@ -290,13 +65,13 @@ class JobStore:
         self.waiting = waiting or r
         self.keys = keys
         self.ttl_s = ttl_s
-        self._store_window = r.register_script(_STORE_WINDOW)
-        self._seal = r.register_script(_SEAL)
-        self._transition = Transition(r, on_move=_ON_STOP)
-        self._mark_queued = r.register_script(_MARK_QUEUED)
-        self._take = r.register_script(_TAKE)
-        self._claim_lapsed = r.register_script(_CLAIM_LAPSED)
-        self._end_lease = r.register_script(_END_LEASE)
+        self._store_window = r.register_script(STORE_WINDOW)
+        self._seal = r.register_script(SEAL)
+        self._transition = Transition(r, on_move=ON_STOP)
+        # What of each job waits on the queues, for admission (app/stores/ledger.py).
+        self.ledger = AdmissionLedger(r, keys, ttl_s)
+        self._claim_lapsed = r.register_script(CLAIM_LAPSED)
+        self._end_lease = r.register_script(END_LEASE)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -390,7 +165,7 @@ class JobStore:
             p.hgetall(self.keys.windows(job_id))
             p.hgetall(self.keys.windows_done(job_id))
             plans, stored = p.execute()
-        counts = _window_counts(plans)
+        counts = window_counts(plans)
         stored = {int(k): int(v) for k, v in stored.items()}
         return [s for s in range(total) if s not in counts or stored.get(s, 0) < counts[s]]
 
@@ -427,36 +202,6 @@ class JobStore:
                                 events_maxlen=EVENTS_MAXLEN,
                                 extra_keys=(self.keys.queued(job_id), self.keys.admission,
                                             self.keys.listened), **fields)
-
-    # -- the admission ledger (see the module docstring) ----------------------------------
-
-    def mark_queued(self, job_id: str, kind: str, segment: int) -> None:
-        """A message of the segment's `kind` (LEDGER_STAGES) was just sent to its stage's
-        lead or main queue."""
-        self._mark_queued(keys=[self.keys.job(job_id), self.keys.queued(job_id),
-                                self.keys.admission],
-                          args=[kind, segment, dead_field(LEDGER_STAGES[kind]), self.ttl_s])
-
-    def take(self, job_id: str, kind: str, segment: int, run: bool = False) -> str | None:
-        """A worker took a message of the segment's `kind`; with `run`, a queued job turns
-        running. Returns the job's state (None: unknown or expired), which says whether the
-        segment is still wanted."""
-        state = self._take(keys=[self.keys.job(job_id), self.keys.queued(job_id),
-                                 self.keys.admission, self.keys.events(job_id)],
-                           args=[kind, segment, dead_field(LEDGER_STAGES[kind]), self.ttl_s,
-                                 "1" if run else "0", repr(time.time()), EVENTS_MAXLEN])
-        return state.decode() if state else None
-
-    def segments_waiting(self, job_id: str) -> dict[str, int]:
-        """How many of the job's messages wait, by kind, as far as the ledger knows."""
-        raw = self.r.hmget(self.keys.queued(job_id), [f"n:{k}" for k in LEDGER_STAGES])
-        return {k: int(v or 0) for k, v in zip(LEDGER_STAGES, raw, strict=True)}
-
-    def dead_segments(self) -> dict[str, int]:
-        """Messages of stopped jobs on each stage's lead and main queues, as counted."""
-        stages = dict.fromkeys(LEDGER_STAGES.values())
-        raw = self.r.hmget(self.keys.admission, [dead_field(s) for s in stages])
-        return {s: int(v or 0) for s, v in zip(stages, raw, strict=True)}
 
     # -- listener leases (app/stores/listeners.py holds and renews them) ---------------------------
 
@@ -595,7 +340,7 @@ class JobStore:
         """The job's chunks in order as (segment, window, segment's last window), as far as
         window counts are known, and whether that is all of them (sealed, and every
         segment's count known)."""
-        counts = _window_counts(self.r.hgetall(self.keys.windows(job_id)))
+        counts = window_counts(self.r.hgetall(self.keys.windows(job_id)))
         order: list[tuple[int, int, bool]] = []
         segment = 0
         while segment in counts:
@@ -680,7 +425,7 @@ class JobStore:
         raw = self.r.hget(self.keys.windows(job_id), segment)
         if raw is None:
             return None
-        names = [f"{segment}:{w}" for w in range(_window_count(raw))]
+        names = [f"{segment}:{w}" for w in range(window_count(raw))]
         pieces = []
         for name, sealed in zip(names, self.r.hmget(self.keys.chunks(job_id), names),
                                 strict=True):

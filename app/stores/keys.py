@@ -14,7 +14,7 @@ Layout (prefix `vf` by default):
                                  publishes again when a broker restart lost its message)
     {p}:job:{id}:queued   hash   the job's share of the admission ledger: "STAGE:segment" ->
                                  "p" (a message of it waits on STAGE's queues) or "t" (taken
-                                 by a worker), and "n:STAGE" -> how many wait (app/stores/jobs.py)
+                                 by a worker), and "n:STAGE" -> how many wait (app/stores/ledger.py)
     {p}:mel:{hash}        string a cached mel spectrogram (TTL)
     {p}:mel:{hash}:refs   string segments between their two stages that need that mel
     {p}:mel:{hash}:durations string what word times come from (uint16s): a neural voice's

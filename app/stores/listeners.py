@@ -10,7 +10,7 @@ ends hands its job back (`release`); the web cancels it if the client left, and 
 is over lets go of its lease.
 
 When the web process dies (killed, or stopped with its streams open), nobody renews its
-leases: they lapse, and the sweep (`Farm.sweep_unlistened`: the acoustic pool's heartbeat,
+leases: they lapse, and the sweep (`Sweeps.sweep_unlistened`: the acoustic pool's heartbeat,
 and admission whenever a lease has lapsed) cancels those jobs, so their queued segments
 neither render nor count against new work. A REST job (`POST /v1/jobs`) is polled, not
 listened to: it has no lease, and nobody polling it is no reason to cancel it.
@@ -18,10 +18,10 @@ listened to: it has no lease, and nobody polling it is no reason to cancel it.
 A lease also lapses while the store is away (restarted, or out of reach), though the web
 that holds it is alive: it cannot renew what it cannot reach. So a lapsed lease proves a
 dead listener only once the store has been up, and the sweeper in touch with it, for a whole
-lease period (`Farm.leases_tell`): by then every live web process has renewed its leases at
+lease period (`Sweeps.leases_tell`): by then every live web process has renewed its leases at
 least twice. `StoreContact` is a process's own record of that touch. A farm that `voxfarm up`
 starts on its own embedded Redis has no live web yet, so it cancels every stream job at
-start (`Farm.cancel_every_stream`) and takes new work at once.
+start (`Sweeps.cancel_every_stream`) and takes new work at once.
 
 Concurrency: one `ListenerLeases` per Farm per process. Under gunicorn's gevent workers the
 stream handlers are greenlets and the renewer a greenlet too (threading is monkey-patched

@@ -2,7 +2,7 @@
 worker popped in the moment before the kill (kombu pops, then notes it in `unacked`, in two
 commands), or one inside the last writes the AOF had not saved. After the restart the
 acoustic pool's heartbeat finds what a job accepted before it lost, and queues exactly that
-again (`Farm.resume_lost_jobs`). Here the restart's damage is laid out by hand on a real
+again (`Sweeps.resume_lost_jobs`). Here the restart's damage is laid out by hand on a real
 Redis broker, with real kombu messages and no workers to take them; test_supervisor.py
 kills a real Redis under `voxfarm up`."""
 
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.broker.redelivery import Redelivery
-from app.farm import JOB_QUEUES
+from app.services.sweeps import JOB_QUEUES
 from tests.brokers import use_amqp
 from tests.helpers import running_farm
 
@@ -77,7 +77,7 @@ def test_segments_a_broker_restart_lost_are_queued_again_each_once(redis_url, tm
         assert set(waiting_messages(r)) == {(before, i) for i in range(4)}
         lost = take_message(r, before, 1)
         time.sleep(1.2)
-        assert farm.resume_lost_jobs(broker) == []  # no restart seen: nothing can be lost
+        assert farm.sweeps.resume_lost_jobs(broker) == []  # no restart seen: nothing can be lost
 
         restart = time.time()
         assert broker.note_run(run_id + "-restarted", restart) == restart
@@ -89,7 +89,7 @@ def test_segments_a_broker_restart_lost_are_queued_again_each_once(redis_url, tm
         take_message(r, after, 0)
         time.sleep(1.2)
 
-        assert farm.resume_lost_jobs(broker) == [(before, 1, 1)]
+        assert farm.sweeps.resume_lost_jobs(broker) == [(before, 1, 1)]
         waiting = waiting_messages(r)
         assert {k: len(v) for k, v in waiting.items()} == {
             **{(before, i): 1 for i in (0, 1, 2)}, **{(after, i): 1 for i in (1, 2, 3)}}
@@ -102,7 +102,7 @@ def test_segments_a_broker_restart_lost_are_queued_again_each_once(redis_url, tm
         assert r.hlen("unacked") == 1  # the live worker's
         assert farm.jobs.get(before)["resumes"] == 1
 
-        assert farm.resume_lost_jobs(broker) == []  # it progressed: resumed just now
+        assert farm.sweeps.resume_lost_jobs(broker) == []  # it progressed: resumed just now
         time.sleep(1.2)
-        assert farm.resume_lost_jobs(broker) == []  # all of it waiting or held: left alone
+        assert farm.sweeps.resume_lost_jobs(broker) == []  # all of it waiting or held: left alone
         assert sum(map(len, waiting_messages(r).values())) == 6

@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from app.farm import LISTENER_GONE
+from app.services.sweeps import LISTENER_GONE
 from tests import wsclient
 from tests.e2e.test_streaming import events_until, ws_url
 from tests.helpers import gunicorn_server, job_ids, running_farm, wait_until
@@ -98,7 +98,7 @@ def test_a_listener_that_waits_long_keeps_its_job(farm3, web):
     first = wait_until(lambda: lease_of(farm3, job_id), 10, "the job has no lease")
     wait_until(lambda: (lease_of(farm3, job_id) or 0) > first + 2 * LEASE_S, 30,
                "the lease was not renewed for two of its lives")
-    assert farm3.farm.sweep_unlistened() == []
+    assert farm3.farm.sweeps.sweep_unlistened() == []
     assert state_of(farm3, job_id) == "queued"
     sock.close()
     wait_until(lambda: state_of(farm3, job_id) == "canceled", 15, "not canceled on leaving")
@@ -130,7 +130,7 @@ def test_a_restarted_web_cancels_the_streams_it_lost_and_takes_new_work(farm3, t
         wait_until(lambda: tickets_lapsed(farm3), 10, "the admission ticket never lapsed")
         rest = requests.post(f"{old}/v1/jobs", json={"text": "A polled job stays."},
                              timeout=30).json()
-        assert farm3.farm.live_depth("acoustic") == 5  # 2 + 2 + 1: the farm is full
+        assert farm3.farm.backlog.live_depth("acoustic") == 5  # 2 + 2 + 1: the farm is full
         os.killpg(procs[0].pid, signal.SIGKILL)  # the web dies with its streams open
         procs[0].wait()
     stream.close()

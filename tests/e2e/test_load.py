@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from app.farm import BOOK_STALLED_ERROR
+from app.services.sweeps import BOOK_STALLED_ERROR
 from app.stores.jobs import STALLED_ERROR, UNPUBLISHED_ERROR
 from app.stores.states import JOB_FINAL, BookState, JobState
 from tests.helpers import gunicorn_server, job_ids, running_farm, wait_until
@@ -65,7 +65,7 @@ def wait_all_final(tf, timeout_s: float = 180) -> dict[str, dict]:
         if not open_jobs:
             return jobs
         if time.monotonic() > deadline:
-            depths = {q: tf.farm.queue_depth(q) for q in ("acoustic", "vocoder")}
+            depths = {q: tf.farm.backlog.queue_depth(q) for q in ("acoustic", "vocoder")}
             raise AssertionError(f"jobs never finished: {open_jobs}; queue depths {depths}")
         time.sleep(0.5)
 
@@ -198,12 +198,12 @@ def test_a_job_whose_web_died_mid_submit_is_failed_by_the_sweeper(redis_url, tmp
     with running_farm(redis_url, 12, tmp_path, workers=False, publish_grace_s=1) as tf:
         job = tf.farm.jobs.create(total=3, voice="en-us", speed=1.0, fmt="wav", chars=10,
                                   sample_rate=22050)
-        assert tf.farm.sweep_unpublished() == []  # too young: it may still be publishing
+        assert tf.farm.sweeps.sweep_unpublished() == []  # too young: it may still be publishing
         time.sleep(1.2)
-        assert tf.farm.sweep_unpublished() == [job["id"]]
+        assert tf.farm.sweeps.sweep_unpublished() == [job["id"]]
         after = tf.farm.jobs.get(job["id"])
         assert after["state"] == JobState.FAILED and after["error"] == UNPUBLISHED_ERROR
-        assert tf.farm.sweep_unpublished() == []  # forgotten once failed
+        assert tf.farm.sweeps.sweep_unpublished() == []  # forgotten once failed
         # A published job is never swept, however old.
         ok = tf.farm.jobs.create(total=1, voice="en-us", speed=1.0, fmt="wav", chars=10,
                                  sample_rate=22050)
@@ -212,7 +212,7 @@ def test_a_job_whose_web_died_mid_submit_is_failed_by_the_sweeper(redis_url, tmp
         # grace period had passed for both, so only publishing spared the first.
         control = tf.farm.jobs.create(total=1, voice="en-us", speed=1.0, fmt="wav", chars=10,
                                       sample_rate=22050)
-        wait_until(lambda: tf.farm.sweep_unpublished() == [control["id"]], 10,
+        wait_until(lambda: tf.farm.sweeps.sweep_unpublished() == [control["id"]], 10,
                    "the unpublished control job was never swept")
         assert tf.farm.jobs.get(ok["id"])["state"] == "queued"
 
@@ -240,16 +240,16 @@ def test_a_job_without_progress_is_failed_with_the_reason_and_one_progressing_is
             return job
 
         lost, alive = published(), published()
-        assert tf.farm.sweep_stalled() == []  # too young
+        assert tf.farm.sweeps.sweep_stalled() == []  # too young
         time.sleep(1.2)
         tf.farm.jobs.store_window(alive["id"], 0, 0, b"\0\0" * 100, (1, 64))
-        assert tf.farm.sweep_stalled() == [lost["id"]]
+        assert tf.farm.sweeps.sweep_stalled() == [lost["id"]]
         after = tf.farm.jobs.get(lost["id"])
         assert after["state"] == JobState.FAILED
         assert after["error"] == STALLED_ERROR.format(s=1)
         assert tf.farm.jobs.get(alive["id"])["state"] in (JobState.QUEUED, JobState.RUNNING)
         time.sleep(1.2)
-        assert tf.farm.sweep_stalled() == [alive["id"]]  # until it too stops moving
+        assert tf.farm.sweeps.sweep_stalled() == [alive["id"]]  # until it too stops moving
 
 
 def test_a_stalled_book_is_resumed_a_few_times_then_failed_with_the_reason(
@@ -270,22 +270,23 @@ def test_a_stalled_book_is_resumed_a_few_times_then_failed_with_the_reason(
             return name
 
         lost, alive = rendering("lost-book"), rendering("alive-book")
-        assert tf.farm.sweep_stalled_books() == []  # too young
+        assert tf.farm.sweeps.sweep_stalled_books() == []  # too young
         for n in (1, 2):
             time.sleep(1.2)
             books.store_segment(alive, n - 1, 0, n - 1, b"\0\0" * 10)
             # Each resume publishes its feeder, which no worker here takes: lost again.
-            assert tf.farm.sweep_stalled_books() == [(lost, "resumed")], n
+            assert tf.farm.sweeps.sweep_stalled_books() == [(lost, "resumed")], n
         time.sleep(1.2)
         books.store_segment(alive, 2, 0, 2, b"\0\0" * 10)  # its last: assembling now
-        assert tf.farm.sweep_stalled_books() == [(lost, "failed")]
+        assert tf.farm.sweeps.sweep_stalled_books() == [(lost, "failed")]
         failed = books.get(lost)
         assert failed["state"] == BookState.FAILED
         assert failed["error"] == {"message": BOOK_STALLED_ERROR.format(s=1, n=2),
                                    "chapter": None, "text": None}
         assert books.get(alive)["state"] == BookState.ASSEMBLING
         time.sleep(1.2)
-        assert tf.farm.sweep_stalled_books() == []  # failed: forgotten; assembling: waited on
+        # failed: forgotten; assembling: waited on
+        assert tf.farm.sweeps.sweep_stalled_books() == []
         assert tf.farm.redis.zrange(tf.farm.keys.books_progress, 0, -1) == [alive.encode()]
 
 

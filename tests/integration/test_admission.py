@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.broker.celery_app import VOCODER_TASK
-from app.farm import LISTENER_GONE
+from app.services.sweeps import LISTENER_GONE
 from tests.helpers import job_ids, running_farm, wait_until
 
 pytestmark = pytest.mark.integration
@@ -54,7 +54,7 @@ def test_a_job_past_the_segment_cap_is_413_and_queues_nothing(redis_url, tmp_pat
         err = error(post_phonemes(client, 10_000), 413, "too_many_segments")
         assert err["limit"] == cap and err["field"] == "phonemes"
         assert "/v1/books" in err["message"]
-        assert tf.farm.stage_depth("acoustic") == 0 and job_ids(tf.farm) == set()
+        assert tf.farm.backlog.stage_depth("acoustic") == 0 and job_ids(tf.farm) == set()
         # The cap itself is a job.
         ok = post_phonemes(client, cap)
         assert ok.status_code == 202 and ok.get_json()["segments"]["total"] == cap
@@ -74,8 +74,8 @@ def test_text_found_past_the_cap_fails_its_job_and_its_queued_segments_do_not_co
         (job_id,) = job_ids(tf.farm)
         job = tf.farm.jobs.get(job_id)
         assert job["state"] == "failed" and "more than 4 segments" in job["error"]
-        assert tf.farm.stage_depth("acoustic") == 4
-        assert tf.farm.jobs.dead_segments()["acoustic"] == 4
+        assert tf.farm.backlog.stage_depth("acoustic") == 4
+        assert tf.farm.jobs.ledger.dead_segments()["acoustic"] == 4
         # 4 dead + 2 would pass the bound of 5; live, 2 fit.
         wait_until(lambda: tickets_lapsed(tf), 10, "the admission ticket never lapsed")
         assert post_phonemes(client, 2).status_code == 202
@@ -93,7 +93,7 @@ def test_a_job_counts_its_own_segments_against_the_bound(redis_url, tmp_path):
         assert resp.headers["Retry-After"] == str(tf.settings.retry_after_s)
         assert err["message"] == ("the farm is busy: 8 segments are waiting for the acoustic "
                                   "stage; this job has 3, and the bound is 10")
-        assert job_ids(tf.farm) == before and tf.farm.stage_depth("acoustic") == 8
+        assert job_ids(tf.farm) == before and tf.farm.backlog.stage_depth("acoustic") == 8
         assert post_phonemes(client, 2).status_code == 202  # 8 + 2 fit
 
 
@@ -107,15 +107,15 @@ def test_a_canceled_jobs_queued_segments_neither_count_nor_block(redis_url, tmp_
         err = error(post_phonemes(client, 2), 503, "overloaded")
         assert "99 segments are waiting for the acoustic stage" in err["message"]
         assert client.delete(f"/v1/jobs/{big['id']}").status_code == 200
-        assert tf.farm.stage_depth("acoustic") == 99  # still queued, and dead
-        assert tf.farm.live_depth("acoustic") == 0
+        assert tf.farm.backlog.stage_depth("acoustic") == 99  # still queued, and dead
+        assert tf.farm.backlog.live_depth("acoustic") == 0
         assert post_phonemes(client, 2).status_code == 202
         # The wait estimate counts live work too: 99 dead segments at a second each would be
         # far past the 5 s bound; the 2 live ones are not.
-        tf.farm.record_run("acoustic", 1.0)
-        tf.farm.record_run("vocoder", 1.0)
+        tf.farm.backlog.record_run("acoustic", 1.0)
+        tf.farm.backlog.record_run("vocoder", 1.0)
         wait_until(lambda: tickets_lapsed(tf), 10, "the admission ticket never lapsed")
-        assert tf.farm.expected_wait_s() == pytest.approx(2.0)
+        assert tf.farm.backlog.expected_wait_s() == pytest.approx(2.0)
         assert post_phonemes(client, 1).status_code == 202
 
 
@@ -131,10 +131,10 @@ def test_a_wait_refusal_names_the_segments_of_both_stages(redis_url, tmp_path):
             spec = {"job_id": job["id"], "index": index, "phonemes": "ə", "voice":
                     tf.settings.default_voice, "speed": 1.0, "pause_ms": 0}
             tf.farm.celery.send_task(VOCODER_TASK, args=("no-features", spec))
-            tf.farm.jobs.mark_queued(job["id"], "vocoder", index)
-        assert tf.farm.stage_depth("vocoder") == 6
-        tf.farm.record_run("acoustic", 0.5)
-        tf.farm.record_run("vocoder", 2.0)
+            tf.farm.jobs.ledger.mark_queued(job["id"], "vocoder", index)
+        assert tf.farm.backlog.stage_depth("vocoder") == 6
+        tf.farm.backlog.record_run("acoustic", 0.5)
+        tf.farm.backlog.record_run("vocoder", 2.0)
         wait_until(lambda: tickets_lapsed(tf), 10, "the admission ticket never lapsed")
         resp = post_phonemes(client, 1)
         err = error(resp, 503, "overloaded")
@@ -144,7 +144,7 @@ def test_a_wait_refusal_names_the_segments_of_both_stages(redis_url, tmp_path):
         assert resp.headers["Retry-After"] == "10"
         # Once the job is canceled none of it counts, in either stage.
         tf.farm.jobs.cancel(job["id"])
-        assert tf.farm.jobs.dead_segments() == {"acoustic": 1, "vocoder": 6}
+        assert tf.farm.jobs.ledger.dead_segments() == {"acoustic": 1, "vocoder": 6}
         assert post_phonemes(client, 1).status_code == 202
 
 
@@ -156,33 +156,33 @@ def test_the_ledger_counts_each_message_off_once(redis_url, tmp_path):
         jobs = tf.farm.jobs
         job_id = jobs.create(voice="en-us", speed=1.0, fmt="wav", chars=9,
                              sample_rate=22050)["id"]
-        jobs.mark_queued(job_id, "acoustic", 0)
-        jobs.mark_queued(job_id, "acoustic", 0)  # marked twice: one message
-        assert jobs.segments_waiting(job_id) == {"acoustic": 1, "vocoder": 0, "rest": 0}
-        assert jobs.take(job_id, "acoustic", 0, run=True) == "running"
-        assert jobs.take(job_id, "acoustic", 0, run=True) == "running"  # redelivered
-        assert jobs.segments_waiting(job_id)["acoustic"] == 0
+        jobs.ledger.mark_queued(job_id, "acoustic", 0)
+        jobs.ledger.mark_queued(job_id, "acoustic", 0)  # marked twice: one message
+        assert jobs.ledger.segments_waiting(job_id) == {"acoustic": 1, "vocoder": 0, "rest": 0}
+        assert jobs.ledger.take(job_id, "acoustic", 0, run=True) == "running"
+        assert jobs.ledger.take(job_id, "acoustic", 0, run=True) == "running"  # redelivered
+        assert jobs.ledger.segments_waiting(job_id)["acoustic"] == 0
         # A worker quicker than the publisher's mark: the late mark counts nothing.
-        jobs.take(job_id, "vocoder", 0)
-        jobs.mark_queued(job_id, "vocoder", 0)
-        assert jobs.segments_waiting(job_id)["vocoder"] == 0
+        jobs.ledger.take(job_id, "vocoder", 0)
+        jobs.ledger.mark_queued(job_id, "vocoder", 0)
+        assert jobs.ledger.segments_waiting(job_id)["vocoder"] == 0
         for index in (1, 2, 3):
-            jobs.mark_queued(job_id, "acoustic", index)
-        jobs.mark_queued(job_id, "rest", 0)
+            jobs.ledger.mark_queued(job_id, "acoustic", index)
+        jobs.ledger.mark_queued(job_id, "rest", 0)
         assert jobs.cancel(job_id)[0]
         assert not jobs.cancel(job_id)[0]  # a second cancel moves nothing, counts nothing
-        assert jobs.dead_segments() == {"acoustic": 3, "vocoder": 1}
+        assert jobs.ledger.dead_segments() == {"acoustic": 3, "vocoder": 1}
         # A stopped job's message sent after the stop (its chain's next stage) is dead at once.
-        jobs.mark_queued(job_id, "vocoder", 1)
-        assert jobs.dead_segments() == {"acoustic": 3, "vocoder": 2}
+        jobs.ledger.mark_queued(job_id, "vocoder", 1)
+        assert jobs.ledger.dead_segments() == {"acoustic": 3, "vocoder": 2}
         # Taken twice (a redelivery), counted off once.
-        assert jobs.take(job_id, "acoustic", 1, run=True) == "canceled"
-        assert jobs.take(job_id, "acoustic", 1, run=True) == "canceled"
-        assert jobs.dead_segments() == {"acoustic": 2, "vocoder": 2}
+        assert jobs.ledger.take(job_id, "acoustic", 1, run=True) == "canceled"
+        assert jobs.ledger.take(job_id, "acoustic", 1, run=True) == "canceled"
+        assert jobs.ledger.dead_segments() == {"acoustic": 2, "vocoder": 2}
         for kind, index in (("acoustic", 2), ("acoustic", 3), ("vocoder", 1), ("rest", 0)):
-            jobs.take(job_id, kind, index)
-        assert jobs.dead_segments() == {"acoustic": 0, "vocoder": 0}
-        assert jobs.segments_waiting(job_id) == {"acoustic": 0, "vocoder": 0, "rest": 0}
+            jobs.ledger.take(job_id, kind, index)
+        assert jobs.ledger.dead_segments() == {"acoustic": 0, "vocoder": 0}
+        assert jobs.ledger.segments_waiting(job_id) == {"acoustic": 0, "vocoder": 0, "rest": 0}
 
 
 def test_a_stream_job_whose_lease_lapsed_is_canceled_and_stops_counting(redis_url, tmp_path):
@@ -217,14 +217,14 @@ def test_a_stream_job_whose_lease_lapsed_is_canceled_and_stops_counting(redis_ur
         assert post_phonemes(client, 1).status_code == 202  # the orphan's 2 no longer count
         assert farm.jobs.get(orphan["id"])["state"] == "canceled"
         assert farm.jobs.get(orphan["id"])["error"] == LISTENER_GONE.format(s=lease)
-        assert farm.jobs.dead_segments()["acoustic"] == 2
+        assert farm.jobs.ledger.dead_segments()["acoustic"] == 2
         assert farm.jobs.state(held["id"]) == "queued"
         assert farm.jobs.state(rest["id"]) == "queued"
-        assert farm.sweep_unlistened() == []
+        assert farm.sweeps.sweep_unlistened() == []
         # Its stream ends without the job done (the web could not cancel it): the lease is
         # no longer renewed, and the sweep cancels the job once it lapsed.
         farm.listeners.release(held["id"])
-        wait_until(lambda: farm.sweep_unlistened() == [held["id"]], 10,
+        wait_until(lambda: farm.sweeps.sweep_unlistened() == [held["id"]], 10,
                    "the released lease never lapsed")
         assert farm.jobs.state(held["id"]) == "canceled"
         assert farm.jobs.state(rest["id"]) == "queued"
@@ -263,11 +263,11 @@ def test_leases_that_lapsed_while_the_store_was_away_cancel_no_live_stream(tmp_p
             # Before: admission swept both streams at once and took both new jobs.
             assert post_phonemes(client, 1).status_code == 202  # 2 + 2 + 1: full
             error(post_phonemes(client, 1), 503, "overloaded")
-            assert farm.sweep_unlistened(in_touch_s=math.inf) is None  # the store is new
+            assert farm.sweeps.sweep_unlistened(in_touch_s=math.inf) is None  # the store is new
             assert farm.jobs.state(live) == farm.jobs.state(orphan) == "queued"
 
             # A lease period on, the live web has renewed; the abandoned lease tells.
-            wait_until(lambda: farm.sweep_unlistened() == [orphan], 10,
+            wait_until(lambda: farm.sweeps.sweep_unlistened() == [orphan], 10,
                        "the abandoned stream was never canceled")
             assert farm.jobs.state(live) == "queued" and lease_of(live) > time.time()
             assert farm.jobs.get(orphan)["error"] == LISTENER_GONE.format(s=lease)
@@ -275,9 +275,9 @@ def test_leases_that_lapsed_while_the_store_was_away_cancel_no_live_stream(tmp_p
             # that stayed up: the outage may have been its own, or the whole network's.
             farm.listeners.release(live)
             wait_until(lambda: lease_of(live) < time.time(), 10, "the lease never lapsed")
-            assert farm.sweep_unlistened(in_touch_s=0.0) is None
+            assert farm.sweeps.sweep_unlistened(in_touch_s=0.0) is None
             assert farm.jobs.state(live) == "queued"
-            assert farm.sweep_unlistened() == [live]
+            assert farm.sweeps.sweep_unlistened() == [live]
     finally:
         server.stop()
 
@@ -299,7 +299,7 @@ def test_a_farm_started_on_its_own_store_cancels_every_stream_of_its_last_run(re
                     for _ in range(3)]
         rest = post_phonemes(client, 1)
         assert rest.status_code == 503  # the farm is full of its last run's streams
-        assert not farm.sweep_unlistened()  # none lapsed: the sweep alone would wait
+        assert not farm.sweeps.sweep_unlistened()  # none lapsed: the sweep alone would wait
         _cancel_last_runs_streams(Supervisor({}), tf.settings)  # what `up` runs at start
         assert "3 stream job(s) of the last run canceled" in capsys.readouterr().out
         assert {farm.jobs.state(j) for j in streamed} == {"canceled"}

@@ -251,7 +251,8 @@ def test_rotation_keeps_serving_what_the_old_key_sealed(sealed_farm, client):
     assert old.status_code == 200 and np.array_equal(wav_pcm(old.data), pcm)
 
     # New work is sealed with B, and served.
-    wait_until(lambda: rotated.live_workers("vocoder") and rotated.live_workers("acoustic"),
+    wait_until(lambda: (rotated.liveness.live_workers("vocoder")
+                        and rotated.liveness.live_workers("acoustic")),
                90, "no live workers after the restart", interval_s=0.2)
     text = "A new key seals this sentence."
     new, new_pcm = job_pcm(rclient, text)

@@ -313,7 +313,7 @@ def _assembly_held(farm, book_id: str) -> bool:
     RabbitMQ, which shows no unacked message by content: the book queue has nothing ready,
     so the one assemble message is the worker's."""
     if farm.broker_redis is None:
-        return farm.queue_depth("book") == 0
+        return farm.backlog.queue_depth("book") == 0
     for raw in farm.broker_redis.hvals("unacked"):
         headers = json.loads(raw)[0].get("headers") or {}
         if headers.get("task") == "voxfarm.book.assemble" and book_id in str(
@@ -347,7 +347,7 @@ def test_book_worker_sigkill_mid_assembly_book_still_completes(book_farm, bclien
     # (Redis), or back on the book queue the moment the worker's connection closed (RabbitMQ).
     assert farm.books.state(book_id) == "assembling"
     if farm.broker_redis is None:
-        wait_until(lambda: farm.queue_depth("book") == 1, 5,
+        wait_until(lambda: farm.backlog.queue_depth("book") == 1, 5,
                    "the assembly is not back on the book queue", interval_s=0.02)
     else:
         assert _assembly_held(farm, book_id)

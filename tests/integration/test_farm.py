@@ -131,8 +131,8 @@ def test_cancel_stops_pending_segments(client, farm):
     # Every message of it is taken in the end, each counted off the ledger once: nothing of
     # it waits as far as admission knows (docs/reliability.md, "Admission counts...").
     jobs = farm.farm.jobs
-    wait_until(lambda: jobs.segments_waiting(job["id"]) == NOTHING_WAITING, 60,
-               lambda: f"the ledger still counts {jobs.segments_waiting(job['id'])}")
+    wait_until(lambda: jobs.ledger.segments_waiting(job["id"]) == NOTHING_WAITING, 60,
+               lambda: f"the ledger still counts {jobs.ledger.segments_waiting(job['id'])}")
     # A canceled job's long-poll ends instead of hanging.
     page = client.get(f"/v1/jobs/{job['id']}/chunks?after={total - 1}&wait=5").get_json()
     assert page["end"] is True and page["state"] == "canceled"
@@ -159,10 +159,10 @@ def test_long_poll_times_out_with_204_and_resumes(redis_url, tmp_path):
         # The acoustic worker sent each segment's vocoder stage on, and marked it waiting
         # in the admission ledger as it did (tasks/segments.py, `install`).
         total = job["segments"]["total"]
-        ledger = tf.farm.jobs.segments_waiting
+        ledger = tf.farm.jobs.ledger.segments_waiting
         wait_until(lambda: ledger(job["id"]) == {**NOTHING_WAITING, "vocoder": total}, 30,
                    lambda: f"the ledger says {ledger(job['id'])}")
-        assert tf.farm.live_depth("vocoder") == total
+        assert tf.farm.backlog.live_depth("vocoder") == total
         tf.start_worker("vocoder")
         page, chunks = collect_chunks(client, job["id"])
         assert page["state"] == "done"
@@ -198,10 +198,10 @@ def test_killed_vocoder_loses_no_segment(redis_url, tmp_path):
         assert tf.farm.redis.scard(tf.farm.keys.done(job["id"])) == page["total"]
         # The killed worker's segment was delivered twice and counted off the admission
         # ledger once: in the end nothing of the job waits, and nothing is counted dead.
-        ledger = tf.farm.jobs.segments_waiting
+        ledger = tf.farm.jobs.ledger.segments_waiting
         wait_until(lambda: ledger(job["id"]) == NOTHING_WAITING, 60,
                    lambda: f"the ledger still counts {ledger(job['id'])}")
-        assert tf.farm.jobs.dead_segments() == {"acoustic": 0, "vocoder": 0}
+        assert tf.farm.jobs.ledger.dead_segments() == {"acoustic": 0, "vocoder": 0}
 
 
 def test_break_tag_becomes_silence_at_the_chunk_end(client):
@@ -225,13 +225,13 @@ def test_overloaded_farm_says_503_with_retry_after(redis_url, tmp_path):
         client = create_app(tf.settings, tf.farm).test_client()
         text = " ".join(f"Sentence {i} waits in a full queue." for i in range(8))
         first = submit(client, text)  # admitted: the queue was empty
-        depth = tf.farm.stage_depth("acoustic")
+        depth = tf.farm.backlog.stage_depth("acoustic")
         assert depth == first["segments"]["total"] == 8
         resp = client.post("/v1/jobs", json={"text": text})
         assert resp.status_code == 503
         assert resp.headers["Retry-After"] == str(tf.settings.retry_after_s)
         assert resp.get_json()["error"]["code"] == "overloaded"
-        assert tf.farm.stage_depth("acoustic") == depth  # nothing enqueued
+        assert tf.farm.backlog.stage_depth("acoustic") == depth  # nothing enqueued
         assert job_ids(tf.farm) == {first["id"]}  # no job record written
 
 
@@ -240,7 +240,7 @@ def test_a_burst_of_submissions_at_once_is_admitted_only_up_to_the_bound(redis_u
     has published, and each sees the room the others take. Admission counts the jobs it
     admitted that are not on the queue yet, so a burst fills the queue to its bound, no
     further, and the rest hear 503."""
-    from app.farm import Overloaded
+    from app.services.admission import Overloaded
 
     bound, clients = 6, 24
     with running_farm(redis_url, 3, tmp_path, workers=False, max_queue_depth=bound) as tf:
@@ -259,7 +259,7 @@ def test_a_burst_of_submissions_at_once_is_admitted_only_up_to_the_bound(redis_u
         with ThreadPoolExecutor(clients) as pool:
             answers = list(pool.map(one, range(clients)))
         assert answers.count("202") == bound, answers
-        assert tf.farm.stage_depth("acoustic") == bound
+        assert tf.farm.backlog.stage_depth("acoustic") == bound
         assert len(job_ids(tf.farm)) == bound  # a refused job writes nothing
 
 
@@ -273,7 +273,7 @@ def test_a_job_just_queued_counts_once_for_the_next_admission(redis_url, tmp_pat
             segment = SimpleNamespace(index=0, phonemes=f"nˈʌmbɚ {i}.", pause_ms=0)
             tf.farm.submit([segment], voice="en-us", speed=1.0, fmt="wav", chars=9,
                            sample_rate=22050)
-        assert tf.farm.stage_depth("acoustic") == bound
+        assert tf.farm.backlog.stage_depth("acoustic") == bound
 
 
 def test_a_segment_that_gave_way_is_timed_once_as_a_whole_segment(redis_url, tmp_path,
@@ -312,9 +312,9 @@ def test_a_farm_too_slow_for_its_backlog_says_503_with_when_to_come_back(redis_u
         client = create_app(tf.settings, tf.farm).test_client()
         text = " ".join(f"Sentence {i} waits for a worker." for i in range(8))
         submit(client, text)  # no run time known yet: nothing to estimate, admitted
-        tf.farm.record_run("acoustic", 0.5)
-        tf.farm.record_run("vocoder", 2.0)  # the slower stage: 8 ahead x 2 s = 16 s > 5 s
-        assert tf.farm.expected_wait_s() == pytest.approx(16.0)
+        tf.farm.backlog.record_run("acoustic", 0.5)
+        tf.farm.backlog.record_run("vocoder", 2.0)  # the slower stage: 8 ahead x 2 s = 16 s > 5 s
+        assert tf.farm.backlog.expected_wait_s() == pytest.approx(16.0)
         jobs_before = job_ids(tf.farm)
         resp = client.post("/v1/jobs", json={"text": "One more, please."})
         assert resp.status_code == 503
@@ -322,12 +322,12 @@ def test_a_farm_too_slow_for_its_backlog_says_503_with_when_to_come_back(redis_u
         assert int(resp.headers["Retry-After"]) == 12  # 16 s expected, 5 s allowed: ~11 s more
         assert job_ids(tf.farm) == jobs_before
         # Counted by process: a live vocoder pool that runs two at once halves that wait.
-        tf.farm.heartbeat("vocoder", "vocoder-pair@test", slots=2)
-        assert tf.farm.expected_wait_s() == pytest.approx(8.0)
-        tf.farm.worker_gone("vocoder", "vocoder-pair@test")
-        assert tf.farm.expected_wait_s() == pytest.approx(16.0)
+        tf.farm.liveness.heartbeat("vocoder", "vocoder-pair@test", slots=2)
+        assert tf.farm.backlog.expected_wait_s() == pytest.approx(8.0)
+        tf.farm.liveness.worker_gone("vocoder", "vocoder-pair@test")
+        assert tf.farm.backlog.expected_wait_s() == pytest.approx(16.0)
         # Recent runs are quicker: the estimate falls (each new run weighs 0.2) and it admits.
         for _ in range(20):
-            tf.farm.record_run("vocoder", 0.1)
-        assert tf.farm.expected_wait_s() < 5
+            tf.farm.backlog.record_run("vocoder", 0.1)
+        assert tf.farm.backlog.expected_wait_s() < 5
         assert client.post("/v1/jobs", json={"text": "Now it fits."}).status_code == 202

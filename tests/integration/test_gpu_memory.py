@@ -17,8 +17,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.broker import queueing
-from app.farm import GpuMemoryExhausted
 from app.local.embedded_redis import free_port
+from app.services.admission import GpuMemoryExhausted
 from tests.helpers import (
     WorkerProc,
     assert_speech,
@@ -80,9 +80,10 @@ def rerouted(base: str, stage: str, to: str) -> float:
 
 def wait_short(tf, workers: dict[str, WorkerProc]) -> None:
     """Until every worker of `workers` (stage -> worker) has marked itself short."""
-    wait_until(lambda: all(w.name in tf.farm.short_workers(stage)
+    wait_until(lambda: all(w.name in tf.farm.liveness.short_workers(stage)
                            for stage, w in workers.items()), 60,
-               lambda: f"not all marked short: { {s: tf.farm.short_workers(s) for s in STAGES} }")
+               lambda: "not all marked short: "
+               f"{ {s: tf.farm.liveness.short_workers(s) for s in STAGES} }")
 
 
 def job_audio(client, job_id: str) -> np.ndarray:
@@ -143,7 +144,7 @@ def test_with_only_short_workers_new_jobs_get_507_and_queued_ones_fail(redis_url
         for stage in STAGES:
             tf.wait_live(stage)
         wait_short(tf, {stage: w for stage, (w, _) in gpu.items()})
-        assert tf.farm.memory_exhausted() == ["acoustic", "vocoder"]
+        assert tf.farm.liveness.memory_exhausted() == ["acoustic", "vocoder"]
 
         # Admission refuses, writing nothing.
         segment = SimpleNamespace(index=0, phonemes="həlˈoʊ.", pause_ms=0)
@@ -195,6 +196,7 @@ def test_a_worker_with_enough_memory_runs_its_segments_itself(redis_url, tmp_pat
             assert rerouted(base, stage, "cpu") == rerouted(base, stage, "none") == 0
             assert metric(base, "voxfarm_gpu_memory_free_ratio", worker=worker.name,
                           device="cpu") == pytest.approx(0.5)
-        assert tf.farm.short_workers("acoustic") == tf.farm.short_workers("vocoder") == set()
+        liveness = tf.farm.liveness
+        assert liveness.short_workers("acoustic") == liveness.short_workers("vocoder") == set()
         assert client.get("/readyz").get_json()["short_of_memory"] == {"acoustic": 0,
                                                                         "vocoder": 0}

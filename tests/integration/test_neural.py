@@ -110,10 +110,10 @@ def test_voices_list_engines_rates_and_speakers(client):
     ({"text": "Hello there.", "voice": PIPER, "speed": 3}, 422, "out_of_range"),
 ])
 def test_bad_neural_requests_are_refused_and_nothing_is_queued(client, farm, body, status, code):
-    depth = farm.farm.stage_depth("acoustic")
+    depth = farm.farm.backlog.stage_depth("acoustic")
     resp = client.post("/v1/jobs", json=body)
     assert resp.status_code == status and resp.get_json()["error"]["code"] == code
-    assert farm.farm.stage_depth("acoustic") == depth
+    assert farm.farm.backlog.stage_depth("acoustic") == depth
 
 
 # -- a voices directory ----------------------------------------------------------------------
@@ -249,7 +249,7 @@ def test_a_segment_gives_way_after_its_first_window_to_listeners_waiting_for_fir
         long = submit(client, LONG)
         short = submit(client, "Hello there.")
         deadline = time.monotonic() + 120
-        while tf.farm.queue_depth("vocoder_lead") < 2:  # both first segments' features made
+        while tf.farm.backlog.queue_depth("vocoder_lead") < 2:  # both first segments' features made
             assert time.monotonic() < deadline, "the acoustic stage never finished"
             time.sleep(0.1)
         tf.start_worker("vocoder", "--concurrency", "1", "--metrics-port", str(port),

@@ -9,10 +9,10 @@ from flask import Flask
 from app.broker.queueing import Unavailable
 from app.canary.rule import CanaryError, CanaryRunning
 from app.errors import FarmError
-from app.farm import GpuMemoryExhausted, Overloaded
 from app.offload import OffloadTimeout
 from app.security.apikeys import LimitExceeded, Refusal
 from app.security.sealing import KeyUnavailable
+from app.services.admission import GpuMemoryExhausted, Overloaded
 from tasks.base import NoRoom
 from web.errors import register_error_handlers
 

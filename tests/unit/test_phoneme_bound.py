@@ -8,7 +8,7 @@ import unicodedata
 
 import pytest
 
-from models.errors import InvalidPhonemes
+from models.errors import InvalidPhonemes, SsmlError
 from models.text import ssml
 from models.text.frontend import (
     MAX_SEGMENT_PHONEMES,
@@ -67,7 +67,7 @@ def test_ssml_phoneme_over_the_bound_is_refused_at_parse(ph) -> None:
     # Before: _bounded_g2p halved the one placeholder character forever (RecursionError,
     # which never reached the request: 503 after 60 s; a book sat in `preparing`).
     doc = f'<speak>Say <phoneme alphabet="ipa" ph="{ph}">this</phoneme> now.</speak>'
-    with pytest.raises(ssml.SsmlError) as exc:
+    with pytest.raises(SsmlError) as exc:
         ssml.parse(doc, get_voice(VOICE))
     err = exc.value
     assert (err.code, err.element, err.offset) == ("invalid_phonemes", "phoneme", 11)

@@ -1,0 +1,258 @@
+"""The request models: every body, query string and socket message the API takes.
+
+They validate as JSON types (strict: a string is no number, null is no string); a refusal
+leaves as the API's one error shape (`web.helpers.parse`), and each model writes its part of
+`/openapi.json` (web/openapi.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from app.stores.books import DEFAULT_FORMATS
+from models.books.parse import EXTENSIONS as BOOK_EXTENSIONS
+from models.neural.voice_file import INFERENCE_RANGES  # what a voice version may override
+from models.text.captions import CAPTION_FORMATS
+from web.schemas.constants import (
+    BOOK_AUDIO_TYPES,
+    BOOK_CAPTION_FORMATS,
+    JOB_STREAM_FORMATS,
+    MAX_CHUNKS_PER_POLL,
+    OPENAI_VOICES,
+    RESPONSE_FORMATS,
+    STREAM_FORMATS,
+)
+from web.schemas.document import refusal
+from web.schemas.fields import (
+    AudioFormat,
+    BookFormats,
+    Lexicon,
+    Name,
+    OneOf,
+    OpenAISpeed,
+    Phonemes,
+    QueryInt,
+    Range,
+    Speed,
+    SpokenText,
+    TextType,
+    VoiceName,
+)
+
+
+class RequestModel(BaseModel):
+    """A request's fields, typed as JSON types them: a string is no number, null is no
+    string. A field whose default is None may be left out, and null is refused as any other
+    value of the wrong type; fields in `null_is_unset` may be sent as null for their
+    default."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    null_is_unset: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict) and cls.null_is_unset:
+            return {k: v for k, v in data.items() if not (k in cls.null_is_unset and v is None)}
+        return data
+
+
+class PhonemizeRequest(RequestModel):
+    text: SpokenText
+    voice: VoiceName = None
+    speed: Speed = 1.0
+    lexicon: Lexicon = None
+    text_type: TextType = None
+    null_is_unset: ClassVar = frozenset({"text_type"})
+
+
+class JobRequest(RequestModel):
+    text: SpokenText = Field(None, description="plain text, English or Mandarin; "
+                             "`[break=300ms]` tags insert pauses")
+    phonemes: Phonemes = None
+    voice: VoiceName = None
+    speed: Speed = 1.0
+    format: AudioFormat = Field("wav", description="the default format of `/audio`")
+    lexicon: Lexicon = None
+    text_type: TextType = None
+    null_is_unset: ClassVar = frozenset({"text_type"})
+    model_config = ConfigDict(json_schema_extra={
+        "anyOf": [{"required": ["text"]}, {"required": ["phonemes"]}]})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_or_phonemes(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if "phonemes" in data and "lexicon" in data and "text" not in data:
+                raise refusal("invalid_field", "'lexicon' applies to 'text'; phonemes are "
+                              "spoken as given", field="lexicon")
+            if "phonemes" in data and "text" in data:
+                raise refusal("invalid_field", "send 'text' or 'phonemes', not both",
+                              field="phonemes")
+            if "phonemes" not in data and data.get("text") is None:
+                raise refusal("missing_field", "'text' is required", field="text")
+        return data
+
+
+class ChunksQuery(RequestModel):
+    after: Annotated[QueryInt, Range(-1, 10**9),
+                     Field(description="cursor; -1 from the start")] = -1
+    wait: Annotated[QueryInt, Range(0, "max_wait_s"),
+                    Field(description="seconds to wait for a chunk")] = 0
+    max: Annotated[QueryInt, Range(1, MAX_CHUNKS_PER_POLL),
+                   Field(description="chunks per answer, at most")] = MAX_CHUNKS_PER_POLL
+
+
+class AudioQuery(RequestModel):
+    format: AudioFormat = Field(None, description="the job's `format` unless given")
+
+
+class CaptionsQuery(RequestModel):
+    format: Annotated[str, OneOf(CAPTION_FORMATS)] = "json"
+
+
+class StreamQuery(RequestModel):
+    format: Annotated[str, OneOf(JOB_STREAM_FORMATS, fold_case=True)] = "wav"
+
+
+class SpeechRequest(RequestModel):
+    """OpenAI's speech request."""
+
+    model: Name = Field(description="any name (`tts-1`, `tts-1-hd`, ...); accepted, not used: "
+                                    "the farm has one engine")
+    input: SpokenText
+    voice: Name = Field(description="an OpenAI voice name (" + ", ".join(OPENAI_VOICES) +
+                                    ": the farm's default voice unless `openai_voices` maps "
+                                    "it) or a farm voice from `GET /v1/voices`")
+    response_format: Annotated[str, OneOf(tuple(RESPONSE_FORMATS))] = "mp3"
+    speed: OpenAISpeed = 1.0
+    stream_format: Annotated[str, OneOf(STREAM_FORMATS)] = Field(
+        "audio", description="`audio`: the bytes of `response_format`; `sse`: the same bytes "
+                             "base64-encoded in `speech.audio.delta` events, then one "
+                             "`speech.audio.done`")
+    instructions: str | None = Field(None, description="accepted and not used: the voices "
+                                                       "have no style control")
+    # OpenAI's clients send null for "not given"; "" too for the formats.
+    null_is_unset: ClassVar = frozenset({"model", "input", "speed", "response_format",
+                                         "stream_format"})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_formats(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items()
+                    if not (k in ("response_format", "stream_format") and v == "")}
+        return data
+
+
+class CaptionedSpeechRequest(SpeechRequest):
+    """The speech request, Kokoro-FastAPI's way: `model` and `voice` may be left out."""
+
+    model: Name = "tts-1"
+    voice: Name = "alloy"
+    stream: bool = False
+    return_timestamps: bool = True
+    null_is_unset: ClassVar = frozenset({"input", "speed", "response_format", "stream",
+                                         "return_timestamps"})
+
+
+class Chapter(RequestModel):
+    title: str = ""
+    text: str
+    text_type: TextType = None
+    null_is_unset: ClassVar = frozenset({"text_type"})
+
+
+def _form_number(raw: object) -> object:
+    """A multipart form's number (a string), as JSON would have it."""
+    if isinstance(raw, str):
+        try:
+            return float(raw)
+        except ValueError:
+            raise refusal("invalid_type", "'speed' must be a number") from None
+    return raw
+
+
+def _chapters(value: object) -> object:
+    if not isinstance(value, list) or not value:
+        raise refusal("missing_field", "'chapters' must be a non-empty list of "
+                      "{\"title\", \"text\"}")
+    return value
+
+
+class BookFields(RequestModel):
+    voice: VoiceName = None
+    speed: Speed = 1.0
+    formats: BookFormats = DEFAULT_FORMATS
+
+
+class BookRequest(BookFields):
+    """A book as JSON chapters."""
+
+    title: str = ""
+    author: str = ""
+    chapters: Annotated[list[Chapter], BeforeValidator(_chapters), Field(min_length=1)]
+
+
+def _with_file(schema: dict) -> None:
+    schema["properties"] = {"file": {"type": "string", "format": "binary",
+                                     "description": ", ".join(sorted(BOOK_EXTENSIONS))},
+                            **schema["properties"]}
+    schema["required"] = ["file"]
+
+
+class BookUpload(BookFields):
+    """A book file, multipart; the fields are strings, an empty one is the default."""
+
+    model_config = ConfigDict(json_schema_extra=_with_file)
+    speed: Annotated[Speed, BeforeValidator(_form_number)] = 1.0
+
+
+class BookAudioQuery(RequestModel):
+    format: Annotated[str, OneOf(tuple(BOOK_AUDIO_TYPES), fold_case=True)] = None
+
+
+class BookCaptionsQuery(RequestModel):
+    format: Annotated[str, OneOf(BOOK_CAPTION_FORMATS, fold_case=True)] = "srt"
+
+
+class SocketMessage(RequestModel):
+    """A client's message on `WS /v1/ws`: text appended, a flush, a change of voice, speed or
+    lexicon (from now on). The same fields as a job's, as the socket takes them."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str = ""
+    voice: Name = None
+    speed: Speed = None
+    lexicon: Lexicon = None
+    flush: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                raise refusal("unknown_field", f"unknown field '{unknown[0]}'; a message has "
+                              f"{', '.join(cls.model_fields)}", field=unknown[0])
+            if not data:
+                raise refusal("missing_field", "a message needs 'text' or 'flush'",
+                              field="text")
+        return data
+
+
+class CanaryRequest(RequestModel):
+    """A candidate version of a Piper voice (docs/models.md, "Voice versions and the
+    canary"): another voice file, other inference settings, or both."""
+
+    file: str = Field("", description="a Piper .onnx on the workers' disk (its .onnx.json "
+                      "beside it); empty: the voice's own file")
+    noise_scale: Annotated[float, Range(*INFERENCE_RANGES["noise_scale"])] | None = None
+    length_scale: Annotated[float, Range(*INFERENCE_RANGES["length_scale"])] | None = None
+    noise_w: Annotated[float, Range(*INFERENCE_RANGES["noise_w"])] | None = None
+    share: Annotated[float, Range(0.0, 1.0)] | None = Field(
+        None, description="share of new interactive jobs (default VOXFARM_CANARY_SHARE)")
+    note: str = ""
+    null_is_unset: ClassVar = frozenset({"noise_scale", "length_scale", "noise_w", "share"})
