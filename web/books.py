@@ -46,7 +46,7 @@ from models.books.parse import (
 )
 from models.errors import BreakTooLong
 from models.text import captions
-from models.text.frontend import check_breaks
+from models.text.segmenting import check_breaks
 from models.text.ssml import looks_like_ssml
 from models.voices import Voice
 from web import apidoc as doc

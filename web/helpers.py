@@ -28,8 +28,9 @@ from models.errors import (
     UnknownSpeaker,
     UnknownVoice,
 )
-from models.text.frontend import Segment, TextRun, phoneme_segments
 from models.text.lexicon import check_lexicon
+from models.text.phoneme_input import phoneme_segments
+from models.text.runs import Segment, TextRun
 from models.text.ssml import MAX_SSML_CHARS, looks_like_ssml
 from models.text.ssml import parse as parse_ssml
 from models.voices import Voice, get_voice
@@ -204,8 +205,9 @@ def lexicon_or_422(value: object, voice: Voice, field: str = "lexicon") -> dict[
 
 def phonemes_or_422(value: object, voice: Voice, max_chars: int,
                     field: str = "phonemes") -> list[Segment]:
-    """Segments for phonemes given instead of text (`models.text.frontend.phoneme_segments`), or
-    the 422 naming the item, the character and the symbols the voice lacks."""
+    """Segments for phonemes given instead of text
+    (`models.text.phoneme_input.phoneme_segments`), or the 422 naming the item, the character
+    and the symbols the voice lacks."""
     if isinstance(value, str):
         size = len(value)
     elif isinstance(value, list) and value:

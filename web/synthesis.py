@@ -26,7 +26,8 @@ from app.security.sealing import KeyUnavailable
 from app.stores.job_audio import Chunk
 from app.stores.states import JOB_FINAL, JobState
 from models.errors import BreakTooLong, NoSpeakableText
-from models.text.frontend import Segment, TextRun, iter_run_segments, iter_segments
+from models.text.frontend import iter_run_segments, iter_segments
+from models.text.runs import Segment, TextRun
 from models.voices import Voice
 from web.auth import current_key
 from web.errors import ApiError, farm_error

@@ -31,18 +31,27 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from array import array
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from models.classic.espeak import phonemize
-from models.errors import BreakTooLong, InvalidPhonemes, NoSpeakableText
+from models.errors import InvalidPhonemes, NoSpeakableText
 from models.neural.voice_file import ids_for, piper_phonemes
-from models.text.lexicon import PLACEHOLDERS, Marked, mark, server_lexicon, unsayable
+from models.text.lexicon import PLACEHOLDERS, Marked, mark, server_lexicon
+from models.text.runs import Segment, TextRun
+from models.text.segmenting import (
+    JOINER,
+    LANGUAGES,
+    MAX_BREAK_MS,
+    check_language,
+    parse_breaks_at,
+    split_segments,
+    strip_tags,
+    word_tokens,
+)
 from models.text.text_en import normalize_en
 from models.text.text_zh import g2p_zh, normalize_zh, strip_language_switches
-from models.text.text_zh import words as zh_words
-from models.text.words import WordSpan, align_words, phoneme_groups, source_spans
+from models.text.words import WordSpan, align_words, source_spans
 from models.voices import HIBARI, NEURAL, PIPER, Voice, get_voice, piper_config
 
 # Bound on one segment's phoneme count, measured as espeak mnemonic characters (whitespace
@@ -50,65 +59,15 @@ from models.voices import HIBARI, NEURAL, PIPER, Voice, get_voice, piper_config
 # 400 is about 15-25 s of speech: long enough for any normal sentence, short enough for an
 # acoustic model's attention and a worker's time limit.
 MAX_SEGMENT_PHONEMES = 400
-# Character limits for segmentation, chosen so a segment's phonemes usually fit the bound at
-# the first try: English mnemonics run about one character per letter, Mandarin ones 6-10 per
-# Han character.
-DEFAULT_MAX_CHARS = {"en": 250, "zh": 36}
-# Sentences shorter than this are merged with a neighbour (when the result fits the limit).
-MIN_SEGMENT_CHARS = {"en": 24, "zh": 6}
-DEFAULT_BREAK_MS = 500
-MAX_BREAK_MS = 10_000
-LANGUAGES = ("en", "zh")
-
-_BREAK_TAG = re.compile(
-    r"\[\s*break(?:\s*=\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>ms|s)?)?\s*\]", re.IGNORECASE
-)
-_OTHER_TAG = re.compile(r"\[[^\[\]]*\]")
-_SENTENCE_END = {
-    "en": re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+|\n+"),
-    "zh": re.compile(r"(?<=[。！？!?…；;])[\"'”’」』）)]*\s*|(?<=[.])\s+|\n+"),
-}
-_CLAUSE_END = {
-    "en": re.compile(r"(?<=[,;:—–])\s+"),
-    "zh": re.compile(r"(?<=[，、；：,;:—])\s*"),
-}
-_JOINER = {"en": " ", "zh": ""}
 # Clause punctuation at the start of a run of text (after a lexicon word): Piper's marks.
 _LEADING_MARK = re.compile(r"\s*([.,;:!?])[.,;:!?\"'”’)\]]*")
 # Pause and boundary mnemonics: phonemes made only of these say nothing.
 _SILENT_PHONEMES = re.compile(r"_[|:!]?|['，,%=\s]")
 
 
-@dataclass(frozen=True)
-class Segment:
-    """One unit of synthesis.
-
-    ``text`` is the normalised text, ``phonemes`` the espeak mnemonics to render (the cache key
-    is built from these), ``ipa`` the same for display, ``pause_ms`` the silence to append after
-    the segment's audio (from break tags only). ``words`` says which phonemes say which word
-    of ``text`` and which characters of the submitted text each word was read from
-    (``models.text.words``); the workers turn it into word timestamps. ``voice`` and ``rate``
-    come from SSML.
-    """
-
-    index: int
-    text: str
-    phonemes: str
-    ipa: str
-    pause_ms: int
-    words: tuple[WordSpan, ...] = ()
-    voice: str | None = None  # SSML <voice>: this segment's voice; None is the job's
-    rate: float = 1.0  # SSML <prosody rate>: a multiple of the job's speed
-
-
-def _check_language(language: str) -> None:
-    if language not in LANGUAGES:
-        raise ValueError(f"unsupported language {language!r}; expected one of {LANGUAGES}")
-
-
 def normalize(text: str, language: str) -> str:
     """Spell out numbers, symbols and abbreviations as words; collapse whitespace."""
-    _check_language(language)
+    check_language(language)
     return normalize_en(text) if language == "en" else normalize_zh(text)
 
 
@@ -124,122 +83,6 @@ def symbol_count(phonemes: str, voice: Voice) -> int:
     if voice.engine == PIPER:
         phonemes = unicodedata.normalize("NFD", phonemes)
     return phoneme_count(phonemes)
-
-
-def _words(text: str, language: str) -> list[str]:
-    """Word-boundary tokens; joining them with the language's joiner gives the text back."""
-    if language == "en":
-        return text.split()
-    return [token for token in zh_words(text) if token]
-
-
-def _pack(units: list[str], limit: int, joiner: str) -> list[str]:
-    """Join consecutive units greedily while the result stays within ``limit`` characters."""
-    packed: list[str] = []
-    for unit in units:
-        if packed and len(packed[-1]) + len(joiner) + len(unit) <= limit:
-            packed[-1] = packed[-1] + joiner + unit
-        else:
-            packed.append(unit)
-    return packed
-
-
-def _split_words(text: str, language: str, limit: int) -> list[str]:
-    """Cut ``text`` at word boundaries into pieces of at most ``limit`` characters (a single word
-    longer than that is cut into character runs)."""
-    tokens: list[str] = []
-    for token in _words(text, language):
-        while len(token) > limit:
-            tokens.append(token[:limit])
-            token = token[limit:]
-        if token:
-            tokens.append(token)
-    return [piece.strip() for piece in _pack(tokens, limit, _JOINER[language]) if piece.strip()]
-
-
-def split_segments(text: str, language: str, max_chars: int | None = None) -> list[str]:
-    """Cut normalised ``text`` into sentence-sized pieces of at most ``max_chars`` characters.
-
-    Sentences first; a longer sentence is cut at clause punctuation and then at word
-    boundaries; sentences shorter than ``MIN_SEGMENT_CHARS`` are merged with a neighbour. No
-    word is lost or repeated: joining the pieces (with a space in English, nothing in Chinese)
-    gives the words of ``text`` in order.
-    """
-    _check_language(language)
-    limit = max_chars if max_chars is not None else DEFAULT_MAX_CHARS[language]
-    if limit < 1:
-        raise ValueError(f"max_chars must be positive, got {limit}")
-    joiner = _JOINER[language]
-    pieces: list[str] = []
-    for sentence in _SENTENCE_END[language].split(text):
-        sentence = sentence.strip()
-        if not sentence:
-            continue
-        if len(sentence) <= limit:
-            pieces.append(sentence)
-            continue
-        units: list[str] = []
-        for clause in _CLAUSE_END[language].split(sentence):
-            clause = clause.strip()
-            if not clause:
-                continue
-            units.extend(
-                [clause] if len(clause) <= limit else _split_words(clause, language, limit)
-            )
-        pieces.extend(_pack(units, limit, joiner))
-    return _merge_short(pieces, limit, joiner, MIN_SEGMENT_CHARS[language])
-
-
-def _merge_short(pieces: list[str], limit: int, joiner: str, shortest: int) -> list[str]:
-    merged: list[str] = []
-    for piece in pieces:
-        if (
-            merged
-            and (len(merged[-1]) < shortest or len(piece) < shortest)
-            and len(merged[-1]) + len(joiner) + len(piece) <= limit
-        ):
-            merged[-1] = merged[-1] + joiner + piece
-        else:
-            merged.append(piece)
-    return merged
-
-
-def _parse_breaks_at(text: str) -> list[tuple[int, str, int]]:
-    """Cut ``text`` at break tags: (offset in ``text``, text before the tag, pause in ms)
-    triples; the last pause is 0."""
-    chunks: list[tuple[int, str, int]] = []
-    position = 0
-    for match in _BREAK_TAG.finditer(text):
-        chunks.append((position, text[position : match.start()], _break_ms(match)))
-        position = match.end()
-    chunks.append((position, text[position:], 0))
-    return chunks
-
-
-def _break_ms(match: re.Match[str]) -> int:
-    value = match.group("value")
-    if value is None:
-        return DEFAULT_BREAK_MS
-    scale = 1000 if (match.group("unit") or "ms").lower() == "s" else 1
-    ms = float(value) * scale  # may be inf: compared before int() sees it
-    if ms > MAX_BREAK_MS:
-        raise BreakTooLong(match.group(0), MAX_BREAK_MS)
-    return int(round(ms))
-
-
-def check_breaks(text: str) -> None:
-    """Raise :class:`~models.errors.BreakTooLong` for a break tag over the cap; cheap (no
-    G2P), for refusing a book at upload rather than failing it on a worker."""
-    for match in _BREAK_TAG.finditer(text):
-        _break_ms(match)
-
-
-def _strip_tags(text: str) -> str:
-    """Remove unknown tags and any stray bracket (see the module docstring for why). Each
-    removed character becomes a space, so offsets into the result are offsets into ``text``
-    (word timestamps point back at the submitted text)."""
-    text = _OTHER_TAG.sub(lambda m: " " * len(m.group()), text)
-    return text.replace("[", " ").replace("]", " ")
 
 
 class _SourceCursor:
@@ -270,7 +113,7 @@ def _word_spans(text: str, phonemes: str, language: str, voice: Voice,
                 ) -> tuple[WordSpan, ...]:
     """The segment's words and their phonemes (see ``models.text.words``). A word from the
     lexicon is shown as written and has the lexicon's phonemes."""
-    words = _words(text, language)
+    words = word_tokens(text, language)
     if len(sources) != len(words):
         sources = [(-1, -1)] * len(words)
     fixed = marked.phonemes if marked is not None else {}
@@ -388,7 +231,7 @@ def _g2p(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str] | None = N
     return strip_language_switches(phonemize(text, voice.base, ipa=ipa))
 
 
-def _says_something(phonemes: str, voice: Voice) -> bool:
+def says_something(phonemes: str, voice: Voice) -> bool:
     if voice.engine == HIBARI:
         # the hibari wheel's vocab loads once a hibari voice is asked for
         from models.hibari.vocab import says_something
@@ -412,16 +255,16 @@ def _bounded_g2p(text: str, language: str, voice: Voice,
     phonemes = _g2p(text, voice, ipa=False, fixed=fixed)
     if phoneme_count(phonemes) <= MAX_SEGMENT_PHONEMES:
         return [(text, phonemes)]
-    tokens = _words(text, language)
+    tokens = word_tokens(text, language)
     if len(tokens) < 2:  # one enormous word: cut it into characters instead
         tokens = list(text)
     if len(tokens) < 2:
         # One character over the bound. Lexicon entries and SSML <phoneme> are checked to fit
         # at the door, so this is a guard: halving a single character again would recurse
         # until Python gives up. Its phonemes are cut instead; the first piece carries it.
-        parts = [part for part, _ in _cut_phonemes(phonemes, 0)]
+        parts = [part for part, _ in cut_phonemes(phonemes, 0)]
         return [(text if i == 0 else "", part) for i, part in enumerate(parts)]
-    joiner = _JOINER[language] if len(tokens) != len(text) else ""
+    joiner = JOINER[language] if len(tokens) != len(text) else ""
     middle = len(tokens) // 2
     halves = (joiner.join(tokens[:middle]).strip(), joiner.join(tokens[middle:]).strip())
     return [piece for half in halves if half
@@ -453,7 +296,7 @@ def iter_segments(text: str, voice: str,
     """
     spec = get_voice(voice)
     chunks = (TextRun(chunk, pause_ms, offset=offset)
-              for offset, chunk, pause_ms in _parse_breaks_at(text))
+              for offset, chunk, pause_ms in parse_breaks_at(text))
     yield from _segments_of(chunks, spec, lexicon, text)
 
 
@@ -471,73 +314,13 @@ def _split_at_breaks(run: TextRun) -> Iterator[TextRun]:
     if "[" not in run.text:
         yield run
         return
-    chunks = _parse_breaks_at(run.text)
+    chunks = parse_breaks_at(run.text)
     for n, (at, chunk, pause_ms) in enumerate(chunks):
         yield replace(run, text=chunk,
                       pause_ms=run.pause_ms if n == len(chunks) - 1 else pause_ms,
                       offset=run.offset + at,
                       sources=None if run.sources is None
                       else run.sources.part(at, at + len(chunk)))
-
-
-class SourceSpans:
-    """Where each character of a run's text came from in the submitted input: ``spans[i]``
-    is ``(start, end)``. Two arrays of 32-bit ints, 8 bytes a character, rather than a tuple
-    a character (about 120 bytes): an SSML book chapter has hundreds of thousands."""
-
-    __slots__ = ("starts", "ends")
-
-    def __init__(self, starts: array | None = None, ends: array | None = None) -> None:
-        self.starts = starts if starts is not None else array("i")
-        self.ends = ends if ends is not None else array("i")
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def __getitem__(self, index: int) -> tuple[int, int]:
-        return self.starts[index], self.ends[index]
-
-    def add_each(self, offset: int, count: int) -> None:
-        """``count`` characters, each its own character of the input from ``offset`` on."""
-        self.starts.extend(range(offset, offset + count))
-        self.ends.extend(range(offset + 1, offset + count + 1))
-
-    def add_span(self, start: int, end: int, count: int) -> None:
-        """``count`` characters, all read from the input's ``start:end``."""
-        self.starts.extend(array("i", (start,)) * count)
-        self.ends.extend(array("i", (end,)) * count)
-
-    def part(self, start: int, end: int) -> SourceSpans:
-        return SourceSpans(self.starts[start:end], self.ends[start:end])
-
-
-@dataclass
-class TextRun:
-    """A stretch of input spoken one way: what the frontend segments.
-
-    Plain text is cut into runs at its break tags; SSML (``models.text.ssml``) into runs at its
-    breaks, paragraphs, sentences, voices and rates. ``pause_ms`` is the silence after the
-    run. ``voice`` (a voice name) and ``rate`` (a multiple of the job's speed) say how it is
-    spoken; None and 1.0 are the job's own. ``fixed`` maps placeholder characters in ``text``
-    to phonemes spoken as given (SSML ``<phoneme>``), ``surfaces`` to the text they show;
-    both hold this run's placeholders only. Where each character came from in the submitted
-    input: ``offset`` + its index, or ``sources[i]`` (a span) when given.
-    """
-
-    text: str
-    pause_ms: int = 0
-    voice: str | None = None
-    rate: float = 1.0
-    offset: int = 0
-    sources: SourceSpans | None = None
-    fixed: dict[str, str] = field(default_factory=dict)
-    surfaces: dict[str, str] = field(default_factory=dict)
-
-    def where(self, start: int, end: int) -> tuple[int, int]:
-        """The submitted input's characters that ``text[start:end]`` came from."""
-        if self.sources is None:
-            return start + self.offset, end + self.offset
-        return self.sources[start][0], self.sources[end - 1][1]
 
 
 @dataclass
@@ -582,7 +365,7 @@ def _segments_of(runs, default: Voice, lexicon: Mapping[str, str] | None,
                    **(lexicon or {} if spec.voice_name == default.voice_name else {})}
         # Lexicon words become placeholders after the tags are gone (a tag is never a word)
         # and before normalisation (which must not read them).
-        marked = mark(_strip_tags(run.text), entries, keep=run.fixed)
+        marked = mark(strip_tags(run.text), entries, keep=run.fixed)
         marked.phonemes.update(run.fixed)
         marked.surfaces.update(run.surfaces)
         stripped = marked.text
@@ -599,7 +382,7 @@ def _segments_of(runs, default: Voice, lexicon: Mapping[str, str] | None,
                 continue
             for piece_text, phonemes in _bounded_g2p(piece, language, spec, marked.phonemes):
                 piece_sources = sources.take(piece_text.split()) if sources is not None else []
-                if not _says_something(phonemes, spec):
+                if not says_something(phonemes, spec):
                     continue
                 if pending is not None:
                     yield finish(pending)
@@ -617,81 +400,7 @@ def _segments_of(runs, default: Voice, lexicon: Mapping[str, str] | None,
 
 # Where a string of Piper phonemes given instead of text is cut into segments: after a
 # sentence's end mark.
-_PHONEME_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
-
-
-def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
-    """Segments for phonemes given instead of text, bypassing normalisation and G2P.
-
-    ``phonemes`` is one string in the voice's alphabet (Piper IPA for a neural voice, eSpeak
-    mnemonics for an eSpeak voice), cut at sentence ends (``. ? !`` then a space, or a line
-    break) and, past :data:`MAX_SEGMENT_PHONEMES`, at spaces; or a list whose items are the
-    segments, each a string or ``{"phonemes": str, "pause_ms": int}`` (what
-    ``POST /v1/phonemize`` answers). Each space-separated group of a Piper segment is one
-    word for the timestamps, its text the phonemes themselves. The bound is counted as the
-    voice gets the phonemes (:func:`symbol_count`).
-
-    Raises :class:`~models.errors.UnknownVoice`, and
-    :class:`~models.errors.InvalidPhonemes` for a symbol the voice lacks, an item that says
-    nothing, a list item over the bound, a word of a string over the bound (no space to cut
-    it at) or a pause over :data:`MAX_BREAK_MS`.
-    """
-    spec = get_voice(voice)
-    drafts: list[tuple[str, int, int]] = []  # (phonemes, pause_ms, offset in the string)
-    if isinstance(phonemes, str):
-        position = 0
-        for piece in _PHONEME_SENTENCE_END.split(phonemes):
-            at = phonemes.index(piece, position) if piece else position
-            position = at + len(piece)
-            for part, part_at in _cut_phonemes(piece, at, spec):
-                drafts.append((part, 0, part_at))
-    else:
-        for item_index, item in enumerate(phonemes):
-            text, pause = item, 0
-            if isinstance(item, dict):
-                text, pause = item.get("phonemes"), item.get("pause_ms", 0)
-            if not isinstance(text, str) or isinstance(pause, bool) or not isinstance(
-                    pause, int) or not 0 <= pause <= MAX_BREAK_MS:
-                raise InvalidPhonemes(
-                    "each item is a string of phonemes or {\"phonemes\": string, "
-                    f"\"pause_ms\": 0-{MAX_BREAK_MS}}}", item_index)
-            count = symbol_count(text, spec)
-            if count > MAX_SEGMENT_PHONEMES:
-                raise InvalidPhonemes(f"item {item_index} has {count} phoneme symbols; a "
-                                      f"segment has at most {MAX_SEGMENT_PHONEMES}",
-                                      item_index, limit=MAX_SEGMENT_PHONEMES)
-            drafts.append((text.strip(), pause, -1))
-
-    segments: list[Segment] = []
-    for item_index, (text, pause, at) in enumerate(drafts):
-        bad = unsayable(text, spec)
-        if bad is not None:
-            where = item_index if at < 0 else 0
-            position = bad[0] + (at if at >= 0 else 0)
-            raise InvalidPhonemes(
-                f"voice {spec.voice_name} has no phoneme "
-                f"{', '.join(repr(s) for s in bad[1])}; first at character {position}"
-                + (f" of item {where}" if at < 0 else ""), where, position, bad[1])
-        if spec.engine == PIPER:
-            text = unicodedata.normalize("NFD", text)
-        elif spec.engine == HIBARI:  # a space is its word boundary; a tab or line break is none
-            text = re.sub(r"\s", " ", text)
-        if not text or not _says_something(text, spec):
-            if at >= 0 and not PLACEHOLDERS.sub("", text).strip(" .,;:!?"):
-                continue  # punctuation between sentences of a string
-            raise InvalidPhonemes(f"item {item_index} says nothing", item_index)
-        words: tuple[WordSpan, ...] = ()
-        if spec.engine in NEURAL:
-            words = tuple(WordSpan(text[a:b], a, b, *((at + a, at + b) if at >= 0 else (-1, -1)))
-                          for a, b in phoneme_groups(text))
-        segments.append(Segment(index=len(segments), text=text, phonemes=text, ipa=text,
-                                pause_ms=pause, words=words))
-    if not segments:
-        raise NoSpeakableText("the phonemes say nothing")
-    return segments
-
-
-def _cut_phonemes(text: str, at: int, voice: Voice | None = None) -> list[tuple[str, int]]:
+def cut_phonemes(text: str, at: int, voice: Voice | None = None) -> list[tuple[str, int]]:
     """``text`` cut at spaces into pieces within :data:`MAX_SEGMENT_PHONEMES`, with offsets
     (from ``at``). With ``voice``, the phonemes are a client's, counted as the voice gets them
     (:func:`symbol_count`), and a word over the bound is refused (there is no space to cut it

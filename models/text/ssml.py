@@ -1,4 +1,4 @@
-"""The SSML subset: markup in, the frontend's runs out (``models.text.frontend.TextRun``).
+"""The SSML subset: markup in, the frontend's runs out (``models.text.runs.TextRun``).
 
 Elements (SSML 1.1 names and meanings):
 
@@ -45,16 +45,11 @@ from defusedxml.common import DefusedXmlException
 from defusedxml.expatreader import DefusedExpatParser
 
 from models.errors import SsmlError, UnknownSpeaker, UnknownVoice
-from models.text.frontend import (
-    _BREAK_TAG,
-    MAX_BREAK_MS,
-    MAX_SEGMENT_PHONEMES,
-    SourceSpans,
-    TextRun,
-    symbol_count,
-)
+from models.text.frontend import MAX_SEGMENT_PHONEMES, symbol_count
 from models.text.lexicon import PLACEHOLDER_BASE, PLACEHOLDER_COUNT, unsayable
+from models.text.runs import SourceSpans, TextRun
 from models.text.say_as import DATE_FORMATS, SAY_AS, say_as
+from models.text.segmenting import BREAK_TAG, MAX_BREAK_MS
 from models.voices import NEURAL, PIPER, Voice, get_voice
 
 SPEED_MIN, SPEED_MAX = 0.5, 2.0
@@ -190,7 +185,7 @@ class _Handler(ContentHandler):
         the cap is refused here, with its place, like ``<break>``."""
         if "[" not in text:
             return
-        for match in _BREAK_TAG.finditer(text):
+        for match in BREAK_TAG.finditer(text):
             value, unit = match.group("value"), (match.group("unit") or "ms").lower()
             if value is not None and float(value) * (1000 if unit == "s" else 1) > MAX_BREAK_MS:
                 shown = match.group(0) if len(match.group(0)) <= 40 else match.group(0)[:36]

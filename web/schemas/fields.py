@@ -23,9 +23,9 @@ from pydantic import (
 from pydantic_core import core_schema
 
 from app.stores.books import BOOK_FORMATS, DEFAULT_FORMATS
-from models.text.frontend import MAX_BREAK_MS
 from models.text.lexicon import MAX_ENTRIES as LEXICON_MAX_ENTRIES
 from models.text.lexicon import MAX_PHONEME_CHARS as LEXICON_MAX_PHONEMES
+from models.text.segmenting import MAX_BREAK_MS
 from models.text.ssml import SPEED_MAX, SPEED_MIN  # the speeds the farm renders
 from web.schemas.constants import AUDIO_FORMATS, OPENAI_SPEED_MAX, OPENAI_SPEED_MIN, TEXT_TYPES
 from web.schemas.document import document_setting, from_settings, refusal, settings_of
