@@ -35,9 +35,9 @@ test: $(STAMP)
 
 # The fault and canary tests that take a minute or more each (marked slow): Redis and worker
 # kills under `voxfarm up`, a 30 s Redis outage, redelivery, the canary's two decisions.
-# Also the longest of the rest: load bursts, the web-only install, two farms side by side,
-# TLS on every hop, the second run of tests that repeat a burst. About 12 minutes; .ci/run
-# runs them after `make test`.
+# Also the longest of the rest (docs/testing.md lists them): load bursts, the web-only
+# install, two farms side by side, TLS on every hop, bursts of books, the voices' WER. About
+# 15 minutes; .ci/run runs them after `make test`.
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 

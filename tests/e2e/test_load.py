@@ -162,6 +162,7 @@ def _post_with_broker(tf, tmp_path, proxy: StallingProxy) -> tuple[requests.Resp
         return r, time.monotonic() - t0
 
 
+@pytest.mark.slow  # about 12 s; the stall at once runs in make test
 def test_a_broker_that_stalls_mid_submit_gets_a_503_and_the_job_is_failed(redis_url, tmp_path):
     with running_farm(redis_url, 12, tmp_path, workers=False) as tf:
         proxy = StallingProxy(tf.port, stall_on=b"LPUSH")  # the segment publish hangs

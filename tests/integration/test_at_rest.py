@@ -230,6 +230,7 @@ def test_a_tampered_book_file_is_never_played(sealed_farm, client):
     assert segment.name in failed["error"]["message"]
 
 
+@pytest.mark.slow  # about 18 s; the unit tier tests rotation on the keyring
 def test_rotation_keeps_serving_what_the_old_key_sealed(sealed_farm, client):
     from web import create_app
 

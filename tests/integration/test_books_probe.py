@@ -33,7 +33,8 @@ def app_client(tf):
     return create_app(tf.settings, tf.farm).test_client()
 
 
-@pytest.mark.parametrize("run", [0, pytest.param(1, marks=pytest.mark.slow)])
+@pytest.mark.slow  # about 30 s a run, twice: a burst of books at a fresh book worker
+@pytest.mark.parametrize("run", range(2))
 def test_a_burst_of_books_at_a_fresh_book_worker_all_render(redis_url, tmp_path, run):
     # Before: nine POSTs within half a second of startup left books in `preparing` for
     # good: the book pool's thread-pool threads all waited on eSpeak's monkey-patched lock.
@@ -60,6 +61,7 @@ def probe_farm(redis_url, tmp_path_factory):
         yield tf
 
 
+@pytest.mark.slow  # about 20 s; the book tests of make test cover rendering every segment
 def test_a_book_that_repeats_a_sentence_renders_every_segment(probe_farm):
     # Before: "segment 33: SpeechError: the mel expired from the cache before the vocoder
     # ran" at 85/90: twins share one cache entry, and the first to finish deleted it.
@@ -76,6 +78,7 @@ def test_a_book_that_repeats_a_sentence_renders_every_segment(probe_farm):
     assert left == []
 
 
+@pytest.mark.slow  # about 15 s; determinism is tested per segment in make test
 def test_the_same_book_rendered_twice_gives_identical_audio(probe_farm):
     # Before: 17 of 60 segments differed by up to 256 samples between two renders (eSpeak's
     # wave generator carried state from whatever the process had rendered before).

@@ -136,6 +136,7 @@ def test_a_short_gpu_worker_hands_every_segment_to_the_cpu_pool(redis_url, tmp_p
             assert rerouted(cpu_metrics, stage, "cpu") == 0
 
 
+@pytest.mark.slow  # about 14 s; the rule's other case runs in make test
 def test_with_only_short_workers_new_jobs_get_507_and_queued_ones_fail(redis_url, tmp_path):
     from web import create_app
 

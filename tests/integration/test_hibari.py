@@ -216,6 +216,7 @@ def test_a_book_is_an_m4b_at_24_khz(hclient):
     assert 2.5 < seconds < 10
 
 
+@pytest.mark.slow  # about 28 s: both voices' WER through the farm, the default's choice
 def test_the_default_voice_is_the_clearer_of_the_two(hclient):
     """Both neural English voices read the same everyday sentences through the farm, in one
     run; pocketsphinx transcribes each. The farm's default must score at least as well (a
