@@ -308,6 +308,7 @@
     box.textContent = "";
     box.hidden = false;
     box.dataset.jobId = job.id;
+    box.dataset.current = "-1"; // no word yet: the first may start after a breath of silence
     followWords(job.id);
   }
 
