@@ -42,19 +42,11 @@ from models.hibari.g2p import phonemize
 from models.hibari.voice import HibariVoice
 from models.hibari.weights import asset_path
 from tests.asr import transcribe, word_errors
+from tests.unit.test_neural_wer import SENTENCES as WER_SENTENCES
 
 # Everyday sentences none of the voices was tuned on: the neural WER test's ten and two more.
 SENTENCES = [
-    "Please call me back when you get home.",
-    "The weather is nice today, so let's go for a walk.",
-    "I would like a cup of coffee with milk.",
-    "Can you tell me where the train station is?",
-    "We are going to the store to buy some bread.",
-    "My brother works at the hospital in the city.",
-    "Turn off the lights before you go to bed.",
-    "She read a good book last night.",
-    "The children are playing in the park.",
-    "Thank you very much for your help.",
+    *WER_SENTENCES,
     "The meeting has been moved to Thursday afternoon.",
     "Please remember to bring your umbrella, it might rain later.",
 ]
