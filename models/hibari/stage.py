@@ -32,7 +32,7 @@ from models.classic.mel import MelConfig
 from models.classic.vocoder import Vocoder
 from models.engine import EngineConfig, accelerate
 from models.hibari.vocab import HOP, SAMPLE_RATE, ids_and_positions, model_path
-from models.neural.hifigan import Window, plan_windows
+from models.neural.hifigan import Window, stream_windows
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +141,7 @@ class HibariVocoder(_HibariHalf, Vocoder):
         voice's ``WINDOW_CONTEXT`` frames either side. A tail shorter than half its window
         joins the window before (a few frames would cost a whole context's rendering), as
         the Piper vocoder does."""
-        context = int(self.voice.WINDOW_CONTEXT)
-        plan = plan_windows(frames, window, context, growth)
-        size = window * growth ** (len(plan) - 1)
-        short = window // 2 if len(plan) == 2 else size // 2
-        if len(plan) > 1 and plan[-1].end - plan[-1].start < short:
-            before, tail = plan[-2], plan[-1]
-            plan[-2:] = [Window(before.lo, before.start, tail.end, tail.hi)]
-        return plan
+        return stream_windows(frames, window, int(self.voice.WINDOW_CONTEXT), growth)
 
     def vocode_windows(self, pieces: Sequence[tuple[torch.Tensor, Window, int]],
                        max_batch: int | None = None) -> list[torch.Tensor]:

@@ -172,6 +172,20 @@ def plan_windows(n_frames: int, window: int, context: int, growth: int = 1) -> l
     return plan
 
 
+def stream_windows(n_frames: int, window: int, context: int, growth: int = 1) -> list[Window]:
+    """``plan_windows``, with a last window shorter than half its size joined to the one before
+    (a few frames of tail would cost a whole context's rendering for a chunk too short to
+    matter); the first window, which first audio waits for, keeps its size. The windows a
+    neural vocoder streams a segment in."""
+    plan = plan_windows(n_frames, window, context, growth)
+    size = window * growth ** (len(plan) - 1)
+    short = window // 2 if len(plan) == 2 else size // 2
+    if len(plan) > 1 and plan[-1].end - plan[-1].start < short:
+        before, tail = plan[-2], plan[-1]
+        plan[-2:] = [Window(before.lo, before.start, tail.end, tail.hi)]
+    return plan
+
+
 class DecoderStages(Protocol):
     """The tensor stage of :class:`HifiganDecoder`, as an inference engine runs it."""
 

@@ -23,7 +23,7 @@ from models.classic.acoustic import AcousticModel
 from models.classic.mel import MelConfig
 from models.classic.vocoder import Vocoder
 from models.engine import EngineConfig, accelerate
-from models.neural.hifigan import HifiganDecoder, Window, plan_windows
+from models.neural.hifigan import HifiganDecoder, Window, stream_windows
 from models.neural.vits import VitsAcoustic, VitsOutput
 from models.neural.voice_file import (
     Inference,
@@ -297,13 +297,7 @@ class PiperVocoder(_PiperHalf, Vocoder):
         than half its size joins the one before it (a few frames of tail would cost a whole
         context's rendering for a chunk too short to matter), but the first window, which
         first audio waits for, takes less than half of its own size."""
-        plan = plan_windows(frames, window, WINDOW_CONTEXT, growth)
-        size = window * growth ** (len(plan) - 1)
-        short = window // 2 if len(plan) == 2 else size // 2
-        if len(plan) > 1 and plan[-1].end - plan[-1].start < short:
-            before, tail = plan[-2], plan[-1]
-            plan[-2:] = [Window(before.lo, before.start, tail.end, tail.hi)]
-        return plan
+        return stream_windows(frames, window, WINDOW_CONTEXT, growth)
 
     def vocode_window(self, z: torch.Tensor, window: Window,
                       speaker: str | int | None = None) -> torch.Tensor:

@@ -43,6 +43,7 @@ from models.hibari.voice import HibariVoice
 from models.hibari.weights import asset_path
 from tests.asr import transcribe, word_errors
 from tests.unit.test_neural_wer import SENTENCES as WER_SENTENCES
+from tests.unit.test_neural_wer import to_int16
 
 # Everyday sentences none of the voices was tuned on: the neural WER test's ten and two more.
 SENTENCES = [
@@ -61,10 +62,6 @@ def best_of(repeats: int, fn, *args) -> float:
         fn(*args)
         best = min(best, time.perf_counter() - start)
     return best
-
-
-def to_int16(audio: np.ndarray) -> np.ndarray:
-    return np.clip(np.round(audio * 32767.0), -32768, 32767).astype(np.int16)
 
 
 def corpus_wer(transcripts: list[str]) -> float:
