@@ -165,6 +165,22 @@ def job_ids(farm: Farm) -> set[str]:
     return {i for i in ids if ":" not in i}
 
 
+@contextmanager
+def writes_nothing(farm: Farm):
+    """Asserts that the block adds no key to the farm's Redis and grows no list (no job
+    record, no message). Keys may vanish meanwhile: a shared farm's earlier tests leave keys
+    with a TTL (cache entries, rate windows), so a count of keys is no measure."""
+    r = farm.redis
+
+    def lists() -> dict[bytes, int]:
+        return {k: r.llen(k) for k in r.scan_iter(count=1000) if r.type(k) == b"list"}
+
+    keys, lengths = set(r.scan_iter(count=1000)), lists()
+    yield
+    assert set(r.scan_iter(count=1000)) - keys == set()
+    assert {k: n for k, n in lists().items() if n > lengths.get(k, 0)} == {}
+
+
 # -- the farm under test -------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from models.text.frontend import MAX_SEGMENT_PHONEMES
 from models.text.ssml import MAX_SSML_CHARS
 from tests import wsclient
 from tests.e2e.test_http import error_of
-from tests.helpers import wait_state
+from tests.helpers import wait_state, writes_nothing
 
 pytestmark = pytest.mark.e2e
 
@@ -32,9 +32,8 @@ def post(server: str, path: str, body: dict, timeout: float = 30) -> requests.Re
 @pytest.fixture
 def nothing_queued(farm):
     """Asserts, after the test, that the farm's Redis holds no new key (no job, no message)."""
-    before = farm.farm.redis.dbsize()
-    yield
-    assert farm.farm.redis.dbsize() == before
+    with writes_nothing(farm.farm):
+        yield
 
 
 # -- phonemes over the 400-symbol bound -------------------------------------------------------
