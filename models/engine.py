@@ -53,7 +53,7 @@ _LOGGER = logging.getLogger(__name__)
 ENGINES = ("auto", "torch", "openvino")
 # Bump when a stage wrapper below (or a stage it traces) changes what it computes: it keys the
 # converted-model cache, so a farm never compiles a stale graph.
-GRAPH_VERSION = "1"
+GRAPH_VERSION = "2"
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,66 @@ def stream_windows(n_frames: int, window: int, context: int, growth: int = 1) ->
     return plan
 
 
+class PhaseConvTranspose1d(nn.ConvTranspose1d):
+    """A transposed convolution (the same parameters and state dict) computed as an ordinary
+    one: output sample ``q * stride + r`` is a short correlation of the input around frame
+    ``q`` with the kernel taps of phase ``r``, so one ``Conv1d`` into ``stride`` phases per
+    output channel, interleaved, gives the same numbers with the same multiplications. CPU
+    engines run ordinary convolutions far faster than transposed ones (OpenVINO: the two
+    8x upsamplers took 58 of a 400-frame decode's 262 ms as transposed convolutions and 37 ms
+    as this; docs/benchmarks.md, "Inference engines").
+
+    For the upsamplers whose output is exactly ``stride`` times the input (``kernel - 2 *
+    padding == stride``, every VITS voice's); any other shape runs as the transposed
+    convolution it is.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        (kernel,), (stride,), (pad,) = self.kernel_size, self.stride, self.padding
+        self.phased = (kernel - 2 * pad == stride and self.groups == 1
+                       and self.dilation == (1,) and self.output_padding == (0,))
+        # The ordinary convolution's weight and bias: buffers, so they move with the module,
+        # derived again whenever a state dict is loaded (weights changed in place otherwise
+        # are not seen). Derived outside forward, so a trace holds them as constants.
+        self.register_buffer("phase_weight", None, persistent=False)
+        self.register_buffer("phase_bias", None, persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.derive_phases())
+        self.derive_phases()
+
+    @torch.no_grad()
+    def derive_phases(self) -> None:
+        """``phase_weight`` ``(out * stride, in, taps)`` and ``phase_bias`` from the weights."""
+        if not self.phased:
+            return
+        (kernel,), (stride,), (pad,) = self.kernel_size, self.stride, self.padding
+        # Output q * stride + r takes input q + a - m through kernel tap m * stride + b, where
+        # (a, b) = divmod(r + pad, stride): offsets a - m around frame q.
+        taps = {}
+        for r in range(stride):
+            a, b = divmod(r + pad, stride)
+            for m in range(-(-(kernel - b) // stride)):
+                taps[(r, a - m)] = m * stride + b
+        low, high = min(d for _, d in taps), max(d for _, d in taps)
+        w = self.weight.detach()  # (in, out, kernel)
+        phases = w.new_zeros(self.out_channels, stride, self.in_channels, high - low + 1)
+        for (r, offset), k in taps.items():
+            phases[:, r, :, offset - low] = w[:, :, k].t()
+        self.phase_weight = phases.reshape(-1, self.in_channels, high - low + 1)
+        self.phase_bias = (self.bias.detach().repeat_interleave(stride)
+                           if self.bias is not None else None)
+        self.phase_padding = (-low, high)
+
+    def forward(self, x: torch.Tensor, output_size=None) -> torch.Tensor:
+        if not self.phased or output_size is not None:
+            return super().forward(x, output_size)
+        y = F.conv1d(F.pad(x, self.phase_padding), self.phase_weight, self.phase_bias)
+        batch, _, frames = y.shape  # y: (B, out * stride, T)
+        stride = self.stride[0]
+        return (y.view(batch, self.out_channels, stride, frames).transpose(2, 3)
+                .reshape(batch, self.out_channels, frames * stride))
+
+
 class DecoderStages(Protocol):
     """The tensor stage of :class:`HifiganDecoder`, as an inference engine runs it."""
 
@@ -210,7 +270,7 @@ class HifiganDecoder(nn.Module):
         channels = cfg.upsample_initial_channel
         for rate, kernel, padding in zip(cfg.upsample_rates, cfg.upsample_kernel_sizes,
                                          cfg.upsample_paddings, strict=True):
-            self.ups.append(nn.ConvTranspose1d(channels, channels // 2, kernel, rate, padding))
+            self.ups.append(PhaseConvTranspose1d(channels, channels // 2, kernel, rate, padding))
             channels //= 2
             for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes, strict=True):
                 self.resblocks.append(block(channels, k, d))
