@@ -5,7 +5,7 @@ serves it at 24 kHz. Then both English neural voices read the same sentences in 
 pocketsphinx scores them: the default voice must be the clearer one.
 
 One farm for the module (with a book worker), short sentences: this runs in ``make test``,
-except the two voices' WER comparison, which takes about half a minute and runs in ``make test-slow``."""
+except the two voices' WER comparison (about half a minute), which runs in ``make test-slow``."""
 
 from __future__ import annotations
 
