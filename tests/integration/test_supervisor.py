@@ -21,6 +21,7 @@ import requests
 from app.cli import procfile as cli_procfile
 from app.local.embedded_redis import free_port, maxmemory_bytes
 from tests.e2e.test_two_farms import clean_env, farm_up, free_run, wait_ready
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -143,8 +144,10 @@ def test_up_runs_the_procfiles_lines(farm):
     assert int(config["maxmemory"]) == maxmemory_bytes("25%") > 0, config
     assert config["maxmemory-policy"] == "noeviction"
     assert "GiB)" in farm.log.read_text()  # `up` says the bound
-    # No keys yet: the log says the API is open, and to whom.
-    assert "no API keys: the API is open to this machine only" in farm.log.read_text()
+    # No keys yet: the log says the API is open, and to whom, in the lines `up` prints once
+    # /readyz is 200 (which the fixture saw first: they may still be on their way).
+    wait_until(lambda: "no API keys: the API is open to this machine only"
+               in farm.log.read_text(), 30, lambda: farm.log.read_text()[-2000:])
 
 
 def test_a_killed_redis_comes_back_on_its_port_with_its_data(farm):
