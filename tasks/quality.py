@@ -18,6 +18,7 @@ from celery import shared_task
 from celery.exceptions import Ignore
 
 from app.broker.celery_app import QUALITY_TASK
+from app.canary.rule import Rule, worth_scoring
 from models.audio.quality import signal_checks, transcribe, word_errors
 from tasks.base import FarmTask
 
@@ -30,6 +31,13 @@ def score(self: FarmTask, voice: str, version: str, job_id: str, index: int, tex
     """Score segment `index` of job `job_id` (rendered by `version` of `voice`, saying
     `text`) and judge the voice's canary. Returns the segment's scores."""
     farm = self.farm
+    live_id, candidate_id, _ = farm.canary.state(voice)
+    skip = worth_scoring(Rule.from_settings(farm.settings), version, live_id, candidate_id,
+                         farm.canary.figures(voice, live_id),
+                         farm.canary.figures(voice, candidate_id))
+    if skip:
+        log.debug("not scoring %s:%s of %s %s: %s", job_id, index, voice, version, skip)
+        raise Ignore()
     pcm = farm.jobs.segment_pcm(job_id, index)
     job = farm.jobs.get(job_id)
     rate = job and job["sample_rate"]

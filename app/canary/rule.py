@@ -203,6 +203,23 @@ class Decision:
 _EPS = 1e-9
 
 
+def worth_scoring(rule: Rule, version: str, live_id: str, candidate_id: str, live: Figures,
+                  candidate: Figures) -> str | None:
+    """Why a queued score of `version` is not worth the quality pool's time now, or None.
+
+    The pool transcribes more slowly than the farm renders, so its queue lags: a score of a
+    version that is neither live nor the candidate any more (one decided meanwhile) is
+    dropped, and live is scored only while it has fewer scores than the rule needs or than
+    the candidate has, so a new candidate is never stuck behind the backlog of live's (the
+    rule waits for both to have `min_scored`).
+    """
+    if not candidate_id or version not in (live_id, candidate_id):
+        return f"version {version} is no longer live or a candidate"
+    if version == live_id and live.scored >= max(rule.min_scored, candidate.scored):
+        return f"live has {live.scored} scores; the candidate {candidate.scored}"
+    return None
+
+
 def decide(rule: Rule, live: Figures, candidate: Figures) -> Decision:
     """The canary's rule: roll back at once when the candidate's failure ratio passes the
     bound; otherwise wait until both versions have `min_scored` scored segments, then

@@ -21,7 +21,6 @@ import requests
 from app.cli import procfile as cli_procfile
 from app.local.embedded_redis import free_port, maxmemory_bytes
 from tests.e2e.test_two_farms import clean_env, farm_up, free_run, wait_ready
-from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -146,8 +145,9 @@ def test_up_runs_the_procfiles_lines(farm):
     assert "GiB)" in farm.log.read_text()  # `up` says the bound
     # No keys yet: the log says the API is open, and to whom, in the lines `up` prints once
     # /readyz is 200 (which the fixture saw first: they may still be on their way).
-    wait_until(lambda: "no API keys: the API is open to this machine only"
-               in farm.log.read_text(), 30, lambda: farm.log.read_text()[-2000:])
+    wait_until("up says the API is open to this machine only",
+               lambda: "no API keys: the API is open to this machine only"
+               in farm.log.read_text(), 30, farm.log)
 
 
 def test_a_killed_redis_comes_back_on_its_port_with_its_data(farm):

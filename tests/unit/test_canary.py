@@ -25,6 +25,7 @@ from app.canary.rule import (
     decide,
     p99,
     share_point,
+    worth_scoring,
 )
 from app.canary.store import Canary
 from app.settings import Settings
@@ -63,6 +64,20 @@ def test_an_equal_candidate_is_promoted_once_both_have_enough_scores():
     decision = decide(RULE, live, figures(errors=7))  # +0.02: on the margin, not past it
     assert decision.action == PROMOTE
     assert any(r.startswith("WER 0.070 vs live 0.050") for r in decision.reasons)
+
+
+def test_the_quality_pool_spends_its_time_where_the_decision_waits():
+    rule = Rule(min_scored=5)
+    # A version decided meanwhile (or a voice without a candidate any more): dropped.
+    assert "no longer" in worth_scoring(rule, "v1", "v2", "v3", Figures(), Figures())
+    assert "no longer" in worth_scoring(rule, "v2", "v2", "", Figures(), Figures())
+    # The candidate is always scored; live until it has what the rule needs and the
+    # candidate's count, so a backlog of live's scores never holds a new candidate back.
+    assert worth_scoring(rule, "v3", "v2", "v3", Figures(scored=90), Figures()) is None
+    assert worth_scoring(rule, "v2", "v2", "v3", Figures(scored=4), Figures()) is None
+    assert worth_scoring(rule, "v2", "v2", "v3", Figures(scored=6), Figures(scored=7)) is None
+    assert worth_scoring(rule, "v2", "v2", "v3", Figures(scored=56), Figures()) == \
+        "live has 56 scores; the candidate 0"
 
 
 @pytest.mark.parametrize("candidate, reason", [
