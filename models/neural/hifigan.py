@@ -24,7 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.neural.vits import bucket_groups, default_max_batch, load_state, sequence_mask
+from models.neural.vits import (
+    CPU_PAD_STEP,
+    bucket_groups,
+    default_max_batch,
+    load_state,
+    sequence_mask,
+)
 from models.neural.voice_file import HOP_LENGTH, OnnxWeights, VoiceFileError, read_onnx_weights
 
 _LOGGER = logging.getLogger(__name__)
@@ -330,8 +336,8 @@ class HifiganDecoder(nn.Module):
 
         Items run in sub-batches of similar length (at most ``max_batch``, default
         :func:`models.neural.vits.default_max_batch`), each padded to its bucket
-        (:func:`models.neural.vits.bucket_length`) and masked, so an item's audio does not depend on
-        the other items.
+        (:func:`models.neural.vits.bucket_length`; on CPU a multiple of ``CPU_PAD_STEP``
+        frames) and masked, so an item's audio does not depend on the other items.
 
         Args:
             z: ``(B, in_channels, T_max)`` (or ``(in_channels, T)`` for one item).
@@ -359,7 +365,8 @@ class HifiganDecoder(nn.Module):
         hop = self.hop_length
         audio = torch.zeros(batch, max_frames * hop, device=self.device)
         max_batch = max_batch or default_max_batch(self.device)
-        for group, padded in bucket_groups([max(1, n) for n in frames], max_batch):
+        step = CPU_PAD_STEP if self.device.type == "cpu" else None
+        for group, padded in bucket_groups([max(1, n) for n in frames], max_batch, step):
             padded_z = torch.zeros(len(group), channels, padded, device=self.device)
             for k, i in enumerate(group):
                 padded_z[k, :, : frames[i]] = z[i, :, : frames[i]].to(self.device, torch.float32)

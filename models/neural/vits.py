@@ -96,6 +96,14 @@ def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
     return torch.arange(max_length, device=lengths.device)[None, :] < lengths[:, None]
 
 
+# On CPU a stage pads each item to a multiple of this many frames (or phoneme ids), not to
+# the coarser buckets that let a GPU batch similar lengths (up to a quarter padding: a
+# streaming window's 80 frames decoded as 96, 58 ms against 49): a CPU pool runs one item a
+# pass, and OpenVINO compiles kernels per length, so steps of 8 keep the lengths it meets
+# few (docs/benchmarks.md, "Inference engines").
+CPU_PAD_STEP = 8
+
+
 def bucket_length(n: int, min_step: int = 32) -> int:
     """``n`` rounded up to a padded length shared by similar lengths.
 
@@ -107,13 +115,15 @@ def bucket_length(n: int, min_step: int = 32) -> int:
     return max(step, -(-n // step) * step)
 
 
-def bucket_groups(lengths: Sequence[int], max_batch: int | None = None
+def bucket_groups(lengths: Sequence[int], max_batch: int | None = None, step: int | None = None
                   ) -> list[tuple[list[int], int]]:
     """Indices of ``lengths`` grouped by :func:`bucket_length` (at most ``max_batch`` to a
-    group), with each group's padded length."""
+    group), with each group's padded length; with ``step``, by multiples of ``step`` instead
+    (finer buckets: less padding, fewer items that share one)."""
     buckets: dict[int, list[int]] = {}
     for i, n in enumerate(lengths):
-        buckets.setdefault(bucket_length(int(n)), []).append(i)
+        padded = -(-int(n) // step) * step if step else bucket_length(int(n))
+        buckets.setdefault(padded, []).append(i)
     size = max_batch or len(lengths) or 1
     return [
         (members[k : k + size], padded)
@@ -650,9 +660,10 @@ class VitsAcoustic(nn.Module):
             max_batch: items per sub-batch; default :func:`default_max_batch` for the device.
 
         Items run in sub-batches of similar length, each padded to its bucket
-        (:func:`bucket_length`): kernels' rounding depends on the padded length, so padding
-        an item to its own bucket rather than to the batch's longest keeps its result
-        independent of the other items (bit for bit with one item per sub-batch).
+        (:func:`bucket_length`; on CPU a multiple of ``CPU_PAD_STEP``): kernels' rounding
+        depends on the padded length, so padding an item to its own bucket rather than to
+        the batch's longest keeps its result independent of the other items (bit for bit
+        with one item per sub-batch).
         """
         device = self.device
         ids = torch.as_tensor(ids, dtype=torch.long)
@@ -674,7 +685,8 @@ class VitsAcoustic(nn.Module):
         durations: list[torch.Tensor] = [torch.empty(0)] * batch
         means: list[torch.Tensor] = [torch.empty(0)] * batch
         log_stds: list[torch.Tensor] = [torch.empty(0)] * batch
-        for group, padded in bucket_groups(host_lengths, max_batch):
+        step = CPU_PAD_STEP if device.type == "cpu" else None
+        for group, padded in bucket_groups(host_lengths, max_batch, step):
             n = [host_lengths[i] for i in group]
             x = ids[group, :padded] if padded <= max_len else F.pad(ids[group],
                                                                      (0, padded - max_len))
@@ -694,7 +706,7 @@ class VitsAcoustic(nn.Module):
         # Prior sampled per frame and the flow, per bucket of frame lengths.
         frames = [max(1, int(d.sum())) for d in durations]
         z_items: list[torch.Tensor] = [torch.empty(0)] * batch
-        for group, padded in bucket_groups(frames, max_batch):
+        for group, padded in bucket_groups(frames, max_batch, step):
             z_p = torch.zeros(len(group), channels, padded, device=device)
             for k, i in enumerate(group):
                 # Each frame takes the prior of the phoneme whose span covers it.
