@@ -26,10 +26,11 @@ from celery.exceptions import Ignore
 from app.broker.celery_app import (
     ACOUSTIC_QUEUE,
     ACOUSTIC_TASK,
-    LEAD_QUEUES,
     OVERFLOW_QUEUES,
+    STAGE_QUEUES,
     VOCODER_LEAD_QUEUE,
     VOCODER_QUEUE,
+    VOCODER_REST_QUEUE,
     VOCODER_TASK,
 )
 from app.broker.queueing import continue_segment, hand_over, publish_again
@@ -51,9 +52,9 @@ MAX_REGENERATIONS = 3
 _STOPPED = (None, JobState.CANCELED, JobState.FAILED)
 
 
-# The queues admission counts (a stage's lead and main queues): what a worker publishes there
+# The queues admission counts (a stage's interactive queues): what a worker publishes there
 # is marked in the ledger. The overflow queues and the books' batch queues are not counted.
-_COUNTED_QUEUES = frozenset({*LEAD_QUEUES.values(), *LEAD_QUEUES})
+_COUNTED_QUEUES = frozenset(q for queues in STAGE_QUEUES.values() for q in queues)
 
 
 def ledger_kind(task_name: str, kwargs: dict | None) -> str:
@@ -263,7 +264,7 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
         rest = _stream_windows(farm, vocoder, voice, features, spec, pause, words, from_window,
                                seed)
         if rest is not None:  # it gave way: the rest reads the features this stage holds
-            continue_segment(farm.celery, mel_key, spec, rest, queue=VOCODER_LEAD_QUEUE,
+            continue_segment(farm.celery, mel_key, spec, rest, queue=VOCODER_REST_QUEUE,
                              regenerations=regenerations,
                              spent_s=spent_s + time.perf_counter() - started)
             metrics.VOCODER_YIELDS.inc()

@@ -32,9 +32,9 @@ from app.broker.celery_app import (
     ACOUSTIC_QUEUE,
     BATCH_QUEUES,
     BOOK_QUEUE,
-    LEAD_QUEUES,
     OVERFLOW_QUEUES,
     QUALITY_QUEUE,
+    STAGE_QUEUES,
     WORKER_QUEUES,
     make_celery,
 )
@@ -188,7 +188,7 @@ def worker_queues(queue: str, work: str = "all", overflow: bool = False) -> tupl
     if work == "all" or queue not in BATCH_QUEUES:
         queues = WORKER_QUEUES[queue]
     elif work == "interactive":
-        queues = (LEAD_QUEUES[queue], queue)
+        queues = STAGE_QUEUES[queue]
     else:
         queues = (BATCH_QUEUES[queue],)
     if overflow and queue in OVERFLOW_QUEUES:

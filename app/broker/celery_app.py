@@ -53,16 +53,28 @@ QUALITY_QUEUE = "quality"
 # before anyone's second segment, so first audio waits behind the listeners ahead, not
 # behind all their segments; a job's later segments render while its first one plays.
 # Under a burst it cut first-audio p99 and cost some full time (docs/benchmarks.md, "Figures
-# that lived in code comments"). The vocoder lead queue also takes the rest of a segment
-# that gave way after its first window to the work waiting there (tasks/segments.py, `_give_way`).
+# that lived in code comments").
 ACOUSTIC_LEAD_QUEUE = "acoustic_lead"
 VOCODER_LEAD_QUEUE = "vocoder_lead"
 LEAD_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_LEAD_QUEUE, VOCODER_QUEUE: VOCODER_LEAD_QUEUE}
+# The rest of a segment that gave way after its first window to first windows waiting on the
+# lead queue (tasks/segments.py, `_give_way`) waits on a queue of its own, read after the lead
+# queue and before the stage's own: its listener is already playing the first window, so it
+# goes before later segments, but a first window never waits behind it. (It went to the back
+# of the lead queue before: under a burst of 32 the last first windows then waited 2-3 s
+# behind rests; docs/benchmarks.md, "Inference engines".)
+VOCODER_REST_QUEUE = "vocoder_rest"
+# A stage's interactive queues, most urgent first: what its interactive pools read, what
+# admission counts, where a job's segments wait.
+STAGE_QUEUES = {
+    ACOUSTIC_QUEUE: (ACOUSTIC_LEAD_QUEUE, ACOUSTIC_QUEUE),
+    VOCODER_QUEUE: (VOCODER_LEAD_QUEUE, VOCODER_REST_QUEUE, VOCODER_QUEUE),
+}
 # What each pool consumes, most urgent first (a CPU pool also takes its stage's overflow
 # queue, below).
 WORKER_QUEUES = {
-    ACOUSTIC_QUEUE: (ACOUSTIC_LEAD_QUEUE, ACOUSTIC_QUEUE, ACOUSTIC_BATCH_QUEUE),
-    VOCODER_QUEUE: (VOCODER_LEAD_QUEUE, VOCODER_QUEUE, VOCODER_BATCH_QUEUE),
+    ACOUSTIC_QUEUE: (*STAGE_QUEUES[ACOUSTIC_QUEUE], ACOUSTIC_BATCH_QUEUE),
+    VOCODER_QUEUE: (*STAGE_QUEUES[VOCODER_QUEUE], VOCODER_BATCH_QUEUE),
     BOOK_QUEUE: (BOOK_QUEUE,),
     QUALITY_QUEUE: (QUALITY_QUEUE,),
 }
@@ -73,9 +85,9 @@ WORKER_QUEUES = {
 ACOUSTIC_OVERFLOW_QUEUE = "acoustic_cpu"
 VOCODER_OVERFLOW_QUEUE = "vocoder_cpu"
 OVERFLOW_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_OVERFLOW_QUEUE, VOCODER_QUEUE: VOCODER_OVERFLOW_QUEUE}
-ALL_QUEUES = (*QUEUES, ACOUSTIC_LEAD_QUEUE, VOCODER_LEAD_QUEUE, ACOUSTIC_BATCH_QUEUE,
-              VOCODER_BATCH_QUEUE, BOOK_QUEUE, ACOUSTIC_OVERFLOW_QUEUE, VOCODER_OVERFLOW_QUEUE,
-              QUALITY_QUEUE)
+ALL_QUEUES = (*QUEUES, ACOUSTIC_LEAD_QUEUE, VOCODER_LEAD_QUEUE, VOCODER_REST_QUEUE,
+              ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE, BOOK_QUEUE, ACOUSTIC_OVERFLOW_QUEUE,
+              VOCODER_OVERFLOW_QUEUE, QUALITY_QUEUE)
 # Every queue and the pool (stage) that reads it, in ALL_QUEUES' order: the one list /readyz,
 # /v1/stats and the voxfarm_queue_depth and voxfarm_workers_live gauges all report, so no two
 # of them disagree on what the farm's queues are.

@@ -14,7 +14,7 @@ import uuid
 
 import redis
 
-from app.broker.celery_app import ACOUSTIC_QUEUE, LEAD_QUEUES, VOCODER_QUEUE
+from app.broker.celery_app import ACOUSTIC_QUEUE, STAGE_QUEUES, VOCODER_QUEUE
 from app.broker.probe import AmqpQueues, RedisQueues
 from app.errors import FarmError
 from app.services.backlog import Backlog
@@ -157,10 +157,10 @@ class Admission:
                 raise GpuMemoryExhausted(exhausted, self.backlog.stage_depth(ACOUSTIC_QUEUE),
                                          self.settings.retry_after_s)
             # When the depths were read: a ticket published after that is not in them.
-            read_at, depths = self.broker.depths(
-                [LEAD_QUEUES[ACOUSTIC_QUEUE], ACOUSTIC_QUEUE,
-                 LEAD_QUEUES[VOCODER_QUEUE], VOCODER_QUEUE])
-            acoustic, vocoder = depths[0] + depths[1], depths[2] + depths[3]
+            stage_queues = STAGE_QUEUES[ACOUSTIC_QUEUE], STAGE_QUEUES[VOCODER_QUEUE]
+            read_at, depths = self.broker.depths([q for qs in stage_queues for q in qs])
+            split = len(stage_queues[0])
+            acoustic, vocoder = sum(depths[:split]), sum(depths[split:])
             per_segment = self.backlog.segment_s()
             ticket_id = uuid.uuid4().hex
             settings = self.settings

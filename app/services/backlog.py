@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import redis
 
-from app.broker.celery_app import ACOUSTIC_QUEUE, LEAD_QUEUES, QUEUES, VOCODER_QUEUE
+from app.broker.celery_app import ACOUSTIC_QUEUE, QUEUES, STAGE_QUEUES, VOCODER_QUEUE
 from app.broker.probe import AmqpQueues, RedisQueues
 from app.services.liveness import Liveness
 from app.stores.keys import Keys
@@ -59,8 +59,9 @@ class Backlog:
                                                                          strict=True))
 
     def stage_depth(self, stage: str) -> int:
-        """Interactive segments waiting on a stage: its lead queue and its own."""
-        return self.queue_depth(LEAD_QUEUES[stage]) + self.queue_depth(stage)
+        """Interactive segments waiting on a stage: its lead queue, its own, and the rests of
+        segments that gave way (STAGE_QUEUES)."""
+        return sum(self.queue_depth(q) for q in STAGE_QUEUES[stage])
 
     def live_depth(self, stage: str) -> int:
         """The stage's waiting segments that will run: `stage_depth` less the messages of

@@ -127,12 +127,24 @@ class Farm:
             try:
                 if requests.get(f"{self.base}/readyz", timeout=5).status_code == 200:
                     self.ready_s = time.monotonic() - self.started
+                    self.wait_all_pools(deadline)
                     self.render("Ready.")
                     return
             except requests.RequestException:
                 pass
             time.sleep(0.25)
         raise RuntimeError(f"the farm is not ready: {log.read_text()[-3000:]}")
+
+    def wait_all_pools(self, deadline: float) -> None:
+        """Until every queue has a live worker: /readyz needs only the interactive pools, and
+        the book pools warm their models (compiling them on a cold cache) after it, on the
+        same cores. A server runs warm; the first scenarios must not time that warm-up."""
+        while time.monotonic() < deadline:
+            queues = requests.get(f"{self.base}/v1/stats", timeout=5).json()["queues"]
+            if all(q["workers"] for q in queues.values()):
+                return
+            time.sleep(0.25)
+        raise RuntimeError("the farm's pools did not all come up")
 
     def render(self, text: str) -> tuple[float, float, int]:
         """(first audio s, full s, bytes) through the chunked HTTP stream."""

@@ -220,7 +220,8 @@ def test_not_ready_without_workers(redis_url, tmp_path):
             body = resp.json()
             assert body["redis"] == "ok"
             assert body["missing"] == [f"no live worker on queue '{q}'" for q in
-                                       ("acoustic", "vocoder", "acoustic_lead", "vocoder_lead")]
+                                       ("acoustic_lead", "acoustic", "vocoder_lead",
+                                        "vocoder_rest", "vocoder")]
 
 
 def test_redis_down_is_503_not_500(tmp_path):

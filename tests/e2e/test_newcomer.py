@@ -123,7 +123,8 @@ def test_readyz_and_stats_see_the_book_pool(server):
     # Every queue's consumers (these workers read all their stage's queues: lead, own and
     # batch), the book pool's too.
     assert ready["workers"] == {"acoustic": 1, "vocoder": 1, "acoustic_lead": 1,
-                                "vocoder_lead": 1, "acoustic_batch": 1, "vocoder_batch": 1,
+                                "vocoder_lead": 1, "vocoder_rest": 1, "acoustic_batch": 1,
+                                "vocoder_batch": 1,
                                 "book": 1, "acoustic_cpu": 1, "vocoder_cpu": 1, "quality": 0}
     assert ready["warnings"] == []
     resp = requests.get(f"{server}/v1/stats", timeout=10)
@@ -131,8 +132,8 @@ def test_readyz_and_stats_see_the_book_pool(server):
     queues = resp.json()["queues"]
     # Every pool's queues: the canary's quality pool too (it is not started here).
     assert set(queues) == {"acoustic", "acoustic_lead", "acoustic_batch", "vocoder",
-                           "vocoder_lead", "vocoder_batch", "book", "quality", "acoustic_cpu",
-                           "vocoder_cpu"}
+                           "vocoder_lead", "vocoder_rest", "vocoder_batch", "book", "quality",
+                           "acoustic_cpu", "vocoder_cpu"}
     assert queues["quality"] == {"depth": 0, "workers": 0, "pool": "quality"}
     assert queues["book"] == {"depth": 0, "workers": 1, "pool": "book"}
     assert queues["acoustic_batch"] == {"depth": 0, "workers": 1, "pool": "acoustic"}

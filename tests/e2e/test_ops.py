@@ -265,7 +265,7 @@ def test_kubernetes_manifests_describe_the_farm():
     lists = {name: {t["metadata"]["listName"] for t in so["spec"]["triggers"]}
              for name, so in scaled.items()}
     assert {"acoustic", "acoustic_lead"} <= lists["voxfarm-acoustic"]
-    assert {"vocoder", "vocoder_lead"} <= lists["voxfarm-vocoder-gpu"]
+    assert {"vocoder", "vocoder_lead", "vocoder_rest"} <= lists["voxfarm-vocoder-gpu"]
     assert "vocoder" in lists["voxfarm-vocoder-cpu"]
     assert "book" in lists["voxfarm-book"]
     for so in scaled.values():

@@ -221,6 +221,7 @@ def test_two_farms_side_by_side_and_say_finds_its_farm(farms):
     # Every pool of each farm: interactive, batch (books) and book orchestration. (Ready
     # means the interactive pools are live; the others may come a moment later.)
     every_pool = {"acoustic": 1, "vocoder": 1, "acoustic_lead": 1, "vocoder_lead": 1,
+                  "vocoder_rest": 1,
                   "acoustic_batch": 1, "vocoder_batch": 1, "book": 1,
                   # The CPU pools read their stage's overflow queue: interactive and batch.
                   "acoustic_cpu": 2, "vocoder_cpu": 2, "quality": 1}

@@ -328,8 +328,9 @@ def test_queue_depth_readiness_and_cancel_without_workers(redis_url, tmp_path):
 
         ready = client.get("/readyz")
         assert ready.status_code == 503
-        # Each stage's queue and its lead queue (jobs' first segments) need consumers.
-        interactive = ("acoustic", "vocoder", "acoustic_lead", "vocoder_lead")
+        # Each stage's queue, its lead queue (jobs' first segments) and the vocoder's rests
+        # need consumers.
+        interactive = ("acoustic_lead", "acoustic", "vocoder_lead", "vocoder_rest", "vocoder")
         assert ready.get_json()["missing"] == [f"no live worker on queue '{q}'"
                                                for q in interactive]
         # The book and batch queues are reported too; without their workers books wait,

@@ -38,7 +38,7 @@ def test_a_cpu_pool_takes_its_stages_overflow_first_and_a_gpu_pool_never():
     assert worker_queues("acoustic", overflow=True) == \
         ("acoustic_cpu", "acoustic_lead", "acoustic", "acoustic_batch")
     assert worker_queues("vocoder", "interactive", overflow=True) == \
-        ("vocoder_cpu", "vocoder_lead", "vocoder")
+        ("vocoder_cpu", "vocoder_lead", "vocoder_rest", "vocoder")
     assert worker_queues("vocoder", "batch", overflow=True) == ("vocoder_cpu", "vocoder_batch")
     assert worker_queues("vocoder", "batch") == ("vocoder_batch",)
     assert worker_queues("book", overflow=True) == ("book",)  # no model, no overflow
