@@ -208,7 +208,7 @@ class PhaseConvTranspose1d(nn.ConvTranspose1d):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        (kernel,), (stride,), (pad,) = self.kernel_size, self.stride, self.padding
+        kernel, stride, pad = self._sizes()
         self.phased = (kernel - 2 * pad == stride and self.groups == 1
                        and self.dilation == (1,) and self.output_padding == (0,))
         # The ordinary convolution's weight and bias: buffers, so they move with the module,
@@ -219,12 +219,19 @@ class PhaseConvTranspose1d(nn.ConvTranspose1d):
         self.register_load_state_dict_post_hook(lambda module, _keys: module.derive_phases())
         self.derive_phases()
 
+    def _sizes(self) -> tuple[int, int, int]:
+        """(kernel, stride, padding) of this one-dimensional layer, as numbers."""
+        padding = self.padding
+        if isinstance(padding, str):  # torch's type allows "same"; a transposed one has none
+            raise ValueError(f"padding {padding!r}: a transposed convolution takes numbers")
+        return int(self.kernel_size[0]), int(self.stride[0]), int(padding[0])
+
     @torch.no_grad()
     def derive_phases(self) -> None:
         """``phase_weight`` ``(out * stride, in, taps)`` and ``phase_bias`` from the weights."""
         if not self.phased:
             return
-        (kernel,), (stride,), (pad,) = self.kernel_size, self.stride, self.padding
+        kernel, stride, pad = self._sizes()
         # Output q * stride + r takes input q + a - m through kernel tap m * stride + b, where
         # (a, b) = divmod(r + pad, stride): offsets a - m around frame q.
         taps = {}
