@@ -264,7 +264,7 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
         rest = _stream_windows(farm, vocoder, voice, features, spec, pause, words, from_window,
                                seed)
         if rest is not None:  # it gave way: the rest reads the features this stage holds
-            continue_segment(farm.celery, mel_key, spec, rest, queue=VOCODER_REST_QUEUE,
+            continue_segment(farm.celery, mel_key, spec, rest, queue=_rest_queue(farm.settings),
                              regenerations=regenerations,
                              spent_s=spent_s + time.perf_counter() - started)
             metrics.VOCODER_YIELDS.inc()
@@ -417,6 +417,17 @@ def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarra
         if stored == -1:
             raise Ignore()  # canceled or failed meanwhile: the rest is not wanted
     return None
+
+
+def _rest_queue(settings) -> str:
+    """Where the rest of a segment that gave way waits. On Redis, `vocoder_rest`: a worker
+    BRPOPs its queues in order, so a first window on the lead queue always goes first, even
+    one that came after the rest. RabbitMQ delivers each queue's next message to a worker as
+    soon as that queue's prefetch slot is free, whatever the order of its queues: the rest on
+    a queue of its own reached the worker while the lead queue's slot was still held by the
+    segment that gave way, and ran before the first window that had waited. There the rest
+    goes to the back of the lead queue, behind the first windows already waiting."""
+    return VOCODER_LEAD_QUEUE if settings.broker_is_amqp else VOCODER_REST_QUEUE
 
 
 def _give_way(farm) -> bool:

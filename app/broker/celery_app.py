@@ -62,7 +62,9 @@ LEAD_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_LEAD_QUEUE, VOCODER_QUEUE: VOCODER_LEAD_
 # queue and before the stage's own: its listener is already playing the first window, so it
 # goes before later segments, but a first window never waits behind it. (It went to the back
 # of the lead queue before: under a burst of 32 the last first windows then waited 2-3 s
-# behind rests; docs/benchmarks.md, "Inference engines".)
+# behind rests; docs/benchmarks.md, "Inference engines".) On RabbitMQ, which keeps no order
+# across a worker's queues, rests still go to the back of the lead queue
+# (tasks/segments.py, `_rest_queue`).
 VOCODER_REST_QUEUE = "vocoder_rest"
 # A stage's interactive queues, most urgent first: what its interactive pools read, what
 # admission counts, where a job's segments wait.
