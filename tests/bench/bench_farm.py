@@ -64,13 +64,20 @@ class Direct:
         import torch
 
         from app.settings import Settings
-        from models.voices import PIPER, get_voice
+        from models.voices import HIBARI, PIPER, get_voice
+        from tasks.runtime import engine_config
 
         torch.set_num_threads(1)  # as each of the farm's pool processes runs
         self.voice = get_voice(voice or Settings().default_voice)
-        if self.voice.engine == PIPER:
+        if self.voice.engine == HIBARI:
+            from models.hibari.stage import HibariAcoustic, HibariVocoder
+
+            # The pools' engine and cache, as for Piper below.
+            engine = engine_config(Settings.from_env())
+            self.acoustic = HibariAcoustic(engine=engine)
+            self.vocoder = HibariVocoder(engine=engine)
+        elif self.voice.engine == PIPER:
             from models.neural.piper import PiperAcoustic, PiperVocoder
-            from tasks.runtime import engine_config
 
             # The pools' engine and cache (VOXFARM_ENGINE, one thread), so farm/direct stays
             # a measure of the farm's overhead, not of two engines.
@@ -87,12 +94,14 @@ class Direct:
     def __call__(self, text: str) -> int:
         from models.audio.encode import pcm16
         from models.text.frontend import prepare
-        from models.voices import PIPER
+        from models.voices import HIBARI, PIPER
 
         n = 0
         for seg in prepare(text, self.voice.name):
             if self.voice.engine == PIPER:
                 features = self.acoustic.synthesize(seg.phonemes, speed=1.0, seed=seg.index)
+            elif self.voice.engine == HIBARI:
+                features = self.acoustic.synthesize(seg.phonemes, speed=1.0)
             else:
                 features = self.acoustic.synthesize(seg.phonemes, self.voice.name, 1.0)
             n += len(pcm16(self.vocoder.vocode([features])[0].numpy()))
