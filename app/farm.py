@@ -20,10 +20,10 @@ from celery import Celery
 from app.broker import queueing
 from app.broker.celery_app import (
     ALL_QUEUES,
+    INTERACTIVE_QUEUES,
     OVERFLOW_QUEUES,
     QUALITY_QUEUE,
     QUEUES,
-    STAGE_QUEUES,
     make_celery,
 )
 from app.broker.probe import broker_queues
@@ -182,7 +182,7 @@ class Farm:
         quality = len(live[QUALITY_QUEUE])
         # A stage's lead queue (jobs' first segments) and the vocoder's rests need their
         # consumers as much as the stage's own queue does.
-        missing = [q for qs in STAGE_QUEUES.values() for q in qs if not live[q]]
+        missing = [q for q in INTERACTIVE_QUEUES if not live[q]]
         short = {q: len(self.liveness.short_workers(q) & set(live[q])) for q in QUEUES}
         return {"ready": not missing, "redis": "ok",
                 "workers": {q: len(w) for q, w in live.items()},

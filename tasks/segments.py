@@ -26,8 +26,8 @@ from celery.exceptions import Ignore
 from app.broker.celery_app import (
     ACOUSTIC_QUEUE,
     ACOUSTIC_TASK,
+    INTERACTIVE_QUEUES,
     OVERFLOW_QUEUES,
-    STAGE_QUEUES,
     VOCODER_LEAD_QUEUE,
     VOCODER_QUEUE,
     VOCODER_REST_QUEUE,
@@ -54,7 +54,7 @@ _STOPPED = (None, JobState.CANCELED, JobState.FAILED)
 
 # The queues admission counts (a stage's interactive queues): what a worker publishes there
 # is marked in the ledger. The overflow queues and the books' batch queues are not counted.
-_COUNTED_QUEUES = frozenset(q for queues in STAGE_QUEUES.values() for q in queues)
+_COUNTED_QUEUES = frozenset(INTERACTIVE_QUEUES)
 
 
 def ledger_kind(task_name: str, kwargs: dict | None) -> str:
@@ -432,8 +432,9 @@ def _rest_queue(settings) -> str:
 
 def _give_way(farm) -> bool:
     """Whether a segment after its first window should let others go first: the setting is
-    on and work waits on the vocoder lead queue (jobs' first segments and the rests of
-    segments that gave way). A broker that does not answer says no: the segment carries on."""
+    on and work waits on the vocoder lead queue (jobs' first segments; on RabbitMQ also the
+    rests of segments that gave way, `_rest_queue`). A broker that does not answer says no:
+    the segment carries on."""
     if not farm.settings.vocoder_yield:
         return False
     try:

@@ -72,6 +72,7 @@ STAGE_QUEUES = {
     ACOUSTIC_QUEUE: (ACOUSTIC_LEAD_QUEUE, ACOUSTIC_QUEUE),
     VOCODER_QUEUE: (VOCODER_LEAD_QUEUE, VOCODER_REST_QUEUE, VOCODER_QUEUE),
 }
+INTERACTIVE_QUEUES = tuple(q for queues in STAGE_QUEUES.values() for q in queues)
 # What each pool consumes, most urgent first (a CPU pool also takes its stage's overflow
 # queue, below).
 WORKER_QUEUES = {

@@ -17,8 +17,8 @@ from app.broker import queueing
 from app.broker.celery_app import (
     ACOUSTIC_BATCH_QUEUE,
     BOOK_QUEUE,
+    INTERACTIVE_QUEUES,
     OVERFLOW_QUEUES,
-    STAGE_QUEUES,
     VOCODER_BATCH_QUEUE,
 )
 from app.services.backlog import Backlog
@@ -38,7 +38,7 @@ STALLED_QUEUED_S = 30.0
 # has the last word.
 JOB_RESUMES = 3
 # Where an interactive job's segment messages wait (a book's wait on the batch queues).
-JOB_QUEUES = (*(q for qs in STAGE_QUEUES.values() for q in qs), *OVERFLOW_QUEUES.values())
+JOB_QUEUES = (*INTERACTIVE_QUEUES, *OVERFLOW_QUEUES.values())
 BOOK_STALLED_ERROR = ("no progress for {s:.0f} s, {n} times resumed: its segments keep being "
                       "lost (a broker failure?)")
 # The reason a stream job whose listener lease lapsed is canceled with (its `error`).

@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.neural.vits import (
-    CPU_PAD_STEP,
     bucket_groups,
     default_max_batch,
     load_state,
+    pad_step,
     sequence_mask,
 )
 from models.neural.voice_file import HOP_LENGTH, OnnxWeights, VoiceFileError, read_onnx_weights
@@ -372,8 +372,8 @@ class HifiganDecoder(nn.Module):
         hop = self.hop_length
         audio = torch.zeros(batch, max_frames * hop, device=self.device)
         max_batch = max_batch or default_max_batch(self.device)
-        step = CPU_PAD_STEP if self.device.type == "cpu" else None
-        for group, padded in bucket_groups([max(1, n) for n in frames], max_batch, step):
+        for group, padded in bucket_groups([max(1, n) for n in frames], max_batch,
+                                           pad_step(self.device)):
             padded_z = torch.zeros(len(group), channels, padded, device=self.device)
             for k, i in enumerate(group):
                 padded_z[k, :, : frames[i]] = z[i, :, : frames[i]].to(self.device, torch.float32)

@@ -104,6 +104,12 @@ def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
 CPU_PAD_STEP = 8
 
 
+def pad_step(device: torch.device) -> int | None:
+    """The padding step of a stage on ``device`` for :func:`bucket_groups`: ``CPU_PAD_STEP``
+    on CPU, None (the batching buckets) elsewhere."""
+    return CPU_PAD_STEP if device.type == "cpu" else None
+
+
 def bucket_length(n: int, min_step: int = 32) -> int:
     """``n`` rounded up to a padded length shared by similar lengths.
 
@@ -685,7 +691,7 @@ class VitsAcoustic(nn.Module):
         durations: list[torch.Tensor] = [torch.empty(0)] * batch
         means: list[torch.Tensor] = [torch.empty(0)] * batch
         log_stds: list[torch.Tensor] = [torch.empty(0)] * batch
-        step = CPU_PAD_STEP if device.type == "cpu" else None
+        step = pad_step(device)
         for group, padded in bucket_groups(host_lengths, max_batch, step):
             n = [host_lengths[i] for i in group]
             x = ids[group, :padded] if padded <= max_len else F.pad(ids[group],
