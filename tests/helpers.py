@@ -42,19 +42,64 @@ T = TypeVar("T")
 # -- waits ---------------------------------------------------------------------------------
 
 
+SLOWDOWN_ENV = "VOXFARM_TEST_SLOWDOWN"
+
+
+def slowdown() -> float:
+    """How many times slower than an idle box this one runs now, for deadlines written for an
+    idle one: `VOXFARM_TEST_SLOWDOWN` when set (a CI host known to be slow), else the
+    runnable processes per core over the last minute (`os.getloadavg`), never under 1. The
+    suite alone keeps a two-core box near 1; two CPU burners beside it make it about 2, and
+    other test runs beside it more. A deadline bounds how long a test waits for what it
+    checks, never what it checks, so a longer one on a busy box passes nothing that would
+    fail."""
+    fixed = os.environ.get(SLOWDOWN_ENV)
+    if fixed:
+        return max(1.0, float(fixed))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1.0, os.getloadavg()[0] / (cores or 1))
+
+
+def scaled(seconds: float) -> float:
+    """`seconds`, a bound written for an idle box, stretched by `slowdown()` now."""
+    return seconds * slowdown()
+
+
+class Deadline:
+    """A deadline of `seconds` (written for an idle box) that stretches with the box's load
+    while it runs: each look takes the largest `slowdown()` seen since it was set, so a load
+    that rises mid-wait (the one-minute load average lags) still gets its time."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.factor, self.start = seconds, 1.0, time.monotonic()
+
+    def passed(self) -> bool:
+        self.factor = max(self.factor, slowdown())
+        return time.monotonic() - self.start > self.seconds * self.factor
+
+    def left(self) -> float:
+        """Seconds left (at least 0), for a blocking call inside the wait."""
+        self.factor = max(self.factor, slowdown())
+        return max(0.0, self.start + self.seconds * self.factor - time.monotonic())
+
+    def __str__(self) -> str:
+        return (f"{self.seconds * self.factor:.1f} s ({self.seconds:g} s on an idle box, "
+                f"x {self.factor:.1f} for the load)")
+
+
 def wait_until(condition: Callable[[], T], timeout_s: float, what: str | Callable[[], str],
                interval_s: float = 0.05) -> T:
     """Call `condition` until it returns something truthy, and return that. Past `timeout_s`
-    fail with `what` (a callable is asked at that moment: it can show the state reached).
-    `condition` may raise AssertionError itself to fail at once (a worker died, a job
-    failed)."""
-    deadline = time.monotonic() + timeout_s
+    (written for an idle box, stretched with its load: `Deadline`) fail with `what` (a
+    callable is asked at that moment: it can show the state reached). `condition` may raise
+    AssertionError itself to fail at once (a worker died, a job failed)."""
+    deadline = Deadline(timeout_s)
     while True:
         result = condition()
         if result:
             return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"after {timeout_s:g} s: {what() if callable(what) else what}")
+        if deadline.passed():
+            raise AssertionError(f"after {deadline}: {what() if callable(what) else what}")
         time.sleep(interval_s)
 
 
@@ -126,8 +171,8 @@ def wait_book(api, book_id: str, states=("done",), timeout_s: float = 120,
 def collect_chunks(client, job_id: str, max_per_poll: int = 2, timeout_s: float = 120):
     """Long-poll the job to its end, a few chunks at a time, as a resuming client would.
     Returns the last page and every chunk."""
-    after, chunks, deadline = -1, [], time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    after, chunks, deadline = -1, [], Deadline(timeout_s)
+    while not deadline.passed():
         resp = client.get(f"/v1/jobs/{job_id}/chunks?after={after}&wait=10&max={max_per_poll}")
         if resp.status_code == 204:
             continue  # the long-poll's own wait passed with nothing new: poll again
@@ -137,7 +182,7 @@ def collect_chunks(client, job_id: str, max_per_poll: int = 2, timeout_s: float 
         after = page["next_after"]
         if page["end"]:
             return page, chunks
-    raise AssertionError(f"long-poll of job {job_id} did not reach the end in {timeout_s} s")
+    raise AssertionError(f"long-poll of job {job_id} did not reach the end in {deadline}")
 
 
 def wait_http_ok(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:

@@ -19,7 +19,7 @@ import requests
 from app.services.sweeps import BOOK_STALLED_ERROR
 from app.stores.jobs import STALLED_ERROR, UNPUBLISHED_ERROR
 from app.stores.states import JOB_FINAL, BookState, JobState
-from tests.helpers import gunicorn_server, job_ids, running_farm, wait_until
+from tests.helpers import Deadline, gunicorn_server, job_ids, running_farm, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -58,13 +58,13 @@ def job_records(tf) -> dict[str, dict]:
 
 def wait_all_final(tf, timeout_s: float = 180) -> dict[str, dict]:
     """Every job the farm holds reaches a final state (the pools drain what was queued)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while True:
         jobs = job_records(tf)
         open_jobs = {i: j["state"] for i, j in jobs.items() if j["state"] not in JOB_FINAL}
         if not open_jobs:
             return jobs
-        if time.monotonic() > deadline:
+        if deadline.passed():
             depths = {q: tf.farm.backlog.queue_depth(q) for q in ("acoustic", "vocoder")}
             raise AssertionError(f"jobs never finished: {open_jobs}; queue depths {depths}")
         time.sleep(0.5)
@@ -222,9 +222,9 @@ def test_the_acoustic_pool_sweeps_on_its_heartbeat(redis_url, tmp_path):
     with running_farm(redis_url, 12, tmp_path, publish_grace_s=1) as tf:
         job = tf.farm.jobs.create(total=2, voice="en-us", speed=1.0, fmt="wav", chars=10,
                                   sample_rate=22050)
-        deadline = time.monotonic() + 30
+        deadline = Deadline(30)
         while tf.farm.jobs.get(job["id"])["state"] != JobState.FAILED:
-            assert time.monotonic() < deadline, "the worker never swept the stranded job"
+            assert not deadline.passed(), "the worker never swept the stranded job"
             time.sleep(0.3)
 
 

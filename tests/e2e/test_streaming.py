@@ -17,7 +17,7 @@ import requests
 
 from tests import wsclient
 from tests.e2e.test_http import error_of
-from tests.helpers import SR, assert_speech, decode_chunk
+from tests.helpers import SR, Deadline, assert_speech, decode_chunk
 from tests.helpers import wait_state as wait_done
 
 pytestmark = pytest.mark.e2e
@@ -202,8 +202,8 @@ def test_client_leaving_cancels_its_speech_job(server):
         assert resp.status_code == 200
         job_id = resp.headers["X-Job-Id"]
         next(resp.iter_content(chunk_size=None))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    deadline = Deadline(30)
+    while not deadline.passed():
         if requests.get(f"{server}/v1/jobs/{job_id}", timeout=10).json()["state"] == "canceled":
             return
         time.sleep(0.2)
@@ -220,9 +220,9 @@ def ws_url(server: str) -> str:
 def events_until(ws, kind: str, timeout_s: float = 60) -> list:
     """Messages (dicts for JSON events, bytes for audio) up to and including `kind`."""
     out = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        raw = ws.receive(timeout=max(0.1, deadline - time.monotonic()))
+    deadline = Deadline(timeout_s)
+    while not deadline.passed():
+        raw = ws.receive(timeout=max(0.1, deadline.left()))
         if raw is None:
             break
         msg = raw if isinstance(raw, bytes) else json.loads(raw)
@@ -298,9 +298,9 @@ def test_websocket_message_past_the_hard_limit_closes_with_1009(server):
     ws = wsclient.connect(ws_url(server))
     events_until(ws, "ready")
     ws.send("x" * (2 * 1024 * 1024))
-    deadline = time.monotonic() + 10
+    deadline = Deadline(10)
     with pytest.raises(wsclient.ConnectionClosed) as exc:
-        while time.monotonic() < deadline:
+        while not deadline.passed():
             ws.receive(timeout=1)
     assert exc.value.reason == 1009
 
@@ -311,8 +311,8 @@ def test_websocket_disconnect_cancels_its_jobs(server):
     ws.send(json.dumps({"text": fresh_text(40), "flush": True}))
     started = events_until(ws, "job.started")[-1]
     ws.close()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    deadline = Deadline(30)
+    while not deadline.passed():
         job = requests.get(f"{server}/v1/jobs/{started['job_id']}", timeout=10).json()
         if job["state"] == "canceled":
             assert job["segments"]["done"] < job["segments"]["total"]

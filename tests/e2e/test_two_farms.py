@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.cli import procfile as cli_procfile
 from app.local.embedded_redis import free_port
-from tests.helpers import ROOT, wait_until, wav_to_pcm, with_db
+from tests.helpers import ROOT, Deadline, wait_until, wav_to_pcm, with_db
 
 pytestmark = pytest.mark.e2e
 
@@ -59,8 +59,8 @@ def farm_up(cwd: Path, args: list[str], env: dict):
 
 
 def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 240) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not deadline.passed():
         assert proc.poll() is None, log.read_text()[-3000:]
         try:
             resp = requests.get(f"{url}/readyz", timeout=5)
@@ -116,8 +116,8 @@ def say(text: str, out: Path, cwd: Path, *args: str) -> subprocess.CompletedProc
 def wait_line(log: Path, proc: subprocess.Popen, start: str, timeout_s: float = 240) -> str:
     """The first line of `up`'s terminal output (its log here) that starts with `start`,
     read the moment it is there."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not deadline.passed():
         for line in log.read_text(errors="replace").splitlines():
             if line.startswith(start):
                 return line

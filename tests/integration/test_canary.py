@@ -22,7 +22,7 @@ import pytest
 
 from app.local.embedded_redis import EmbeddedRedis
 from app.settings import Settings
-from tests.helpers import ROOT, running_farm, wait_until, wav_to_pcm
+from tests.helpers import ROOT, Deadline, running_farm, wait_until, wav_to_pcm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -105,13 +105,13 @@ def render(client, text: str) -> dict:
 
 
 def audio(client, job_id: str):
-    deadline = time.monotonic() + 120
+    deadline = Deadline(120)
     while True:
         job = client.get(f"/v1/jobs/{job_id}").get_json()
         assert job["state"] not in ("failed", "canceled"), job
         if job["state"] == "done":
             break
-        assert time.monotonic() < deadline, job
+        assert not deadline.passed(), job
         time.sleep(0.1)
     resp = client.get(f"/v1/jobs/{job_id}/audio?format=wav")
     assert resp.status_code == 200
@@ -126,10 +126,10 @@ def run_canary(tf, client, sentences: list[str], *canary_args: str) -> tuple[dic
     print(f"\n$ voxfarm models canary {VOICE} --share 0.5 {' '.join(canary_args)}\n{started}")
     candidate = canary.state(VOICE)[1]
     assert candidate
-    deadline = time.monotonic() + DECISION_TIMEOUT_S
+    deadline = Deadline(DECISION_TIMEOUT_S)
     jobs = 0
     while canary.state(VOICE)[1] == candidate:
-        assert time.monotonic() < deadline, (
+        assert not deadline.passed(), (
             f"no decision after {jobs} jobs: live {canary.figures(VOICE, canary.state(VOICE)[0])}"
             f" candidate {canary.figures(VOICE, candidate)}")
         batch = [render(client, sentences[(jobs + i) % len(sentences)]) for i in range(4)]

@@ -19,6 +19,7 @@ from tests.helpers import (
     decode_chunk,
     job_ids,
     running_farm,
+    scaled,
     submit,
     wait_state,
     wait_until,
@@ -155,7 +156,7 @@ def test_long_poll_times_out_with_204_and_resumes(redis_url, tmp_path):
         resp = client.get(f"/v1/jobs/{job['id']}/chunks?after=-1&wait=2")
         waited = time.monotonic() - t0
         assert resp.status_code == 204
-        assert 1.5 < waited < 10
+        assert 1.5 < waited < 2 + scaled(8)  # the wait asked for, and the work around it
         # The acoustic worker sent each segment's vocoder stage on, and marked it waiting
         # in the admission ledger as it did (tasks/segments.py, `install`).
         total = job["segments"]["total"]

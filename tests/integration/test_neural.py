@@ -14,7 +14,7 @@ import wave
 import numpy as np
 import pytest
 
-from tests.helpers import assert_speech, collect_chunks, running_farm, submit, wait_state
+from tests.helpers import Deadline, assert_speech, collect_chunks, running_farm, submit, wait_state
 from tests.unit.test_neural_wer import SENTENCES
 
 pytestmark = pytest.mark.integration
@@ -80,12 +80,12 @@ def test_the_same_request_gives_the_same_audio_hit_or_miss(client, farm):
 
 def test_stats_report_cache_entries_and_bytes(client):
     submit(client, "The cache keeps this latent for a while.", voice=PIPER)
-    deadline = time.monotonic() + 60
+    deadline = Deadline(60)
     while True:
         stats = client.get("/v1/stats").get_json()["mel_cache"]
         if stats["entries"] >= 1:
             break
-        assert time.monotonic() < deadline
+        assert not deadline.passed()
         time.sleep(0.2)
     # float16 latents: 192 channels x 2 bytes per frame, plus a small header
     assert stats["bytes"] >= stats["entries"] * 192 * 2 * 10
@@ -248,9 +248,9 @@ def test_a_segment_gives_way_after_its_first_window_to_listeners_waiting_for_fir
         client = create_app(tf.settings, tf.farm).test_client()
         long = submit(client, LONG)
         short = submit(client, "Hello there.")
-        deadline = time.monotonic() + 120
+        deadline = Deadline(120)
         while tf.farm.backlog.queue_depth("vocoder_lead") < 2:  # both first segments' features made
-            assert time.monotonic() < deadline, "the acoustic stage never finished"
+            assert not deadline.passed(), "the acoustic stage never finished"
             time.sleep(0.1)
         tf.start_worker("vocoder", "--concurrency", "1", "--metrics-port", str(port),
                         "--metrics-addr", "127.0.0.1")

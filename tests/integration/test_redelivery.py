@@ -14,7 +14,7 @@ import pytest
 
 from app.settings import Settings
 from tests.brokers import use_amqp
-from tests.helpers import assert_chunk_order, collect_chunks, running_farm, wait_until
+from tests.helpers import Deadline, assert_chunk_order, collect_chunks, running_farm, wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -42,8 +42,8 @@ def held_unacked(tf, worker) -> list[str]:
 def freeze_holding(tf, worker) -> list[str]:
     """SIGSTOP `worker` at a moment it holds an unacked message; the tags it holds. Frozen,
     it cannot ack between the look and the fault, so the test is never vacuous."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    deadline = Deadline(60)
+    while not deadline.passed():
         if held_unacked(tf, worker):
             os.killpg(worker.proc.pid, signal.SIGSTOP)
             held = held_unacked(tf, worker)

@@ -20,6 +20,7 @@ import requests
 
 from app.cli import procfile as cli_procfile
 from app.local.embedded_redis import free_port, maxmemory_bytes
+from tests import helpers
 from tests.e2e.test_two_farms import clean_env, farm_up, free_run, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -69,13 +70,10 @@ def child_running(up: subprocess.Popen, args: list[str]) -> int | None:
 
 
 def wait_until(what: str, check, timeout_s: float, log: Path):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.25)
-    raise AssertionError(f"not within {timeout_s} s: {what}\n{log.read_text()[-3000:]}")
+    """`check()` once it holds; past `timeout_s` (stretched with the box's load) fail with
+    `what` and up's log."""
+    return helpers.wait_until(check, timeout_s, lambda: f"{what}\n{log.read_text()[-3000:]}",
+                              interval_s=0.25)
 
 
 def submit(web: str) -> str:

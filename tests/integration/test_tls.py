@@ -25,7 +25,7 @@ import redis
 import requests
 
 from app.local.embedded_redis import free_port
-from tests.helpers import ROOT, SR, assert_speech, running_farm, wait_until, wav_to_pcm
+from tests.helpers import ROOT, SR, Deadline, assert_speech, running_farm, wait_until, wav_to_pcm
 
 pytestmark = pytest.mark.integration
 
@@ -85,13 +85,13 @@ def tls_redis(tmp_path_factory):
         stdout=open(d / "redis.log", "wb"), stderr=subprocess.STDOUT)
     url = (f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={d}/ca.crt"
            f"&ssl_certfile={d}/client.crt&ssl_keyfile={d}/client.key")
-    deadline = time.monotonic() + 10
+    deadline = Deadline(10)
     while True:
         try:
             redis.Redis.from_url(url).ping()
             break
         except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is not None or deadline.passed():
                 pytest.skip(f"redis-server with TLS did not start: "
                             f"{(d / 'redis.log').read_text()[-500:]}")
             time.sleep(0.1)

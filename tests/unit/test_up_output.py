@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 from app.cli import supervisor
+from tests.helpers import wait_until
 
 CHILD = r'''
 import json, sys
@@ -35,14 +35,21 @@ def test_only_warnings_and_errors_reach_the_terminal_and_everything_the_log(tmp_
     sup.start("pool", [sys.executable, "-c", CHILD])
     sup.children["pool"].proc.wait(30)
     log = tmp_path / "log" / "pool.log"
-    deadline = time.monotonic() + 10
-    while "ValueError: the end" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.2)  # the other stream's thread, done with it too
+    # One thread per stream copies the child's lines, each to the log and then, if worth it,
+    # to the terminal: wait for all twelve in the log and the five worth showing, however
+    # late a busy box runs those threads.
+    wait_until(lambda: len(log.read_text().splitlines()) >= 12, 10,
+               lambda: f"the log holds {log.read_text()!r}")
+    shown: list[str] = []
+
+    def five_shown() -> bool:
+        shown.extend(line.split(" | ", 1)[1] for line in capsys.readouterr().out.splitlines())
+        return len(shown) >= 5
+
+    wait_until(five_shown, 10, lambda: f"the terminal showed {shown}")
     logged = log.read_text().splitlines()
     assert len(logged) == 12 and "[tasks]" in logged and "ValueError: the end" in logged
     assert (tmp_path / "log" / "pool.log.1").read_text() == "the last run's\n"
-    shown = [line.split(" | ", 1)[1] for line in capsys.readouterr().out.splitlines()]
     assert sorted(shown) == sorted([
         json.dumps({"level": "WARNING", "logger": "x", "msg": "heartbeat to Redis failed"}),
         "[W 261202 08:18:54 inspector:98] Inspect method stats failed",
