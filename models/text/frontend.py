@@ -19,7 +19,9 @@
 4. G2P through libespeak-ng (English), hibari's own misaki port for the hibari voice
    (``models.hibari.g2p``, pure Python plus a small OOV net; it runs in the same frontend
    thread as eSpeak), or jieba + pypinyin + espeak (Mandarin, polyphones resolved by word:
-   see ``models.text.text_zh``). A segment whose phonemes exceed
+   see ``models.text.text_zh``). A run of digit words (a long number read digit by digit)
+   is the digit words' own phonemes joined, for a voice that says it exactly so (hibari),
+   rather than thousands of words through its G2P. A segment whose phonemes exceed
    :data:`MAX_SEGMENT_PHONEMES` is halved at a word boundary until it fits, so the bound holds
    whatever the text.
 
@@ -49,7 +51,7 @@ from models.text.segmenting import (
     strip_tags,
     word_tokens,
 )
-from models.text.text_en import normalize_en
+from models.text.text_en import DIGIT_WORDS, normalize_en
 from models.text.text_zh import g2p_zh, normalize_zh, strip_language_switches
 from models.text.words import WordSpan, align_words, source_spans
 from models.voices import HIBARI, NEURAL, PIPER, Voice, get_voice, piper_config
@@ -121,11 +123,7 @@ def _word_spans(text: str, phonemes: str, language: str, voice: Voice,
     def say(word: str) -> str:
         if fixed and PLACEHOLDERS.search(word):
             return _g2p(word, voice, ipa=False, fixed=fixed)
-        if voice.engine == PIPER:
-            return _word_phonemes(word, piper_config(voice.model_path).espeak_voice)
-        if voice.engine == HIBARI:
-            return _hibari_word_phonemes(word)
-        return _espeak_word_phonemes(word, voice.name)
+        return _said_alone(word, voice)
 
     spans = align_words(words, phonemes, say)
     if language != "zh":  # English words are split at spaces: punctuation is on them
@@ -186,6 +184,16 @@ def _spliced(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str]) -> st
     return joined
 
 
+def _said_alone(word: str, voice: Voice) -> str:
+    """``word``'s phonemes said alone by ``voice`` (cached a word), as the word alignment
+    compares them with a phrase's."""
+    if voice.engine == PIPER:
+        return _word_phonemes(word, piper_config(voice.model_path).espeak_voice)
+    if voice.engine == HIBARI:
+        return _hibari_word_phonemes(word)
+    return _espeak_word_phonemes(word, voice.name)
+
+
 @functools.lru_cache(maxsize=8192)
 def _word_phonemes(word: str, espeak_voice: str) -> str:
     return piper_phonemes(word, espeak_voice)
@@ -208,7 +216,41 @@ def _hibari_g2p(text: str) -> str:
 
 @functools.lru_cache(maxsize=8192)
 def _espeak_word_phonemes(word: str, voice: str) -> str:
-    return _g2p(word, get_voice(voice), ipa=False)
+    return _phrase_g2p(word, get_voice(voice), ipa=False)
+
+
+# A run of digits is read digit by digit past MAX_WORDED_DIGITS (models.text.text_en.digits),
+# so a long one is thousands of words: through hibari's G2P (a tagger pass a word) and the
+# word alignment, 8,000 digits took 0.8 s of the frontend thread, all of it before the job
+# was answered. Where the voice says such a run exactly as each digit word said alone, the
+# run's phonemes are those words' joined, and each word is its own group (docs/text.md).
+_DIGIT_WORD_SET = frozenset(DIGIT_WORDS)
+# Every digit word after every digit word (itself too): the words are said alone the same
+# as in a run only if they are here, which is asked of each voice once.
+_DIGIT_PROBE = " ".join(f"{first} {second}" for first in DIGIT_WORDS for second in DIGIT_WORDS)
+
+
+@functools.lru_cache(maxsize=64)
+def _digit_phonemes(voice: Voice) -> dict[str, str] | None:
+    """Each digit word's phonemes said alone by ``voice``, if the voice says a run of digit
+    words as exactly those joined by spaces (hibari does; eSpeak stresses "one" alone less
+    than in a run, so its runs go through its G2P); else None."""
+    said = {word: _said_alone(word, voice) for word in DIGIT_WORDS}
+    joined = " ".join(said[word] for word in _DIGIT_PROBE.split())
+    return said if _phrase_g2p(_DIGIT_PROBE, voice, ipa=False) == joined else None
+
+
+def _digit_run(text: str, voice: Voice) -> str | None:
+    """The phonemes of ``text`` if it is a run of digit words alone (one space between them,
+    as normalisation leaves them) and ``voice`` says such runs word by word
+    (:func:`_digit_phonemes`); None for any other text."""
+    if voice.language != "en":
+        return None
+    words = text.split(" ")
+    if not _DIGIT_WORD_SET.issuperset(words):
+        return None
+    said = _digit_phonemes(voice)
+    return None if said is None else " ".join(said[word] for word in words)
 
 
 def _speakable(text: str) -> bool:
@@ -220,6 +262,14 @@ def _speakable(text: str) -> bool:
 def _g2p(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str] | None = None) -> str:
     if fixed and PLACEHOLDERS.search(text):
         return _spliced(text, voice, ipa, fixed)
+    # The digit words alone are in the G2P's own alphabet (espeak's mnemonics, the neural
+    # voices' IPA), not in espeak's IPA.
+    run = None if ipa else _digit_run(text, voice)
+    return run if run is not None else _phrase_g2p(text, voice, ipa)
+
+
+def _phrase_g2p(text: str, voice: Voice, ipa: bool) -> str:
+    """``text`` through the voice's own G2P, whole."""
     if voice.engine == PIPER:
         # Piper's own phoneme set: IPA with the clause punctuation kept (it shapes prosody).
         return piper_phonemes(text, voice.base)

@@ -73,12 +73,13 @@ _NUMBER = r"(?<!\d)(?<!\d,)\d+(?:,\d+)*(?:\.\d+)?"
 # Longer whole numbers (quadrillions and up: card, account and phone numbers, or nonsense) are
 # read digit by digit, as people read them; it also keeps num2words and int() off huge input.
 MAX_WORDED_DIGITS = 15
-_DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+# The words a digit is read with, in order (the frontend knows a run of them by these).
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
 def digits(number: str) -> str:
     """'407' -> 'four zero seven'."""
-    return " ".join(_DIGIT_WORDS[int(digit)] for digit in number)
+    return " ".join(DIGIT_WORDS[int(digit)] for digit in number)
 
 
 def cardinal(number: str) -> str:

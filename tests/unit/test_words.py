@@ -9,6 +9,7 @@ import pytest
 
 from models.neural.voice_file import ids_and_positions, ids_for, piper_phonemes
 from models.text import captions
+from models.text import words as word_alignment
 from models.text.frontend import prepare
 from models.text.words import WordSpan, align_words, phoneme_groups, source_spans, word_times
 from models.voices import get_voice, piper_config
@@ -50,6 +51,20 @@ def test_every_word_gets_phonemes_in_order() -> None:
     spans = [s for s in align_words(text.split(), phonemes, said) if s]
     assert all(a < b for a, b in spans)
     assert all(b <= c for (_, b), (c, _) in zip(spans, spans[1:], strict=False))
+
+
+@pytest.mark.parametrize("text", [
+    "nine one four one seven zero zero eight",
+    "Jack is in the house, alone.",
+    "one",
+])
+def test_words_said_as_alone_are_paired_one_to_one_without_the_programme(text: str) -> None:
+    # When every word's phonemes alone are one group of the phrase's (stress aside), the
+    # spans are the groups; the programme, which takes 40 us a word, agrees.
+    phonemes = " ".join(said(w).replace("ˌ", "ˈ") for w in text.split())
+    cores = [word_alignment._core(said(w)) for w in text.split()]
+    assert word_alignment._pair(cores, cores) == [(k, 1, k, 1) for k in range(len(cores))]
+    assert align_words(text.split(), phonemes, said) == phoneme_groups(phonemes)
 
 
 def test_source_spans_point_normalised_words_at_what_was_written() -> None:
