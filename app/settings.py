@@ -77,6 +77,13 @@ class RedisSettings(_Group):
     # A Redis call that gets no answer for this long fails (the web answers 503); blocking
     # long-poll reads have their own, longer bound (app/stores/redis_conn.py).
     redis_timeout_s: PositiveSeconds = 5.0
+    # Connections each Redis pool of a process may open (short commands; the blocking reads
+    # that wake long-polls and streams have a pool of their own). A call that finds them all
+    # in use waits for one, up to redis_timeout_s, then fails (503), instead of failing at
+    # once as redis-py's default pool of 100 did. 1000 is gunicorn's worker_connections
+    # (ops/gunicorn.conf.py): a web process serves at most that many requests at once, each
+    # holding at most one connection of a pool at a time, so none waits while Redis keeps up.
+    redis_max_connections: Positive = 1000
 
 
 class VoiceSettings(_Group):
@@ -158,6 +165,26 @@ class AdmissionSettings(_Group):
     max_wait_s: Count = 60
     # Largest book upload (file or JSON chapters); past it the API answers 413.
     max_book_bytes: Positive = 50 * 1024 * 1024
+    # A book's caps, decided while it is read (413 naming the cap; docs/books.md, "Limits").
+    # Words: the longest novels in one volume are about 600,000 words (a 1,500-page book),
+    # so a million fits any real book and stops a text built to fill a web worker's memory
+    # (38 million words of one uploaded EPUB held 1.1 GB). Chapters: long novels have a few
+    # hundred, a web serial's collected volume may reach a thousand or so.
+    max_book_words: Positive = 1_000_000
+    max_book_chapters: Positive = 2_000
+    # An EPUB's entries together, inflated: twice max_book_bytes, so an EPUB of pictures
+    # (which do not compress) and its text fit, and the web's memory for one book stays
+    # bounded by it. The ratio over all entries together (never an entry alone, which 190
+    # small entries slip under): XHTML compresses 3-10x, 100x is a zip bomb.
+    max_book_unpacked_bytes: Positive = 100 * 1024 * 1024
+    max_book_unpacked_ratio: Annotated[float, Field(gt=1.0)] = 100.0
+    # Uploads parse one at a time per web process (their own thread, never the threads that
+    # encode audio); the next waits its turn this long at most, then 503 with Retry-After.
+    book_parse_wait_s: PositiveSeconds = 60.0
+    # A JSON body or WebSocket message nested deeper than this is refused (400 invalid_json)
+    # before it is parsed: Python's parser recurses once a level and fails near 1,000, and no
+    # request of the API nests past 4 (a book's chapters of phoneme items).
+    max_json_depth: Positive = 32
     # A stream or WebSocket client that has not taken the audio sent to it within this many
     # seconds is dropped (it stopped reading).
     stream_write_timeout_s: PositiveSeconds = 60.0
@@ -209,6 +236,16 @@ class ReliabilitySettings(_Group):
     # POST /v1/books/ID/retry).
     book_stall_s: Positive = 120
     book_stall_resumes: Count = 3
+    # A book's planning (the text frontend over its chapters, in the book worker's one
+    # frontend thread) runs in turns of at most this long; between turns the thread serves
+    # the other books planning, in order, so a small book waits about a turn per book
+    # planning, never for a long one to finish, and a cancel is seen within a turn.
+    book_plan_turn_s: PositiveSeconds = 0.25
+    # A prepare message plans for this long, then, at the end of the chapter in hand, hands
+    # over to a fresh message that carries on from the last planned chapter: no task nears
+    # task_time_limit (a chapter still unplanned then fails the book, with the reason), and
+    # a lost worker loses at most this much planning.
+    book_plan_slice_s: PositiveSeconds = 60.0
 
 
 class ProcessSettings(_Group):
@@ -239,6 +276,30 @@ class ProcessSettings(_Group):
     bind: str = "127.0.0.1:8000"
     web_workers: Positive = 2
     log_level: str = "info"
+    # One client's share of the web (ops/gevent_worker.py; docs/reliability.md, "One client's
+    # connections"). Connections one client address may hold open at once across the web's
+    # workers (0: no bound): each gevent worker has 1,000 places, and once they are taken
+    # nobody else is served. 512 (256 a worker with the default two) leaves room for a
+    # benchmark's 128 clients from one address even if all reach one worker, while one
+    # address takes at most a quarter of a worker's places. Behind a load balancer that is
+    # not a trusted proxy every client has its address: raise it there (docs/operations.md).
+    web_max_conns_per_address: Count = 512
+    # WebSockets open at once per API key (per client address while the farm has no keys),
+    # across every web process (counted in Redis). Each holds a place and a greenlet for its
+    # whole life; a browser tab needs one, a server fanning out text a few dozen.
+    web_max_sockets_per_key: Count = 64
+    # How long a connection may wait for a request's head, the first one included
+    # (gunicorn's keepalive): idle keep-alive connections are closed after it, and a head
+    # sent slowly (slowloris) is dropped at it. 5 s outlasts a client's pause between
+    # requests and a slow network's head; the long waits of the API are inside requests.
+    web_keepalive_s: Positive = 5
+    # Reverse proxies whose X-Forwarded-For names the client (addresses or networks, comma
+    # separated): their connections are not counted at accept time, their requests are, per
+    # forwarded client. Empty (the default): X-Forwarded-For is never believed.
+    web_trusted_proxies: str = ""
+    # A listener of its own for /healthz and /readyz (0: off; they stay on the main port
+    # too), which no user connection can fill: point the orchestrator's probes at it.
+    web_health_port: Annotated[int, Field(ge=0, le=65535)] = 0
 
 
 class SecuritySettings(_Group):
@@ -254,6 +315,12 @@ class SecuritySettings(_Group):
     # own key, sent as a Bearer token when the farm has keys.
     key_rate_per_min: Count = 600
     key_max_active: Count = 16
+    # Long-polls and streams one key has open at once, across the web processes (with keys
+    # off: one client address); past it 429 too_many_waits (app/stores/waits.py). A listener
+    # needs one or two per job and a key runs key_max_active (16) at once; 128 leaves room for
+    # a backend relaying its users' streams through one key, yet one key holds at most 128 of
+    # the web's 2 x 1000 connections. 0 turns it off.
+    key_max_waits: Count = 128
     api_key: SecretStr = SecretStr("")
     # With keys on, /metrics, /docs and /openapi.json need a key too (a Prometheus scrape
     # then sends one: `authorization: {credentials: ...}` in its scrape config).

@@ -12,6 +12,7 @@ from gunicorn import util
 
 from app.obs import multiproc
 from app.settings import Settings
+from ops.gevent_worker import ConnectionLimits, parse_networks, raise_fd_limit
 
 # VOXFARM_BIND, VOXFARM_WEB_WORKERS, VOXFARM_LOG_LEVEL; --bind and --workers on the command
 # line (the Procfile's, `voxfarm up`'s) win over them.
@@ -21,14 +22,18 @@ except ValueError as exc:  # one line naming the variable (gunicorn would print 
     raise SystemExit(f"voxfarm web: {exc}") from None
 bind = _settings.bind
 workers = _settings.web_workers
-worker_class = "gevent"
+# gunicorn's gevent worker with a bound on each client address's connections, refused at
+# accept time past it (ops/gevent_worker.py; docs/reliability.md, "One client's connections").
+worker_class = "ops.gevent_worker.GuardedGeventWorker"
 worker_connections = 1000
 # gevent workers are not killed for a slow request (the timeout is the worker's heartbeat),
 # but keep it well above the longest long-poll (60 s) so a busy worker is never mistaken
 # for a hung one.
 timeout = 120
 graceful_timeout = 30
-keepalive = 5
+# Also the deadline for every request's head, the first included: idle keep-alives and
+# slowloris heads are dropped after it (the gevent worker bounds each wait by it).
+keepalive = _settings.web_keepalive_s
 accesslog = "-"
 errorlog = "-"
 loglevel = _settings.log_level
@@ -66,12 +71,34 @@ def _install_json_errors() -> None:
 _install_json_errors()
 
 
+try:
+    _trusted_proxies = parse_networks(_settings.web_trusted_proxies)
+except ValueError as exc:
+    raise SystemExit(f"voxfarm web: VOXFARM_WEB_TRUSTED_PROXIES: {exc}") from None
+# The master raises its descriptor limit before any worker forks, so every worker may hold
+# its 1,000 places and the connections it is refusing (a common soft limit is 1,024).
+raise_fd_limit()
+
+
+def post_fork(server, worker):
+    # Each worker's share of the per-address cap, from the worker count actually run (the
+    # command line's --workers wins over VOXFARM_WEB_WORKERS).
+    worker.limits = ConnectionLimits.share(
+        _settings.web_max_conns_per_address, server.cfg.workers,
+        trusted_proxies=_trusted_proxies, health_port=_settings.web_health_port)
+
+
 def _role_suffix(binds) -> str:
     last = (binds or ["web"])[0].rsplit(":", 1)[-1]
     return "".join(c for c in last if c.isalnum()) or "web"
 
 
 def on_starting(server):
+    # The probes' own listener (VOXFARM_WEB_HEALTH_PORT), on the main bind's host: added
+    # here, as --bind on the command line replaces the config's `bind`.
+    if _settings.web_health_port:
+        host = (server.cfg.bind or [_settings.bind])[0].rsplit(":", 1)[0]
+        server.cfg.set("bind", [*server.cfg.bind, f"{host}:{_settings.web_health_port}"])
     # Prometheus multiprocess mode: every gunicorn worker writes its samples into one
     # directory (emptied now, before any worker forks) and /metrics sums them.
     multiproc.prepare(f"web-{_role_suffix(server.cfg.bind)}", _settings.metrics_dir)
