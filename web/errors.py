@@ -76,7 +76,7 @@ def too_large() -> ApiError:
     `max_book_bytes`) or the app's (a text's characters at 4 UTF-8 bytes each, plus room for
     the other fields)."""
     limit = request.max_content_length or 0
-    sent = f"{request.content_length:,} bytes" if request.content_length else "more"
+    sent = f"{request.content_length:,} bytes" if request.content_length else "longer"
     message = f"the request body is {sent}; the limit here is {limit:,} bytes"
     settings = current_app.extensions["voxfarm"].settings
     if limit < settings.max_book_bytes:

@@ -61,7 +61,7 @@ from models.voices import get_voice
 from web import apidoc as doc
 from web.auth import check_still_live, count_request, current_key
 from web.errors import ApiError
-from web.helpers import check_unicode, farm, lexicon_or_422, parse, voice_or_422
+from web.helpers import check_unicode, farm, lexicon_or_422, load_json, parse, voice_or_422
 from web.schemas import responses
 from web.schemas.requests import SocketMessage
 from web.synthesis import ChunkFollower, submit_text
@@ -136,10 +136,7 @@ class Session:
             raise ApiError(413, "message_too_large",
                            f"a message may have at most {MAX_MESSAGE_BYTES} bytes",
                            limit=MAX_MESSAGE_BYTES)
-        try:
-            msg = json.loads(raw)
-        except ValueError:
-            raise ApiError(400, "invalid_json", "the message is not valid JSON") from None
+        msg = load_json(raw, self.farm.settings.max_json_depth, "the message")
         if not isinstance(msg, dict):
             raise ApiError(400, "invalid_json", "the message must be a JSON object")
         message = parse(SocketMessage, check_unicode(msg), self.farm.settings)
