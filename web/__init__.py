@@ -7,6 +7,7 @@ from flask import Flask
 from app.farm import Farm
 from app.settings import Settings
 from web.errors import register_error_handlers
+from web.headers import register_security_headers
 
 
 def create_app(settings: Settings, farm: Farm | None = None) -> Flask:
@@ -19,6 +20,8 @@ def create_app(settings: Settings, farm: Farm | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]  # Flask's default provider's
     app.extensions["voxfarm"] = farm or Farm(settings)
     register_error_handlers(app, settings.retry_after_s)
+    # Every answer, errors included: nosniff, no framing, the page's script-only policy.
+    register_security_headers(app)
     # The voice list comes from libespeak-ng once per process: read it now, so no request
     # handler on the hub ever calls into the library (the frontend thread alone does).
     from models.voices import HIBARI, list_voices, use_voices_dir
