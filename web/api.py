@@ -20,6 +20,7 @@ from models.text import captions
 from models.text.frontend import iter_run_segments, prepare
 from models.voices import HIBARI, PIPER, list_voices
 from web import apidoc as doc
+from web.auth import current_key
 from web.errors import ApiError
 from web.helpers import (
     break_error,
@@ -270,9 +271,16 @@ def voices():
 @api.get("/v1/stats")
 def stats():
     f = farm()
+    key = current_key()
+    if key is not None and not key.admin:
+        # A tenant's own figures only: the farm's cache counters and queue depths move with
+        # every other key's work, and would tell one key when (and how much) another speaks.
+        return jsonify(responses.Stats.answer(scope="key",
+                                              mel_cache=f.jobs.owner_cache_counts(key.id)))
     # Every queue (QUEUE_POOLS, the overflow queues too), with the workers consuming it (a
     # worker heartbeats on each queue it reads) and the stage (`pool`) it belongs to.
     return jsonify(responses.Stats.answer(
+        scope="farm",
         mel_cache={**f.mel_cache.stats(), **f.mel_cache.size()},
         queues={q: {"depth": f.backlog.queue_depth(q),
                     "workers": len(f.liveness.live_workers(q)), "pool": pool}
@@ -361,7 +369,9 @@ def openapi_paths() -> dict:
             "200": doc.json(responses.Voices, "every voice name `voice` accepts")})},
         "/v1/stats": {"get": doc.op(
             "farm", "stats", "Mel cache counters, queue depths and live workers", {
-                "200": doc.json(responses.Stats, "the farm's counters"), "503": doc.UNAVAILABLE})},
+                "200": doc.json(responses.Stats, "the farm's counters (an admin key's, or "
+                                "with no keys), or the key's own"),
+                "503": doc.UNAVAILABLE})},
         "/healthz": {"get": doc.op("health", "healthz", "The web process is up", {
             "200": doc.json(responses.Health, "alive")})},
         "/readyz": {"get": doc.op(

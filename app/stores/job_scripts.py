@@ -93,3 +93,16 @@ if not state or state == '$DONE' or state == '$CANCELED' or state == '$FAILED' t
   redis.call('ZREM', KEYS[1], job_id)
 end
 """, JobState)
+
+
+# A segment's feature-cache hit or miss, counted on its job and on the job's owner (the API
+# key that asked: /v1/stats shows a key its own figures, never the farm's). A job gone
+# (expired, or never made) counts nowhere: an increment would leave a hash with no TTL.
+# KEYS: job. ARGV: field (cache_hits or cache_misses), the owners' counters' key prefix.
+COUNT_CACHE = """
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+if owner and owner ~= '' then redis.call('HINCRBY', ARGV[2] .. owner, ARGV[1], 1) end
+return 1
+"""

@@ -40,7 +40,14 @@ import redis
 
 from app.security.sealing import MAGIC, Sealer
 from app.stores.job_audio import Chunk, place_words, segment_starts, window_count, window_counts
-from app.stores.job_scripts import CLAIM_LAPSED, END_LEASE, EVENTS_MAXLEN, SEAL, STORE_WINDOW
+from app.stores.job_scripts import (
+    CLAIM_LAPSED,
+    COUNT_CACHE,
+    END_LEASE,
+    EVENTS_MAXLEN,
+    SEAL,
+    STORE_WINDOW,
+)
 from app.stores.keys import Keys
 from app.stores.ledger import ON_STOP, AdmissionLedger
 from app.stores.states import JOB_FINAL, JOB_LIVE, JobState, Transition
@@ -72,6 +79,7 @@ class JobStore:
         self.ledger = AdmissionLedger(r, keys, ttl_s)
         self._claim_lapsed = r.register_script(CLAIM_LAPSED)
         self._end_lease = r.register_script(END_LEASE)
+        self._count_cache = r.register_script(COUNT_CACHE)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -303,7 +311,18 @@ class JobStore:
         return pcm
 
     def count_cache(self, job_id: str, hit: bool) -> None:
-        self.r.hincrby(self.keys.job(job_id), "cache_hits" if hit else "cache_misses", 1)
+        """One segment's feature-cache hit or miss, on the job and on its owner's figures."""
+        self._count_cache(keys=[self.keys.job(job_id)],
+                          args=["cache_hits" if hit else "cache_misses",
+                                self.keys.owner_stats("")])
+
+    def owner_cache_counts(self, owner: str) -> dict[str, int | float | None]:
+        """The feature-cache figures of the jobs of `owner` (an API key's id), named as the
+        farm-wide ones are (`MelCache.stats`)."""
+        hits, misses = (int(v or 0) for v in self.r.hmget(
+            self.keys.owner_stats(owner), "cache_hits", "cache_misses"))
+        rate = round(hits / (hits + misses), 4) if hits + misses else None
+        return {"mel_cache_hits": hits, "mel_cache_misses": misses, "mel_cache_hit_rate": rate}
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ Layout (prefix `vf` by default):
     {p}:mel:{hash}:durations string what word times come from (uint16s): a neural voice's
                                  frames per phoneme id; eSpeak's (phoneme index, ms) per word
     {p}:stats             hash   farm-wide counters (mel cache hits and misses, ...)
+    {p}:stats:owner:{key} hash   cache_hits, cache_misses of one API key's jobs (/v1/stats)
     {p}:workers:{queue}   zset   worker name -> last heartbeat (live workers per pool)
     {p}:jobs:unpublished  zset   job id -> creation time, until all its segments are queued
     {p}:jobs:progress     zset   job id -> its last progress (created, a window stored),
@@ -156,6 +157,10 @@ class Keys:
     @property
     def stats(self) -> str:
         return f"{self.prefix}:stats"
+
+    def owner_stats(self, key_id: str) -> str:
+        """One API key's own figures (its jobs' feature-cache hits and misses)."""
+        return f"{self.prefix}:stats:owner:{key_id}"
 
     @property
     def versioned_voices(self) -> str:

@@ -320,3 +320,31 @@ def test_one_keys_text_is_no_cache_hit_for_another(keyed):
     assert alice["hits"] == 0 and alice["misses"] >= 1
     assert cache_of(token_b) == {"hits": 0, "misses": alice["misses"]}  # Bob learns nothing
     assert cache_of(token_a) == {"hits": alice["misses"], "misses": 0}  # Alice's own: cached
+
+
+def test_stats_show_a_key_its_own_figures_and_an_admin_the_farms(keyed):
+    tf, base, _, _ = keyed
+    _, one = tf.farm.apikeys.create("stats one")
+    _, other = tf.farm.apikeys.create("stats other")
+    _, admin = tf.farm.apikeys.create("stats operator", admin=True)
+
+    def stats(token: str) -> dict:
+        resp = requests.get(f"{base}/v1/stats", headers=bearer(token), timeout=10)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    other_before, farm_before = stats(other), stats(admin)
+    assert other_before == {"scope": "key", "mel_cache": {
+        "mel_cache_hits": 0, "mel_cache_misses": 0, "mel_cache_hit_rate": None}}
+    text = f"Figures of one key, run {random.randint(0, 10**9)}."
+    job = submit(base, bearer(one), text).json()
+    wait_done(base, job["id"], bearer(one))
+    record = requests.get(f"{base}/v1/jobs/{job['id']}", headers=bearer(one), timeout=10)
+    counted = record.json()["mel_cache"]
+    own = stats(one)["mel_cache"]
+    assert own["mel_cache_misses"] == counted["misses"] >= 1 and own["mel_cache_hits"] == 0
+    assert stats(other) == other_before  # another key's work moves nothing it sees
+    farm = stats(admin)
+    assert farm["scope"] == "farm" and "acoustic" in farm["queues"]
+    assert farm["mel_cache"]["mel_cache_misses"] >= \
+        farm_before["mel_cache"]["mel_cache_misses"] + own["mel_cache_misses"]

@@ -185,8 +185,12 @@ class QueueStats(ResponseModel):
 
 
 class Stats(ResponseModel):
+    scope: Literal["farm", "key"] = Field(description="`farm`: the whole farm's figures (no "
+                                          "keys, or an admin key); `key`: the calling key's "
+                                          "own jobs only")
     mel_cache: dict[str, Any]
-    queues: dict[str, QueueStats] = Field(description="every queue, batch and book included")
+    queues: dict[str, QueueStats] = Field(None, description="every queue, batch and book "
+                                          "included (scope `farm` only)")
 
 
 class VoiceVersion(ResponseModel):
