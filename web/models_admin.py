@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from flask import Blueprint, request
 
-from app.canary.rule import CanaryError, CanaryRunning, check_candidate, voice_key
+from app.canary.rule import (
+    CanaryError,
+    CanaryRunning,
+    check_candidate,
+    voice_file_in,
+    voice_key,
+)
 from app.canary.store import Canary
 from models.errors import UnknownSpeaker, UnknownVoice
 from models.neural.voice_file import Inference
@@ -65,8 +71,10 @@ def start_canary(voice: str):
     inference = Inference(req.noise_scale, req.length_scale, req.noise_w)
     canary = farm().canary
     try:
-        check_candidate(name, req.file, inference)
-        canary.start(name, req.file, inference, req.share, req.note)
+        # Only a voice in the voices directory: the API is no way to read the server's disk.
+        file = voice_file_in(farm().settings.voices_dir, req.file) if req.file else ""
+        check_candidate(name, file, inference)
+        canary.start(name, file, inference, req.share, req.note)
     except CanaryError as exc:  # 409 one running already, 422 a candidate it cannot take
         err = farm_error(exc, farm().settings.retry_after_s)
         if not isinstance(exc, CanaryRunning) and req.file and "file" in str(exc):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,30 @@ def inference_error(name: str, value: float) -> str | None:
 def share_error(share: float) -> str | None:
     """Why `share` cannot be a candidate's share of jobs, or None."""
     return _range_error("share", share, 0.0, 1.0)
+
+
+# The admin API's one answer for a file it will not read: missing, outside the voices
+# directory, or not a voice's `.onnx` alike, so the answer tells nothing of the rest of the
+# disk (a path's existence, a file's kind).
+NO_VOICE_FILE = "no such voice file in the voices directory"
+
+
+def voice_file_in(voices_dir: str, file: str) -> str:
+    """`file` (a name, or a path) as the path of a Piper `.onnx` directly in `voices_dir`,
+    where the farm's voices are (`VOXFARM_VOICES_DIR`); else CanaryError(NO_VOICE_FILE), the
+    same for every reason. Lexical: `..` cannot leave the directory, and a link in it is
+    the operator's own, as the voice list takes it."""
+    if not (voices_dir and file):
+        raise CanaryError(NO_VOICE_FILE)
+    root = Path(os.path.abspath(voices_dir))
+    path = Path(os.path.normpath(root / file))  # an absolute `file` stands for itself
+    try:
+        inside = path.parent == root and path.suffix == ".onnx" and path.is_file()
+    except (OSError, ValueError):  # a NUL in the name, a name too long
+        inside = False
+    if not inside:
+        raise CanaryError(NO_VOICE_FILE)
+    return str(path)
 
 
 def check_candidate(voice: str, file: str = "", inference: Inference | None = None) -> str:

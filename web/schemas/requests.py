@@ -247,8 +247,9 @@ class CanaryRequest(RequestModel):
     """A candidate version of a Piper voice (docs/models.md, "Voice versions and the
     canary"): another voice file, other inference settings, or both."""
 
-    file: str = Field("", description="a Piper .onnx on the workers' disk (its .onnx.json "
-                      "beside it); empty: the voice's own file")
+    file: str = Field("", description="a Piper .onnx in the voices directory "
+                      "(VOXFARM_VOICES_DIR, on the workers' disk too; its .onnx.json beside "
+                      "it), by name or path; empty: the voice's own file")
     noise_scale: Annotated[float, Range(*INFERENCE_RANGES["noise_scale"])] | None = None
     length_scale: Annotated[float, Range(*INFERENCE_RANGES["length_scale"])] | None = None
     noise_w: Annotated[float, Range(*INFERENCE_RANGES["noise_w"])] | None = None
