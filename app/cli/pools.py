@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from typing import TYPE_CHECKING
 
 import click
 
 from app.cli.common import configured_redis_url, read_settings, url_host
+
+if TYPE_CHECKING:  # the settings load at the command, not with the CLI
+    from app.settings import Settings
 
 
 @click.command()
@@ -74,13 +78,21 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
               help="Interface to listen on (0.0.0.0 for all).")
 @click.option("--no-auth", is_flag=True,
               help="Run without basic auth; allowed on a loopback address only.")
+@click.option("--open-until-keys", is_flag=True,
+              help="Without credentials, on a loopback address: no auth while the farm has "
+                   "no API key. Refuses to start once it has one, and refuses every request "
+                   "once one is made (`voxfarm up --flower` runs it so).")
 @click.option("--var", "var_dir", default=lambda: read_settings().var_dir, show_default="var",
               help="Without VOXFARM_REDIS_URL, watch the farm whose farm.json is here.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def flower(port: int, address: str, no_auth: bool, var_dir: str,
+def flower(port: int, address: str, no_auth: bool, open_until_keys: bool, var_dir: str,
            extra: tuple[str, ...]) -> None:
     """Run Flower against the farm's broker, behind basic auth from the settings
-    (VOXFARM_FLOWER_USER, VOXFARM_FLOWER_PASSWORD)."""
+    (VOXFARM_FLOWER_USER, VOXFARM_FLOWER_PASSWORD).
+
+    Flower shows every task of every tenant (their job ids) and revokes tasks, so once the
+    farm has API keys it needs credentials of its own: only an explicit --no-auth opens it
+    then."""
     # loaded by the command that uses it: the CLI starts without it
     from kombu.utils.url import maybe_sanitize_url
 
@@ -93,6 +105,14 @@ def flower(port: int, address: str, no_auth: bool, var_dir: str,
         if running is not None:  # the farm `voxfarm up` started (its embedded Redis)
             settings = settings.with_(redis_url=running.redis_url)
     user, password = settings.flower_user, settings.flower_password.get_secret_value()
+    if open_until_keys and not (user and password) and not no_auth:
+        if _keys_on(settings):
+            raise click.UsageError(
+                "the farm has API keys, so Flower (every tenant's tasks) needs credentials: "
+                "set VOXFARM_FLOWER_USER and VOXFARM_FLOWER_PASSWORD, or open it on purpose "
+                "with --no-auth (`voxfarm up --flower --flower-no-auth`)")
+        no_auth = True
+        _close_when_keys_appear(settings)
     if no_auth:
         try:
             loopback = ipaddress.ip_address(address).is_loopback
@@ -122,3 +142,50 @@ def flower(port: int, address: str, no_auth: bool, var_dir: str,
     click.echo(f"Flower on http://{url_host(address)}:{port}, broker "
                f"{maybe_sanitize_url(settings.broker)}")
     make_celery(settings).start(["flower", f"--port={port}", f"--address={address}", *extra])
+
+
+# While Flower runs open until the farm has API keys, it looks for one this often.
+KEYS_CHECK_S = 2.0
+
+
+def _keys_on(settings: Settings) -> bool:
+    """Whether the farm whose Redis `settings` name has a live API key."""
+    # loaded by the command that uses it: the CLI starts without it
+    import redis
+
+    from app.security.apikeys import ApiKeys
+
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
+    return ApiKeys(client, settings.key_prefix).enabled()
+
+
+def _close_when_keys_appear(settings: Settings) -> None:
+    """Once the farm has an API key, Flower (started open: --open-until-keys) answers every
+    request 401: basic auth with credentials nobody has, set in Flower's options, which it
+    reads on each request. A thread beside Flower's loop looks every KEYS_CHECK_S; a Redis
+    error skips a look (Flower without its broker shows nothing anyway)."""
+    # loaded by the command that uses it: the CLI starts without it
+    import secrets
+    import sys
+    import threading
+    import time
+
+    import redis
+    from tornado.options import options
+
+    def watch() -> None:
+        while True:
+            time.sleep(KEYS_CHECK_S)
+            try:
+                on = _keys_on(settings)
+            except redis.RedisError:
+                continue
+            if on:
+                options.basic_auth = [f"locked:{secrets.token_urlsafe(32)}"]
+                os.environ.pop("FLOWER_UNAUTHENTICATED_API", None)
+                print("the farm has API keys now: Flower refuses every request; restart it "
+                      "with VOXFARM_FLOWER_USER and VOXFARM_FLOWER_PASSWORD", file=sys.stderr,
+                      flush=True)
+                return
+
+    threading.Thread(target=watch, name="voxfarm-flower-keys", daemon=True).start()

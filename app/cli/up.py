@@ -38,6 +38,19 @@ def _access_line(redis_url: str, host: str) -> str:
 
 
 
+def flower_auth_args(settings, host: str, no_auth: bool) -> list[str]:
+    """What `up --flower` adds to Flower's line: nothing with credentials set (basic auth);
+    on a loopback --host without them, --no-auth if asked for (--flower-no-auth), else
+    --open-until-keys: open while the farm has no API key, shut once it has one (Flower lists
+    every tenant's tasks and revokes them)."""
+    if settings.flower_user and settings.flower_password.get_secret_value():
+        return []
+    if not is_loopback(host):
+        raise click.UsageError("--flower on a non-loopback --host needs "
+                               "VOXFARM_FLOWER_USER and VOXFARM_FLOWER_PASSWORD")
+    return ["--no-auth"] if no_auth else ["--open-until-keys"]
+
+
 def _port_taken(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
@@ -72,10 +85,13 @@ _MAX_SOCKET_PATH = 100
                    "vocoder-batch and quality take the next five (0: off).")
 @click.option("--flower", "with_flower", is_flag=True,
               help="Start Flower too (basic auth from VOXFARM_FLOWER_USER and "
-                   "VOXFARM_FLOWER_PASSWORD; without them only on a loopback --host).")
+                   "VOXFARM_FLOWER_PASSWORD; without them only on a loopback --host, and "
+                   "only while the farm has no API key).")
 @click.option("--flower-port", default=5555, show_default=True, type=int)
+@click.option("--flower-no-auth", is_flag=True,
+              help="Flower without auth on a loopback --host even with API keys on.")
 def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
-       with_flower: bool, flower_port: int) -> None:
+       with_flower: bool, flower_port: int, flower_no_auth: bool) -> None:
     """Start the whole farm, the Procfile's lines: web, the acoustic, vocoder and book pools
     (interactive and batch), Flower with --flower, and a Redis of its own unless one is
     configured. It prints one line once the farm serves (/readyz 200: every interactive pool's
@@ -108,18 +124,14 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
                                "`PORT=8100 METRICS_PORT=9201 make run`")
     settings = read_settings()
     # What `up` adds to the Procfile's lines: the web's worker count and its control socket
-    # in this farm's var dir, and Flower without auth on loopback when no user is set.
+    # in this farm's var dir, and how Flower takes auth (flower_auth_args).
     control_socket = str(var / "gunicorn.ctl")
     extra_args = {"web": ["--workers", str(web_workers),
                           *(["--control-socket", control_socket]
                             if len(control_socket) <= _MAX_SOCKET_PATH
                             else ["--no-control-socket"])]}
-    if with_flower and not (settings.flower_user
-                            and settings.flower_password.get_secret_value()):
-        if not is_loopback(host):
-            raise click.UsageError("--flower on a non-loopback --host needs "
-                                   "VOXFARM_FLOWER_USER and VOXFARM_FLOWER_PASSWORD")
-        extra_args["flower"] = ["--no-auth"]
+    if with_flower:
+        extra_args["flower"] = flower_auth_args(settings, host, flower_no_auth)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # Said once here instead of Celery's multi-line SecurityWarning in every worker
         # (workers/main.py silences it: the farm accepts JSON messages only).
