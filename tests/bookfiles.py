@@ -5,11 +5,22 @@ from __future__ import annotations
 import io
 import zipfile
 
+from models.books.parse import BookLimits
+
 CHAPTERS = [
     ("The Harbour", "The boats came home at dusk. Gulls followed them over the water."),
     ("The Storm", "By midnight the wind had turned. Rain hammered on the roofs."),
     ("The Morning After", "The sea was calm again. Everyone walked down to the beach."),
 ]
+
+
+def limits(**changes) -> BookLimits:
+    """The caps a web process holds a book to, from the default settings and `changes`
+    (`max_book_words=1000`)."""
+    from app.settings import Settings
+    from web.books import book_limits
+
+    return book_limits(Settings().with_(**changes))
 
 
 def tiny_png() -> bytes:
@@ -95,6 +106,42 @@ def zip_bomb() -> bytes:
         z.writestr(zipfile.ZipInfo("mimetype"), b"application/epub+zip")
         z.writestr("OEBPS/bomb.xhtml", b"\0" * (50 * 1024 * 1024))
     return out.getvalue()
+
+
+def many_entry_bomb(entries: int = 190, entry_bytes: int = 1024 * 1024 - 4096) -> bytes:
+    """An EPUB that came to a client: `entries` XHTML entries each just under 1 MiB of words
+    (under any per-entry floor of a ratio check), 181 MiB of text and 38 million words in
+    all from a few hundred KB."""
+    words = b"word " * ((entry_bytes - 40) // 5)
+    page = b"<html><body><p>" + words + b"</p></body></html>"
+    return rezip(make_epub(cover=False), add={f"EPUB/more_{i:03d}.xhtml": page
+                                               for i in range(entries)})
+
+
+_VOCABULARY: list[str] = []
+
+
+def varied_words(count: int, seed: int = 0) -> str:
+    """`count` words of prose that compresses like prose (not like one word repeated)."""
+    import random
+
+    if not _VOCABULARY:
+        made = random.Random(0)
+        _VOCABULARY.extend("".join(made.choice("etaoinshrdlucmfwypvbgk")
+                                   for _ in range(made.randint(2, 9))) for _ in range(5000))
+    rng = random.Random(seed)
+    sentences, left = [], count
+    while left > 0:
+        n = min(left, rng.randint(6, 18))
+        sentences.append(" ".join(rng.choices(_VOCABULARY, k=n)).capitalize() + ".")
+        left -= n
+    return " ".join(sentences)
+
+
+def chapters_text(chapters: int, words_each: int = 12) -> str:
+    """A plain-text book of `chapters` "Chapter N" headings, each over its own words."""
+    return "\n\n".join(f"Chapter {i + 1}\n\n{varied_words(words_each, seed=i)}"
+                        for i in range(chapters))
 
 
 def traversal_epub() -> bytes:

@@ -11,11 +11,19 @@
 
 The request only validates and parses (to refuse a bad book with a clear 4xx before writing
 anything); the split into segments and the rendering run on the workers.
+
+Where an upload's parsing runs (app/offload.py): on the "books" pool's one native thread,
+never on the threads that encode listeners' audio. One upload per web process holds the
+parse turn at a time (`_parse_turn`); the next waits for it at most `book_parse_wait_s`
+(then 503) with its body still in Werkzeug's spooled upload file, so uploads that wait hold
+no copy of their bytes. A book is held to its caps while it is read (models/books/parse/
+limits.py): past one it stops there and the answer is 413 naming the cap.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import cast
 from urllib.parse import quote
@@ -23,7 +31,8 @@ from urllib.parse import quote
 from flask import Blueprint, Response, jsonify, request, send_file, url_for
 
 from app.broker.queueing import resume, send_assemble, send_prepare
-from app.offload import offload
+from app.offload import OffloadTimeout, offload
+from app.settings import Settings
 from app.stores.books import (
     book_download_name,
     book_id_for,
@@ -39,7 +48,10 @@ from models.books.parse import (
     EXTENSIONS,
     Book,
     BookError,
+    BookLimits,
+    BookTooLarge,
     Chapter,
+    check_book,
     finish,
     not_a_book_file,
     parse_book,
@@ -168,8 +180,47 @@ def _breaks_within_cap(book: Book) -> Book:
     return book
 
 
-def _parse_upload(data: bytes, name: str) -> Book:
-    return _breaks_within_cap(parse_book(data, name))
+def book_limits(settings: Settings) -> BookLimits:
+    """A book's caps, from the settings."""
+    return BookLimits(words=settings.max_book_words, chapters=settings.max_book_chapters,
+                      unpacked_bytes=settings.max_book_unpacked_bytes,
+                      unpacked_ratio=settings.max_book_unpacked_ratio)
+
+
+def _too_large(exc: BookTooLarge, field: str) -> ApiError:
+    return ApiError(413, exc.code, exc.message, field=field, limit=exc.limit, unit=exc.unit)
+
+
+def _parse_upload(data: bytes, name: str, limits: BookLimits) -> Book:
+    return _breaks_within_cap(parse_book(data, name, limits))
+
+
+_parse_turn_lock = threading.Lock()
+_parse_turn: threading.BoundedSemaphore | None = None
+
+
+def _parse_turn_now() -> threading.BoundedSemaphore:
+    """The one parse turn of this process, made on first use: after gevent's monkey-patching
+    (a gevent semaphore under the gevent workers; only greenlets of the hub take it)."""
+    global _parse_turn
+    with _parse_turn_lock:
+        if _parse_turn is None:
+            _parse_turn = threading.BoundedSemaphore(1)
+        return _parse_turn
+
+
+def _parse_file(upload, name: str, settings: Settings) -> tuple[Book, bytes]:
+    """The uploaded file parsed on the books pool, once this upload has the parse turn, and
+    its bytes (stored once the book is accepted)."""
+    turn = _parse_turn_now()
+    if not turn.acquire(timeout=settings.book_parse_wait_s):
+        raise OffloadTimeout(f"no parse turn within {settings.book_parse_wait_s} s")
+    try:
+        data = upload.read()
+        upload.close()
+        return offload("books", _parse_upload, data, name, book_limits(settings)), data
+    finally:
+        turn.release()
 
 
 @books_api.post("/v1/books")
@@ -192,11 +243,11 @@ def create_book():
             refusal = not_a_book_file(name)
             raise ApiError(415, refusal.code, refusal.message, field="file",
                            valid=list(EXTENSIONS))
-        data = upload.read()
-        source = (data, ext)
         try:
-            # Parsing is CPU work: off the gevent hub, on the encode pool's threads.
-            book = offload("encode", _parse_upload, data, name)
+            book, data = _parse_file(upload, name, f.settings)
+            source = (data, ext)
+        except BookTooLarge as exc:
+            raise _too_large(exc, "file") from None
         except BookError as exc:
             raise ApiError(_STATUS.get(exc.code, 422), exc.code, exc.message,
                            field="file") from None
@@ -206,7 +257,10 @@ def create_book():
         fields = parse(BookRequest, json_body(request))
         voice = _voice(fields)
         try:
-            book = _breaks_within_cap(_json_book(fields, voice))
+            book = _breaks_within_cap(check_book(_json_book(fields, voice),
+                                                 book_limits(f.settings)))
+        except BookTooLarge as exc:
+            raise _too_large(exc, "chapters") from None
         except BookError as exc:
             raise ApiError(422, exc.code, exc.message, field="chapters") from None
         except BreakTooLong as exc:
@@ -400,7 +454,9 @@ def openapi_paths() -> dict:
                 "202": doc.json(responses.Book, "accepted: rendering starts"),
                 "200": doc.json(responses.Book, "the same book was submitted before"),
                 "400": doc.error("the body is not valid JSON"),
-                "413": doc.error("the upload is too large"),
+                "413": doc.error("the upload is too large (`request_too_large`), or the "
+                                 "book is over a cap: `too_many_words`, `too_many_chapters`"
+                                 " or `archive_too_large`, with `limit` and `unit`"),
                 "415": doc.error("not a book file or not a supported body type"),
                 "422": doc.error("a field is wrong or the book has nothing to speak"),
                 "503": doc.UNAVAILABLE},

@@ -8,13 +8,15 @@ from models.books.parse import Book, BookError, Chapter, finish, parse_book
 from models.books.parse.book import is_title_page
 from tests import bookfiles
 
+LIMITS = bookfiles.limits()
+
 
 def titles(book) -> list[str]:
     return [c.title for c in book.chapters]
 
 
 def test_epub_spine_nav_titles_metadata_and_cover():
-    book = parse_book(bookfiles.make_epub(), "harbour.epub")
+    book = parse_book(bookfiles.make_epub(), "harbour.epub", LIMITS)
     assert (book.title, book.author, book.language) == ("Harbour Tales", "Ann Writer", "en")
     # cover page, copyright page, the nav document and the blank page are skipped
     assert titles(book) == [t for t, _ in bookfiles.CHAPTERS]
@@ -25,7 +27,7 @@ def test_epub_spine_nav_titles_metadata_and_cover():
 def test_plain_text_english_roman_and_chinese_headings():
     text = ("My Novel\n\nA short preface here.\n\nChapter 1\nIt began.\n\nCHAPTER IV\n"
             "It went on.\n\n第三章 归来\n他回来了。\n")
-    book = parse_book(text.encode(), "novel.txt")
+    book = parse_book(text.encode(), "novel.txt", LIMITS)
     assert titles(book) == ["Chapter 1", "CHAPTER IV", "第三章 归来"]
     # The title and the preface before the first heading are front matter: read at the
     # start of the first chapter (it holds a sentence), not a chapter of their own.
@@ -34,13 +36,13 @@ def test_plain_text_english_roman_and_chinese_headings():
 
 
 def test_plain_text_without_headings_is_one_chapter():
-    book = parse_book(b"Just a story. Nothing else.", "story.txt")
+    book = parse_book(b"Just a story. Nothing else.", "story.txt", LIMITS)
     assert titles(book) == ["story"] and book.chapters[0].text == "Just a story. Nothing else."
 
 
 def test_plain_text_table_of_contents_lines_make_no_empty_chapters():
     text = "Contents\nChapter 1\nChapter 2\n\nChapter 1\nOne happens.\n\nChapter 2\nTwo.\n"
-    book = parse_book(text.encode(), "b.txt")
+    book = parse_book(text.encode(), "b.txt", LIMITS)
     assert [c.text.split(".", 1)[1].strip() for c in book.chapters[-2:]] == ["One happens.",
                                                                              "Two."]
 
@@ -48,7 +50,7 @@ def test_plain_text_table_of_contents_lines_make_no_empty_chapters():
 def test_markdown_headings_under_a_title():
     md = ("# The Book\n\n## First\nSome *emphasis* and a [link](http://x).\n\n"
           "## Second\n```\ncode()\n```\nMore text.\n")
-    book = parse_book(md.encode(), "b.md")
+    book = parse_book(md.encode(), "b.md", LIMITS)
     assert book.title == "The Book" and titles(book) == ["First", "Second"]
     assert "Some emphasis and a link." in book.chapters[0].text
     assert "code()" not in book.chapters[1].text
@@ -57,7 +59,7 @@ def test_markdown_headings_under_a_title():
 def test_html_h1_chapters_skip_scripts():
     html = ("<html><head><title>T</title><script>var x = 1;</script></head><body>"
             "<h1>One</h1><p>Alpha &amp; omega.</p><h1>Two</h1><p>Beta.</p></body></html>")
-    book = parse_book(html.encode(), "b.html")
+    book = parse_book(html.encode(), "b.html", LIMITS)
     assert book.title == "T" and titles(book) == ["One", "Two"]
     assert "Alpha & omega." in book.chapters[0].text and "var x" not in book.chapters[0].text
 
@@ -75,7 +77,7 @@ def test_html_h1_chapters_skip_scripts():
 ])
 def test_bad_uploads(make, name, code):
     with pytest.raises(BookError) as err:
-        parse_book(make(), name)
+        parse_book(make(), name, LIMITS)
     assert err.value.code == code
 
 
@@ -105,7 +107,7 @@ ZH = "他回来了。他走进屋里，坐下来喝茶。外面下着雨，院�
         "utf-16le-no-bom", "utf-16be-no-bom", "utf-16le-bom", "utf-16be-bom", "utf-16le-chinese",
         "gbk"])
 def test_plain_text_in_common_encodings(data, text):
-    book = parse_book(data, "story.txt")
+    book = parse_book(data, "story.txt", LIMITS)
     assert book.chapters[0].text == text
 
 
@@ -117,7 +119,7 @@ def test_plain_text_in_common_encodings(data, text):
 ], ids=["png", "zip", "pdf", "all-bytes", "controls", "utf-8-with-nul"])
 def test_binary_named_txt_is_still_refused(data):
     with pytest.raises(BookError) as err:
-        parse_book(data, "story.txt")
+        parse_book(data, "story.txt", LIMITS)
     assert err.value.code == "wrong_format"
 
 
@@ -137,7 +139,7 @@ HEADINGS_ONLY = {
 def test_book_of_headings_alone_has_no_text(kind):
     name, data = HEADINGS_ONLY[kind]
     with pytest.raises(BookError) as err:
-        parse_book(data, name)
+        parse_book(data, name, LIMITS)
     assert err.value.code == "no_text"
 
 
@@ -145,7 +147,7 @@ def test_epub_of_headings_alone_has_no_text():
     data = bookfiles.make_epub([("Chapter 1", ""), ("Chapter 2", "")], cover=False,
                                extra_docs=False)
     with pytest.raises(BookError) as err:
-        parse_book(data, "b.epub")
+        parse_book(data, "b.epub", LIMITS)
     assert err.value.code == "no_text"
 
 
@@ -163,14 +165,14 @@ def test_json_book_of_titles_alone_has_no_text():
     ("b.html", b"<h1>Chapter 1</h1><h1>Chapter 2</h1><p>It rained.</p><h1>Chapter 3</h1>"),
 ])
 def test_title_only_chapters_are_dropped_in_every_format(name, data):
-    book = parse_book(data, name)
+    book = parse_book(data, name, LIMITS)
     assert titles(book) == ["Chapter 2"] and "It rained." in book.chapters[0].text
 
 
 def test_epub_title_only_chapters_are_dropped():
     data = bookfiles.make_epub([("Chapter 1", ""), ("Chapter 2", "It rained. Then it cleared"),
                                 ("Chapter 3", "")], cover=False, extra_docs=False)
-    assert titles(parse_book(data, "b.epub")) == ["Chapter 2"]
+    assert titles(parse_book(data, "b.epub", LIMITS)) == ["Chapter 2"]
 
 
 def test_a_chapter_whose_text_starts_like_its_title_keeps_it():
@@ -186,7 +188,7 @@ def test_epub_document_of_headings_alone_is_dropped_whatever_its_toc_title():
     data = bookfiles.rezip(data, replace={"EPUB/chap_01.xhtml": (
         b'<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body>'
         b"<h1>Part One</h1><h2>In which nothing happens</h2></body></html>")})
-    assert titles(parse_book(data, "b.epub")) == ["The Storm"]
+    assert titles(parse_book(data, "b.epub", LIMITS)) == ["The Storm"]
 
 
 # -- front matter: the text between the book's title and its first chapter -----------------
@@ -219,7 +221,7 @@ def gull_rock(fmt: str, front: list[str]) -> tuple[bytes, str]:
 @pytest.mark.parametrize("fmt", ["md", "html", "txt", "epub"])
 def test_a_subtitle_before_the_first_chapter_is_no_chapter_in_any_format(fmt):
     data, name = gull_rock(fmt, ["A Tale of the Northern Light", "by Ann Writer"])
-    book = parse_book(data, name)
+    book = parse_book(data, name, LIMITS)
     assert len(book.chapters) == 3, titles(book)
     assert titles(book)[0].endswith("The Lamp")
     text = " ".join(c.text for c in book.chapters)
@@ -230,7 +232,7 @@ def test_a_subtitle_before_the_first_chapter_is_no_chapter_in_any_format(fmt):
 def test_front_matter_that_reads_opens_the_first_chapter_in_any_format(fmt):
     preface = "This story was told to me by my grandfather. He kept the light for forty years."
     data, name = gull_rock(fmt, [preface])
-    book = parse_book(data, name)
+    book = parse_book(data, name, LIMITS)
     assert len(book.chapters) == 3, titles(book)
     first = book.chapters[0].text
     # Read in the file's order: the preface, then the chapter's title and its text.

@@ -108,8 +108,8 @@ def _query_int(raw: object, info: ValidationInfo) -> int:
 
 
 def _book_formats(value: object) -> tuple[str, ...]:
-    if isinstance(value, str):  # "m4b,mp3", as a form sends it (JSON may too)
-        value = [p.strip() for p in value.split(",") if p.strip()]
+    # A list: a JSON string ("m4b") is the wrong type, as docs/books.md says (a form's
+    # "m4b,mp3" is split into a list first: web.schemas.requests.BookUpload).
     if not isinstance(value, list) or not value or not all(isinstance(f, str) for f in value):
         raise refusal("invalid_type", "'formats' must be a list of formats",
                       valid=list(BOOK_FORMATS))

@@ -203,11 +203,20 @@ def _with_file(schema: dict) -> None:
     schema["required"] = ["file"]
 
 
+def _form_list(raw: object) -> object:
+    """A multipart form's list ("m4b,mp3", the field given once or more), as JSON would
+    have it."""
+    if isinstance(raw, str):
+        return [p.strip() for p in raw.split(",") if p.strip()]
+    return raw
+
+
 class BookUpload(BookFields):
     """A book file, multipart; the fields are strings, an empty one is the default."""
 
     model_config = ConfigDict(json_schema_extra=_with_file)
     speed: Annotated[Speed, BeforeValidator(_form_number)] = 1.0
+    formats: Annotated[BookFormats, BeforeValidator(_form_list)] = DEFAULT_FORMATS
 
 
 class BookAudioQuery(RequestModel):

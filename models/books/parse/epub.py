@@ -3,6 +3,10 @@
 The bytes pass :func:`check_epub_archive` before ebooklib opens them. Remote references are
 never fetched: ebooklib reads only zip entries, lxml runs with network access off, and the
 text is pulled out with :func:`html_blocks` (the stdlib `html.parser`).
+
+Bounded while read: ebooklib inflates every entry it reads through one :class:`Unpacked`
+(a manifest naming one entry a thousand times counts it a thousand times), and the words and
+chapters are counted per document as the spine is walked, so a book past a cap stops there.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import warnings
 from models.books.parse.book import Book, BookError, Chapter, one_line, with_front_matter
 from models.books.parse.epub_safety import check_epub_archive
 from models.books.parse.html import html_blocks
+from models.books.parse.limits import BookLimits, Budget, Unpacked
 
 _SKIP_NAMES = re.compile(r"(^|[/_\-.])(cover|copyright|toc|nav|titlepage|title-page)"
                          r"([/_\-.]|\d|$)", re.IGNORECASE)
@@ -22,9 +27,29 @@ _SKIP_NAMES = re.compile(r"(^|[/_\-.])(cover|copyright|toc|nav|titlepage|title-p
 _SKIP_TYPES = ("cover", "toc", "copyright-page", "landmarks", "page-list", "titlepage")
 
 
-def parse_epub(data: bytes) -> Book:
-    zf = check_epub_archive(data)
+def _read_epub(data: bytes, unpacked_bytes: int):
+    """ebooklib's `read_epub`, every entry it reads inflated through one :class:`Unpacked`."""
+    # ebooklib loads when an EPUB is read
+    from ebooklib import epub
+
+    class BoundedReader(epub.EpubReader):
+        unpacked: Unpacked | None = None
+
+        def read_file(self, name: str) -> bytes:
+            if self.unpacked is None or self.unpacked.zf is not self.zf:
+                self.unpacked = Unpacked(self.zf, unpacked_bytes)
+            return self.unpacked.read(posixpath.normpath(name))
+
+    reader = BoundedReader(io.BytesIO(data), {"ignore_ncx": False})
+    book = reader.load()
+    reader.process()
+    return book
+
+
+def parse_epub(data: bytes, limits: BookLimits, budget: Budget | None = None) -> Book:
+    zf = check_epub_archive(data, limits)
     zf.close()
+    budget = budget or Budget(limits)
     # ebooklib loads when an EPUB is read
     import ebooklib
     from ebooklib import epub
@@ -32,7 +57,7 @@ def parse_epub(data: bytes) -> Book:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            book = epub.read_epub(io.BytesIO(data), {"ignore_ncx": False})
+            book = _read_epub(data, limits.unpacked_bytes)
     except BookError:
         raise
     except Exception as exc:  # ebooklib raises anything from KeyError to EpubException
@@ -58,7 +83,7 @@ def parse_epub(data: bytes) -> Book:
         if isinstance(item, epub.EpubNav) or name in skip or _SKIP_NAMES.search(
                 posixpath.basename(name)):
             continue
-        doc = html_blocks(item.get_content().decode("utf-8", errors="replace"))
+        doc = html_blocks(item.get_content().decode("utf-8", errors="replace"), budget)
         if doc.doc_types & set(_SKIP_TYPES):
             continue
         text = "\n\n".join(t for _, t in doc.blocks)
@@ -71,6 +96,7 @@ def parse_epub(data: bytes) -> Book:
         title = toc_titles.get(name) or heading or one_line(doc.title)
         if title and not text.startswith(title):
             text = f"{title}.\n\n{text}"
+        budget.add_chapter()
         chapters.append(Chapter(title, text))
 
     cover, cover_mime = _cover(book)

@@ -3,9 +3,13 @@
 Uploads are hostile until proven otherwise, so :func:`check_epub_archive` insists on:
 
 - a zip at all, with the `mimetype` entry an EPUB has (else: not the format it claims);
-- at most :data:`MAX_ENTRIES` entries, :data:`MAX_UNCOMPRESSED` bytes uncompressed in all, and
-  no entry expanding more than :data:`MAX_RATIO` times (a zip bomb). Python's zipfile stops
-  inflating at the declared size and checks the CRC, so the declared sizes are binding;
+- at most :data:`MAX_ENTRIES` entries, and all entries together (never one at a time: 190
+  entries each under a per-entry floor pass any per-entry rule) at most the book's
+  `unpacked_bytes` declared, expanding at most `unpacked_ratio` times (a zip bomb; an
+  archive under :data:`RATIO_MIN_BYTES` in all harms nobody whatever its ratio). Python's
+  zipfile stops inflating at the declared size and checks the CRC, so the declared sizes are
+  binding, and every entry read here is inflated through :class:`Unpacked` besides, which
+  counts all entries' bytes together and stops at the cap;
 - no entry name with `..`, a leading `/` or a drive letter (path traversal);
 - no `META-INF/encryption.xml` (DRM: the text is encrypted, there is nothing to read);
 - every XML entry (container, OPF, NCX, XHTML) parsing with defusedxml, which refuses entity
@@ -20,19 +24,19 @@ import zipfile
 import zlib
 
 from models.books.parse.book import BookError
+from models.books.parse.limits import BookLimits, BookTooLarge, Unpacked, unpacked_too_large
 
 MAX_ENTRIES = 2_000
-MAX_UNCOMPRESSED = 200 * 1024 * 1024
-MAX_RATIO = 100
-# Ratios are only judged on entries big enough to matter: a 2 KB CSS file of spaces may well
-# compress 200:1 and harms nobody.
+# The ratio is only judged on archives big enough to matter: a small EPUB of XHTML full of
+# indentation may well compress 200:1 and harms nobody.
 RATIO_MIN_BYTES = 1024 * 1024
 
 _XML_SUFFIXES = (".xml", ".opf", ".ncx", ".xhtml", ".html", ".htm", ".svg", ".smil")
 
 
-def check_epub_archive(data: bytes) -> zipfile.ZipFile:
-    """The checks that come before any EPUB library sees the bytes. Raises BookError."""
+def check_epub_archive(data: bytes, limits: BookLimits) -> zipfile.ZipFile:
+    """The checks that come before any EPUB library sees the bytes. Raises BookError
+    (BookTooLarge past a cap)."""
     if not data.startswith(b"PK\x03\x04"):
         raise BookError("wrong_format", "the file is not an EPUB (an EPUB is a zip archive)")
     try:
@@ -41,23 +45,24 @@ def check_epub_archive(data: bytes) -> zipfile.ZipFile:
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
         raise BookError("corrupt_epub", f"the EPUB is damaged: {exc}") from None
     if len(infos) > MAX_ENTRIES:
-        raise BookError("archive_too_large",
-                        f"the EPUB has {len(infos)} entries; the limit is {MAX_ENTRIES}")
-    total = 0
+        raise BookTooLarge("archive_too_large", f"the EPUB has {len(infos):,} entries; the limit"
+                           f" is {MAX_ENTRIES:,}", MAX_ENTRIES, "entries")
+    unpacked = stored = 0
     for info in infos:
         name = info.filename
         if (name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name)
                 or ".." in re.split(r"[/\\]", name)):
             raise BookError("unsafe_archive", f"the EPUB has an unsafe entry name '{name}'")
-        total += info.file_size
-        if (info.file_size > RATIO_MIN_BYTES
-                and info.file_size > MAX_RATIO * max(1, info.compress_size)):
-            raise BookError("archive_too_large",
-                            f"entry '{name}' expands {info.file_size // max(1, info.compress_size)}"
-                            f" times; the limit is {MAX_RATIO} (a zip bomb?)")
-    if total > MAX_UNCOMPRESSED:
-        raise BookError("archive_too_large",
-                        f"the EPUB expands to {total} bytes; the limit is {MAX_UNCOMPRESSED}")
+        unpacked += info.file_size
+        stored += info.compress_size
+    # Decided on the declared sizes before anything is inflated (they bind: see above).
+    if unpacked > limits.unpacked_bytes:
+        raise unpacked_too_large(limits.unpacked_bytes)
+    if unpacked > RATIO_MIN_BYTES and unpacked > limits.unpacked_ratio * max(1, stored):
+        raise BookTooLarge("archive_too_large", f"the EPUB's entries expand "
+                           f"{unpacked // max(1, stored):,} times in all; the limit is "
+                           f"{limits.unpacked_ratio:g} (a zip bomb?)", limits.unpacked_ratio,
+                           "ratio")
     names = {i.filename for i in infos}
     if "META-INF/encryption.xml" in names:
         raise BookError("drm_protected",
@@ -71,21 +76,19 @@ def check_epub_archive(data: bytes) -> zipfile.ZipFile:
         raise BookError("corrupt_epub", f"the EPUB is damaged: {exc}") from None
     if "META-INF/container.xml" not in names:
         raise BookError("corrupt_epub", "the EPUB has no META-INF/container.xml")
+    reader = Unpacked(zf, limits.unpacked_bytes)
     for info in infos:
         if info.filename.lower().endswith(_XML_SUFFIXES):
-            _check_xml(zf, info.filename)
+            _check_xml(reader, info.filename)
     return zf
 
 
-def _check_xml(zf: zipfile.ZipFile, name: str) -> None:
+def _check_xml(reader: Unpacked, name: str) -> None:
     # defusedxml loads when an EPUB is read
     from defusedxml import DefusedXmlException
     from defusedxml.ElementTree import ParseError, fromstring
 
-    try:
-        raw = zf.read(name)
-    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
-        raise BookError("corrupt_epub", f"the EPUB entry '{name}' is damaged: {exc}") from None
+    raw = reader.read(name)
     try:
         fromstring(raw, forbid_dtd=False, forbid_entities=True, forbid_external=True)
     except DefusedXmlException:

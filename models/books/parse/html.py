@@ -10,6 +10,7 @@ import re
 from html.parser import HTMLParser
 
 from models.books.parse.book import Book, Chapter, one_line, with_front_matter
+from models.books.parse.limits import Budget
 
 _BLOCK_TAGS = frozenset({"p", "div", "br", "li", "tr", "section", "article", "blockquote",
                          "h1", "h2", "h3", "h4", "h5", "h6", "pre", "dd", "dt", "figcaption",
@@ -21,11 +22,13 @@ class _HtmlText(HTMLParser):
     """Blocks of text from (X)HTML: [(tag, text)], tag 'h1'/'h2'/... for headings, else 'p'.
 
     Also notes the <title> and whether the document declares itself a cover, TOC or
-    copyright page (`epub:type`). Expands only HTML's own character references.
+    copyright page (`epub:type`). Expands only HTML's own character references. With a
+    budget, each block's words are counted as it ends: past the cap the reading stops there.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, budget: Budget | None = None) -> None:
         super().__init__(convert_charrefs=True)
+        self.budget = budget
         self.blocks: list[tuple[str, str]] = []
         self.title = ""
         self.doc_types: set[str] = set()
@@ -37,6 +40,8 @@ class _HtmlText(HTMLParser):
     def _flush(self) -> None:
         text = one_line("".join(self._buf))
         if text:
+            if self.budget:
+                self.budget.add_words(text)
             self.blocks.append((self._tag, text))
         self._buf, self._tag = [], "p"
 
@@ -78,17 +83,17 @@ class _HtmlText(HTMLParser):
         self._flush()
 
 
-def html_blocks(html: str) -> _HtmlText:
-    parser = _HtmlText()
+def html_blocks(html: str, budget: Budget | None = None) -> _HtmlText:
+    parser = _HtmlText(budget)
     parser.feed(html)
     parser.close()
     return parser
 
 
-def parse_html(html: str, fallback_title: str = "Untitled") -> Book:
+def parse_html(html: str, fallback_title: str = "Untitled", budget: Budget | None = None) -> Book:
     """HTML: chapters start at `h1` (or `h2` under a single `h1` title); the blocks before the
     first chapter are front matter (`with_front_matter`)."""
-    doc = html_blocks(html)
+    doc = html_blocks(html, budget)
     h1 = [t for tag, t in doc.blocks if tag == "h1"]
     h2 = [t for tag, t in doc.blocks if tag == "h2"]
     title = one_line(doc.title) or fallback_title

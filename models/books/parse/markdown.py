@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from models.books.parse.book import Book, Chapter, with_front_matter
+from models.books.parse.limits import Budget
 from models.books.parse.text import split_at
 
 _MD_HEADING = re.compile(r"^(?P<hashes>#{1,6})[ \t]+(?P<title>.+?)[ \t#]*$", re.MULTILINE)
@@ -26,10 +27,15 @@ def _markdown_to_text(md: str) -> str:
     return md
 
 
-def parse_markdown(md: str, fallback_title: str = "Untitled") -> Book:
+def parse_markdown(md: str, fallback_title: str = "Untitled",
+                   budget: Budget | None = None) -> Book:
     """Markdown: chapters start at `#` headings (or `##` under a single `#` title); the text
     between the title and the first chapter is front matter (`with_front_matter`)."""
     md = md.replace("\r\n", "\n").replace("\r", "\n")
+    if budget:
+        # Counted before the headings are listed: a heading is at least two words (`# A`),
+        # so within the cap the list of them is bounded too.
+        budget.add_words(md)
     md = _MD_SETEXT.sub(lambda m: ("# " if m["rule"][0] == "=" else "## ") + m["title"], md)
     md = re.sub(r"^```.*?^```[ \t]*$", "", md, flags=re.MULTILINE | re.DOTALL)
     headings = list(_MD_HEADING.finditer(md))
@@ -45,7 +51,7 @@ def parse_markdown(md: str, fallback_title: str = "Untitled") -> Book:
     headings = [m for m in _MD_HEADING.finditer(md) if len(m["hashes"]) == level]
     if len(h1) == 1 and not h2:
         title = h1[0]["title"]
-    front, chapters = split_at(md, headings)
+    front, chapters = split_at(md, headings, budget)
     chapters = [Chapter(_markdown_to_text(c.title), _markdown_to_text(c.text)) for c in chapters]
     title = _markdown_to_text(title)
     return Book(title, "", with_front_matter(_markdown_to_text(front), chapters, title),

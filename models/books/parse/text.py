@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from itertools import chain
 
 from models.books.parse.book import Book, Chapter, with_front_matter
+from models.books.parse.limits import Budget
+
+_WORD = re.compile(r"\w")
 
 _TEXT_HEADING = re.compile(
     r"^[ \t]*(?:(?:chapter|CHAPTER|Chapter)[ \t]+(?:\d+|[IVXLCDMivxlcdm]+|[A-Za-z-]+)\b[^\n]*"
@@ -12,29 +17,43 @@ _TEXT_HEADING = re.compile(
     re.MULTILINE)
 
 
-def split_at(text: str, headings: list[re.Match]) -> tuple[str, list[Chapter]]:
-    """`text` cut at `headings` (matches in it; a `title` group, if the pattern has one, is
-    the chapter's title, else the whole match): the text before the first heading (front
-    matter, for `with_front_matter`) and one chapter per heading."""
-    if not headings:
+def split_at(text: str, headings: Iterable[re.Match],
+             budget: Budget | None = None) -> tuple[str, list[Chapter]]:
+    """`text` cut at `headings` (matches in it, in order, taken one at a time; a `title`
+    group, if the pattern has one, is the chapter's title, else the whole match): the text
+    before the first heading (front matter, for `with_front_matter`) and one chapter per
+    heading. A chapter with nothing under its heading (a table of contents line) is left out
+    but for the first: `finish` drops them all the same, and a file of a million heading
+    lines is never a million chapters held. `budget` counts the chapters kept."""
+    chapters: list[Chapter] = []
+    front_end: int | None = None
+    last: re.Match | None = None
+    for m in chain(headings, [None]):
+        if last is not None:
+            end = m.start() if m is not None else len(text)
+            body = text[last.end():end]
+            if not chapters or _WORD.search(body):
+                title = last.group("title") if "title" in last.re.groupindex else last.group(0)
+                if budget and _WORD.search(body):
+                    budget.add_chapter()
+                # The listener hears the chapter's title before its text, as a narrator
+                # reads it.
+                chapters.append(Chapter(title.strip(), f"{title.strip()}.\n\n{body}"))
+        elif m is not None:
+            front_end = m.start()
+        last = m
+    if front_end is None:
         return text, []
-    chapters = []
-    for i, m in enumerate(headings):
-        end = headings[i + 1].start() if i + 1 < len(headings) else len(text)
-        title = m.group("title") if "title" in m.re.groupindex else m.group(0)
-        body = text[m.end():end]
-        # The listener hears the chapter's title before its text, as a narrator reads it.
-        chapters.append(Chapter(title.strip(), f"{title.strip()}.\n\n{body}"))
-    return text[: headings[0].start()], chapters
+    return text[:front_end], chapters
 
 
-def parse_text(text: str, fallback_title: str = "Untitled") -> Book:
+def parse_text(text: str, fallback_title: str = "Untitled", budget: Budget | None = None) -> Book:
     """Plain text: "Chapter 1", "CHAPTER IV", "第三章" lines start chapters, else one."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    headings = list(_TEXT_HEADING.finditer(text))
-    # A table of contents lists the headings with nothing between them; split_at keeps the
-    # empty chapters it makes and finish() drops them, so the real chapters remain. Text
-    # before the first heading (a title, a preface) is front matter.
-    front, chapters = split_at(text, headings)
+    if budget:
+        budget.add_words(text)
+    # A table of contents lists the headings with nothing between them: no chapters (see
+    # split_at). Text before the first heading (a title, a preface) is front matter.
+    front, chapters = split_at(text, _TEXT_HEADING.finditer(text), budget)
     return Book(fallback_title, "", with_front_matter(front, chapters, fallback_title),
                 source_format="text")
