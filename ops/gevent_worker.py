@@ -281,10 +281,12 @@ class GuardedGeventWorker(ggevent.GeventWorker):
     def load_wsgi(self) -> None:
         super().load_wsgi()
         self.counts = PeerCounts(self.limits.per_address)
+        app: Callable = self.wsgi  # type: ignore[has-type]  # set by gunicorn's load_wsgi
         if self.limits.trusted_proxies:
-            self.wsgi = ForwardedCap(self.wsgi, self.limits, self.counts)
+            app = ForwardedCap(app, self.limits, self.counts)
         if self.limits.health_port:
-            self.wsgi = ProbesOnly(self.wsgi, self.limits.health_port)
+            app = ProbesOnly(app, self.limits.health_port)
+        self.wsgi = app
 
     def run(self) -> None:
         limits, counts = self.limits, self.counts
@@ -298,5 +300,5 @@ class GuardedGeventWorker(ggevent.GeventWorker):
 
         # gunicorn's run() builds each listener's server by this module name; this process
         # is the worker alone (forked), so the name is changed for it and nobody else.
-        ggevent.StreamServer = server  # type: ignore[misc, assignment]
+        ggevent.StreamServer = server
         super().run()

@@ -50,13 +50,14 @@ import time
 from collections import deque
 
 import redis
-from flask import Blueprint
+from flask import Blueprint, current_app, g, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
 from app.farm import Farm
 from app.security.apikeys import ApiKey
 from app.stores.states import JOB_FINAL
+from app.stores.waits import WaitPlaces
 from models.voices import get_voice
 from web import apidoc as doc
 from web.auth import check_still_live, count_request, current_key
@@ -88,6 +89,10 @@ KEY_CHECK_S = 2.0
 # A finished sentence: end punctuation (Latin or CJK) and then whitespace, or CJK end
 # punctuation alone (Chinese puts no space after it).
 _SENTENCE_BOUNDARY = re.compile(r"[.!?…][\"'”’)\]]*\s+|[。！？；][\"'”’」』）)]*")
+
+
+# How long a client refused a socket (too many open) is asked to wait before it tries again.
+SOCKET_RETRY_AFTER_S = 5
 
 
 @ws_bp.record_once
@@ -277,6 +282,42 @@ class Session:
                 self.step()
 
 
+def socket_places(f: Farm) -> WaitPlaces:
+    """This process's count of open WebSockets per holder (in Redis, across processes)."""
+    places = current_app.extensions.get("voxfarm.socket_places")
+    if places is None:
+        places = WaitPlaces(f.redis, f.keys, f.settings.web_max_sockets_per_key)
+        current_app.extensions["voxfarm.socket_places"] = places
+    return places
+
+
+@ws_bp.before_request
+def _take_socket_place() -> None:
+    """Before the handshake (so a refusal is a plain HTTP 429 in the one error shape): one
+    of the key's `web_max_sockets_per_key` places, or the client address's while the farm
+    has no keys. Each socket holds a greenlet and a connection for its whole life, so one key
+    cannot take them all; the place is given back when the socket ends (teardown)."""
+    f = farm()
+    key = current_key()
+    holder = f"ws:key:{key.id}" if key else f"ws:addr:{request.remote_addr}"
+    place = socket_places(f).take(holder)
+    if place is None:
+        cap = f.settings.web_max_sockets_per_key
+        raise ApiError(429, "too_many_sockets",
+                       f"{'this API key' if key else 'this address'} has {cap} WebSockets "
+                       "open already, the most it may; close one, or try again later",
+                       headers={"Retry-After": SOCKET_RETRY_AFTER_S},
+                       retry_after=SOCKET_RETRY_AFTER_S, limit=cap)
+    g.voxfarm_socket_place = place
+
+
+@ws_bp.teardown_request
+def _give_socket_place(_exc) -> None:
+    place = g.pop("voxfarm_socket_place", None)
+    if place is not None:
+        place.release()
+
+
 @sock.route("/v1/ws", bp=ws_bp)
 def websocket(ws) -> None:
     serve(ws, farm(), current_key())
@@ -340,7 +381,9 @@ def openapi_paths() -> dict:
             "streaming", "websocket", "WebSocket: text in as it is written, PCM frames and "
             "events out", {
                 "101": {"description": "switching protocols: the socket is open"},
-                "400": doc.error("not a WebSocket upgrade request")},
+                "400": doc.error("not a WebSocket upgrade request"),
+                "429": doc.error("the API key (or, with no keys, the address) has "
+                                 "`VOXFARM_WEB_MAX_SOCKETS_PER_KEY` WebSockets open")},
             description=(
                 "Upgrade with `GET /v1/ws` (`Connection: Upgrade`, `Upgrade: websocket`). "
                 "Client messages are JSON text frames, `SocketMessage` (the same fields as a "

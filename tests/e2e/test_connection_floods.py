@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import statistics
 import subprocess
 import sys
@@ -19,9 +20,12 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import pytest
+import simple_websocket
 
+from tests.e2e.test_streaming import events_until, ws_url
 from tests.floods import raise_fd_limit
 from tests.helpers import ROOT, gunicorn_server, wait_until
+from tests.wsclient import Client, connect
 
 pytestmark = pytest.mark.e2e
 
@@ -142,3 +146,148 @@ def test_idle_websocket_flood_from_one_address_leaves_room_for_another(web):
 def test_slowloris_flood_from_one_address_leaves_room_for_another(web):
     with flood("slowloris", web) as flooder:
         assert_fresh_client_served(web, flooder)
+
+
+# -- WebSockets per key (per address while the farm has no keys) ----------------------------
+
+SOCKET_CAP = 3
+
+
+@pytest.fixture(scope="module")
+def web_few_sockets(farm, tmp_path_factory) -> Iterator[str]:
+    env = {**farm.env, "VOXFARM_WEB_MAX_SOCKETS_PER_KEY": str(SOCKET_CAP)}
+    log = tmp_path_factory.mktemp("sockets") / "gunicorn.log"
+    with gunicorn_server(env, log, workers=2) as base:
+        yield base
+
+
+def ws_handshake(base: str) -> tuple[int, dict, dict]:
+    """A WebSocket handshake on a raw connection: (status, headers, JSON body of a refusal)."""
+    url = urlsplit(base)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        conn.request("GET", "/v1/ws", headers={
+            "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+        resp = conn.getresponse()
+        body = json.loads(resp.read() or b"{}") if resp.status != 101 else {}
+        return resp.status, dict(resp.getheaders()), body
+    finally:
+        conn.close()
+
+
+def test_websockets_past_the_cap_are_refused_before_the_handshake(web_few_sockets):
+    sockets = [connect(ws_url(web_few_sockets)) for _ in range(SOCKET_CAP)]
+    try:
+        for ws in sockets:
+            events_until(ws, "ready")
+        status, headers, body = ws_handshake(web_few_sockets)
+        assert status == 429, (status, body)
+        assert body["error"]["code"] == "too_many_sockets", body
+        assert int(headers["Retry-After"]) >= 1
+        # One closes: its place comes back, and a new socket opens.
+        sockets.pop().close()
+        again = wait_until(lambda: _open_or_none(web_few_sockets), 30,
+                           "no socket opened after one closed")
+        sockets.append(again)
+        events_until(again, "ready")
+    finally:
+        for ws in sockets:
+            ws.close()
+
+
+def _open_or_none(base: str) -> Client | None:
+    try:
+        return connect(ws_url(base))
+    except simple_websocket.ConnectionError:  # 429 while the closed one's place is held
+        return None
+
+
+# -- a trusted proxy's clients, and the probes' own listener --------------------------------
+
+PROXY = "127.0.0.3"
+DIRECT = "127.0.0.4"
+SMALL_CAP = 2
+
+
+@pytest.fixture(scope="module")
+def web_behind_proxy(farm, tmp_path_factory) -> Iterator[tuple[str, str]]:
+    """One worker, two connections an address, PROXY trusted, the probes on a port of their
+    own: (the web's URL, the probe listener's URL)."""
+    from app.local.embedded_redis import free_port
+
+    health_port = free_port()
+    env = {**farm.env, "VOXFARM_WEB_MAX_CONNS_PER_ADDRESS": str(SMALL_CAP),
+           "VOXFARM_WEB_TRUSTED_PROXIES": f"{PROXY}/32",
+           "VOXFARM_WEB_HEALTH_PORT": str(health_port)}
+    log = tmp_path_factory.mktemp("proxy") / "gunicorn.log"
+    with gunicorn_server(env, log, workers=1) as base:
+        yield base, f"http://127.0.0.1:{health_port}"
+
+
+def held_websocket(base: str, source: str, forwarded_for: str = "") -> tuple[socket.socket,
+                                                                              int]:
+    """A WebSocket handshake from `source` that stays open: (the socket, the status)."""
+    url = urlsplit(base)
+    sock = socket.create_connection((url.hostname, url.port), timeout=30,
+                                    source_address=(source, 0))
+    extra = f"X-Forwarded-For: {forwarded_for}\r\n" if forwarded_for else ""
+    sock.sendall((f"GET /v1/ws HTTP/1.1\r\nHost: {url.netloc}\r\nUpgrade: websocket\r\n"
+                  "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                  f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n{extra}\r\n").encode())
+    head = b""
+    while b"\r\n" not in head:
+        data = sock.recv(4096)
+        if not data:
+            break
+        head += data
+    return sock, int(head.split(b" ", 2)[1]) if head else 0
+
+
+def test_a_trusted_proxys_clients_are_counted_by_forwarded_address(web_behind_proxy):
+    base, _ = web_behind_proxy
+    held = []
+    try:
+        for _ in range(SMALL_CAP):
+            sock, status = held_websocket(base, PROXY, "10.9.0.1")
+            held.append(sock)
+            assert status == 101
+        # The proxy's own connections are not capped; its client 10.9.0.1 is.
+        sock, status = held_websocket(base, PROXY, "10.9.0.1")
+        held.append(sock)
+        assert status == 429
+        _, status, _, body = timed_request(base, "GET", "/v1/voices", source=PROXY)
+        assert status == 200, body  # the proxy itself, naming no client
+        # An untrusted peer's X-Forwarded-For is not believed: it is counted as itself.
+        for _ in range(SMALL_CAP):
+            sock, status = held_websocket(base, DIRECT, "10.9.0.2")
+            held.append(sock)
+            assert status == 101
+        sock, status = held_websocket(base, DIRECT, "10.9.0.3")
+        held.append(sock)
+        assert status == 429
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_the_probe_listener_serves_probes_alone_and_stays_open(web_behind_proxy):
+    base, probes = web_behind_proxy
+    held = []
+    try:
+        # DIRECT uses up its places on the main port (once an earlier test's sockets, ended
+        # on the client's side, have ended on the server's too).
+        def hold_one() -> bool:
+            sock, status = held_websocket(base, DIRECT)
+            (held.append if status == 101 else lambda s: s.close())(sock)
+            return len(held) == SMALL_CAP
+
+        wait_until(hold_one, 30, f"{DIRECT} could not open {SMALL_CAP} sockets")
+        assert timed_request(base, "GET", "/healthz", source=DIRECT)[1] == 429
+        _, status, _, body = timed_request(probes, "GET", "/healthz", source=DIRECT)
+        assert status == 200, body
+        _, status, _, body = timed_request(probes, "GET", "/v1/voices", source=DIRECT)
+        assert status == 404 and body["error"]["code"] == "not_found", body
+    finally:
+        for sock in held:
+            sock.close()
