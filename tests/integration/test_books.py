@@ -261,7 +261,7 @@ BAD_UPLOADS = {
     "zip_posing_as_html": (b"PK\x03\x04rest", "book.html", 415, "wrong_format"),
     "unknown_extension": (b"hello", "book.pdf", 415, "unsupported_format"),
     "corrupt_epub": (bookfiles.corrupt_epub, "book.epub", 422, "corrupt_epub"),
-    "zip_bomb": (bookfiles.zip_bomb, "book.epub", 422, "archive_too_large"),
+    "zip_bomb": (bookfiles.zip_bomb, "book.epub", 413, "archive_too_large"),
     "path_traversal": (bookfiles.traversal_epub, "book.epub", 422, "unsafe_archive"),
     "drm": (bookfiles.drm_epub, "book.epub", 422, "drm_protected"),
     "billion_laughs": (bookfiles.entity_epub, "book.epub", 422, "unsafe_xml"),
