@@ -44,6 +44,7 @@ from app.stores.listeners import ListenerLeases, StoreContact
 from app.stores.melcache import MelCache
 from app.stores.redis_conn import blocking_client, redis_client
 from app.stores.states import BOOK_ACTIVE, JOB_FINAL
+from app.stores.waits import WaitPlaces
 
 
 class Farm:
@@ -53,8 +54,11 @@ class Farm:
     def __init__(self, settings: Settings, celery: Celery | None = None) -> None:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
-        self.redis = redis_client(settings.redis_url, settings.redis_timeout_s)
-        self.cache_redis = redis_client(settings.cache, settings.redis_timeout_s)
+        # Pools that wait for a free connection (up to the timeout) instead of failing at
+        # once, sized from the web's connection limit (app/stores/redis_conn.py).
+        pool = settings.redis_max_connections
+        self.redis = redis_client(settings.redis_url, settings.redis_timeout_s, pool)
+        self.cache_redis = redis_client(settings.cache, settings.redis_timeout_s, pool)
         # The queues live on the broker: Redis (maybe its own server: AOF, noeviction) or
         # RabbitMQ (app/broker/probe.py). `broker_redis` is None with RabbitMQ.
         self.broker = broker_queues(settings, self.redis)
@@ -63,7 +67,11 @@ class Farm:
         # with `at_rest_keys`, or pass through as they are without keys.
         self.sealer = Sealer.from_keyring(settings.at_rest_keys.get_secret_value())
         self.jobs = JobStore(self.redis, self.keys, settings.job_ttl,
-                             waiting=blocking_client(settings.redis_url), sealer=self.sealer)
+                             waiting=blocking_client(settings.redis_url,
+                                                     settings.redis_timeout_s, pool),
+                             sealer=self.sealer)
+        # The long-polls and streams each key (or address) has open, across the web processes.
+        self.waits = WaitPlaces(self.redis, self.keys, settings.key_max_waits)
         # The stream jobs this process listens for (the web's streams hold them), and how
         # long this process has been in touch with the store (whether a lapsed lease means
         # a dead listener: `leases_tell`).

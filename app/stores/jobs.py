@@ -33,7 +33,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import redis
@@ -51,6 +51,7 @@ from app.stores.job_scripts import (
 from app.stores.keys import Keys
 from app.stores.ledger import ON_STOP, AdmissionLedger
 from app.stores.states import JOB_FINAL, JOB_LIVE, JobState, Transition
+from app.stores.wakeups import Wakeups
 
 UNPUBLISHED_ERROR = "the web process stopped before the job's segments were all queued"
 STALLED_ERROR = ("no progress for {s:.0f} s: its segments were lost (a broker failure?) and "
@@ -62,14 +63,17 @@ OPEN_TOTAL = -1  # a job's segment count while the web still segments its text
 
 
 class JobStore:
-    """Job records and chunks. `r` is a bytes-mode Redis client; `waiting` (default `r`) one
-    whose socket timeout outlasts the longest blocking wait (see app/stores/redis_conn.py)."""
+    """Job records and chunks. `r` is a bytes-mode Redis client; `waiting` (default `r`) the
+    one the job-stream readers block on, whose socket timeout outlasts one blocking read
+    (app/stores/redis_conn.py, app/stores/wakeups.py)."""
 
     def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int,
                  waiting: redis.Redis | None = None, sealer: Sealer | None = None) -> None:
         self.r = r
         self.sealer = sealer or Sealer([])
         self.waiting = waiting or r
+        # Long-polls and streams wait on one reader per job stream, not a connection each.
+        self.wakeups = Wakeups(self.waiting)
         self.keys = keys
         self.ttl_s = ttl_s
         self._store_window = r.register_script(STORE_WINDOW)
@@ -458,22 +462,29 @@ class JobStore:
         last = self.r.xrevrange(self.keys.events(job_id), count=1)
         return cast(bytes, last[0][0]) if last else b"0-0"
 
-    def wait_event(self, job_id: str, after_id: bytes, timeout_s: float) -> bool:
-        """Block until an event newer than `after_id` exists or the timeout passes."""
-        ms = max(1, int(timeout_s * 1000))
-        return bool(self.waiting.xread({self.keys.events(job_id): after_id}, count=1,
-                                       block=ms))
+    def wait_event(self, job_id: str, after_id: bytes, timeout_s: float,
+                   gone: Callable[[], bool] | None = None) -> bool:
+        """Wait until an event newer than `after_id` exists (or a read of the event stream
+        failed: look again), the timeout passes, or `gone()` says the client left. The wait
+        holds no Redis connection (app/stores/wakeups.py)."""
+        return self.wakeups.wait(self.keys.events(job_id), after_id, timeout_s, gone)
 
-    def wait_for_chunks(self, job_id: str, after: int, wait_s: float,
-                        limit: int) -> tuple[dict | None, list[Chunk]]:
+    def wait_for_chunks(self, job_id: str, after: int, wait_s: float, limit: int,
+                        gone: Callable[[], bool] | None = None,
+                        on_wait: Callable[[], object] | None = None,
+                        ) -> tuple[dict | None, list[Chunk]]:
         """Long-poll: the chunks after cursor `after` as soon as the next one exists.
 
         Returns `(job, chunks)`: chunks is the consecutive run after the cursor (empty when
-        the wait ran out, or when the job ended without them); `job["chunks"]` is the job's
-        chunk count, None while not yet known. The event-stream mark is taken
-        before the chunks are read, so a chunk stored in between still wakes the wait.
+        the wait ran out, when `gone()` said the client left, or when the job ended without
+        them); `job["chunks"]` is the job's chunk count, None while not yet known. The
+        event-stream mark is taken before the chunks are read, so a chunk stored in between
+        still wakes the wait. `on_wait()` runs once, before the first time it would wait (a
+        poll answered at once never calls it): the web takes the client's place among its
+        waits there, and a refusal it raises ends the poll.
         """
         deadline = time.monotonic() + wait_s
+        waited = False
         while True:
             mark = self.last_event_id(job_id)
             job = self.get(job_id)
@@ -486,4 +497,9 @@ class JobStore:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return job, []
-            self.wait_event(job_id, mark, remaining)
+            if not waited and on_wait is not None:
+                on_wait()
+            waited = True
+            woken = self.wait_event(job_id, mark, remaining, gone)
+            if not woken and gone is not None and gone():
+                return job, []  # nobody to answer

@@ -35,6 +35,9 @@ Layout (prefix `vf` by default):
                                  nor count)
     {p}:jobs:listened     zset   stream job id -> when its listener lease lapses (renewed by
                                  the web process that streams it; app/stores/listeners.py)
+    {p}:waits:{holder}    zset   place token -> when it lapses: the long-polls and streams an
+                                 API key ("key:ID") or, with keys off, a client address
+                                 ("addr:IP") has open (app/stores/waits.py)
     {p}:broker            hash   run (the broker server's run id when last seen), restarted_at
                                  (when that run began; 0 for the first run the farm saw)
     {p}:book:{id}         hash   the book record (state, per-chapter progress, feed cursor)
@@ -128,6 +131,9 @@ class Keys:
     @property
     def listened(self) -> str:
         return f"{self.prefix}:jobs:listened"
+
+    def waits(self, holder: str) -> str:
+        return f"{self.prefix}:waits:{holder}"
 
     @property
     def resuming(self) -> str:
