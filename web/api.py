@@ -43,7 +43,9 @@ from web.schemas.requests import (
     JobRequest,
     PhonemizeRequest,
 )
+from web.streams import client_gone
 from web.synthesis import submit_segments, submit_text
+from web.waits import LazyPlace
 
 api = Blueprint("api", __name__)
 
@@ -179,7 +181,11 @@ def get_chunks(job_id: str):
         raise ApiError(422, "out_of_range", f"'after' is past the last chunk (index "
                        f"{count - 1}); the job has {count} chunks", field="after",
                        last=count - 1)
-    found, chunks = farm().jobs.wait_for_chunks(job_id, after, query.wait, query.max)
+    # The wait holds a place among the client's waits (429 past its cap) from when it starts
+    # waiting until it answers or its client leaves (`client_gone`, looked at as it waits).
+    with LazyPlace() as place:
+        found, chunks = farm().jobs.wait_for_chunks(job_id, after, query.wait, query.max,
+                                                    gone=client_gone(), on_wait=place.take)
     if found is None:
         raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
     job = found
@@ -339,7 +345,8 @@ def openapi_paths() -> dict:
                 "204": {"description": "nothing new within `wait`; ask again from "
                                        "`X-Next-After`",
                         "headers": {"X-Next-After": doc.header()}},
-                "404": doc.JOB_NOT_FOUND, "422": doc.INVALID, "503": doc.UNAVAILABLE},
+                "404": doc.JOB_NOT_FOUND, "422": doc.INVALID, "429": doc.TOO_MANY_WAITS,
+                "503": doc.UNAVAILABLE},
             query=ChunksQuery)},
         "/v1/jobs/{job_id}/audio": {"get": doc.op(
             "jobs", "getAudio", "The whole audio of a finished job", {

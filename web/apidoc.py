@@ -81,6 +81,12 @@ KEY_REFUSALS = {
     "429": error("the key's requests a minute or its work running at once "
                   "(`rate_limited`, `too_many_jobs`)", RETRY_AFTER),
 }
+# A long-poll's or stream's refusal past its client's open waits (web/waits.py), keys or
+# not; the keys' own 429s (above) on the same status.
+TOO_MANY_WAITS = error("the key (with keys off: the client address) already has its most "
+                       "long-polls and streams open (`too_many_waits`, with `limit`), or the "
+                       "key's requests a minute or its work running at once (`rate_limited`, "
+                       "`too_many_jobs`)", RETRY_AFTER)
 JSON_BODY = {"400": BAD_JSON, "413": TOO_LARGE, "415": NOT_JSON, "422": INVALID,
               "503": UNAVAILABLE}
 OPENAI_HEADERS = {"X-Job-Id": header(), "X-Voxfarm-Voice": header(),

@@ -31,6 +31,7 @@ from flask import Blueprint, jsonify, request
 
 from app.offload import offload
 from app.stores.states import JOB_FINAL
+from app.stores.waits import Place
 from models.audio.encode import StreamEncoder
 from web import apidoc as doc
 from web.errors import ApiError
@@ -41,6 +42,7 @@ from web.schemas.constants import RESPONSE_FORMATS
 from web.schemas.requests import CaptionedSpeechRequest
 from web.streams import client_gone, streaming_response
 from web.synthesis import CLIENT_LEFT, ChunkFollower
+from web.waits import take_place
 
 captioned = Blueprint("captioned", __name__)
 
@@ -62,7 +64,22 @@ def captioned_speech():
     with openai_errors():
         req = parse(CaptionedSpeechRequest, json_body(request))
         voice, speed = resolve_voice(req.voice), farm_speed(req.speed)
-        job = submit_speech(req.input, voice, speed)
+        # Both ways wait on the job: a place among the client's open waits (429 past its
+        # cap), taken before the job exists so a refused client makes none.
+        place = take_place()
+    streaming = False
+    try:
+        with openai_errors():
+            job = submit_speech(req.input, voice, speed)
+        answer = _answer(req, job, voice, speed, place)
+        streaming = req.stream  # the streamed body gives the place back when it closes
+        return answer
+    finally:
+        if not streaming:
+            place.release()
+
+
+def _answer(req: CaptionedSpeechRequest, job: dict, voice: str, speed: float, place: Place):
     fmt, stream, want_words = req.response_format, req.stream, req.return_timestamps
     codec, out_rate = RESPONSE_FORMATS[fmt]
     encoder = StreamEncoder(codec, job["sample_rate"], out_rate)
@@ -78,7 +95,7 @@ def captioned_speech():
     if stream:
         return streaming_response(_lines(follower, encoder, fmt, want_words,
                                          cancel_unless_done),
-                                  "application/x-ndjson", headers)
+                                  "application/x-ndjson", headers, place)
     audio, words = [], []
     chunks = iter(follower)
     try:
@@ -145,6 +162,7 @@ def _captioned(operation_id: str, summary: str) -> dict:
                     "application/x-ndjson": {"schema": {"type": "string"}}}},
         **doc.JSON_BODY,
         "409": doc.error("the job ended early (`job_failed`, `job_canceled`, `job_stalled`)"),
+        "429": doc.TOO_MANY_WAITS,
     }, body=CaptionedSpeechRequest, description=(
         "The body of `POST /v1/audio/speech` plus `stream` (default false) and "
         "`return_timestamps` (default true). `stream: false`: one JSON object once the job is "

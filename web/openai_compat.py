@@ -38,6 +38,7 @@ import json
 from flask import Blueprint, jsonify, request
 
 from app.stores.states import JOB_FINAL
+from app.stores.waits import Place
 from models.audio.encode import StreamEncoder
 from models.text.ssml import SPEED_MAX, SPEED_MIN
 from models.voices import list_voices
@@ -49,6 +50,7 @@ from web.schemas.constants import OPENAI_MODELS, RESPONSE_FORMATS
 from web.schemas.requests import SpeechRequest
 from web.streams import client_gone, encoded_audio, streaming_response
 from web.synthesis import CLIENT_LEFT, ChunkFollower, submit_text
+from web.waits import take_place
 
 openai_compat = Blueprint("openai_compat", __name__)
 
@@ -81,7 +83,19 @@ def speech():
     with openai_errors():
         req = parse(SpeechRequest, json_body(request))
         voice, speed = resolve_voice(req.voice), farm_speed(req.speed)
-        job = submit_speech(req.input, voice, speed)
+        # Before the job exists: a client past its open waits gets 429 and no job.
+        place = take_place()
+    try:
+        with openai_errors():
+            job = submit_speech(req.input, voice, speed)
+        return _speech_response(req, job, voice, speed, place)
+    except BaseException:
+        place.release()
+        raise
+
+
+def _speech_response(req: SpeechRequest, job: dict, voice: str, speed: float,
+                     place: Place):
     fmt, out_rate = RESPONSE_FORMATS[req.response_format]
     encoder = StreamEncoder(fmt, job["sample_rate"], out_rate)
     f = farm()
@@ -97,8 +111,8 @@ def speech():
     headers = {"X-Job-Id": job_id, "X-Voxfarm-Voice": voice, "X-Voxfarm-Speed": speed}
     if req.stream_format == "sse":
         return streaming_response(sse_events(audio, follower, len(req.input)),
-                                  "text/event-stream", headers)
-    return streaming_response(audio, CONTENT_TYPES[req.response_format], headers)
+                                  "text/event-stream", headers, place)
+    return streaming_response(audio, CONTENT_TYPES[req.response_format], headers, place)
 
 
 def _event(data: dict) -> bytes:
@@ -169,7 +183,8 @@ def openapi_paths() -> dict:
     return {
         "/v1/audio/speech": {"post": doc.op(
             "openai", "createSpeech", "OpenAI-compatible text to speech; the body streams as "
-            "it renders", {"200": speech_200, **doc.JSON_BODY}, body=SpeechRequest)},
+            "it renders", {"200": speech_200, **doc.JSON_BODY, "429": doc.TOO_MANY_WAITS},
+            body=SpeechRequest)},
         "/v1/models": {"get": doc.op(
             "openai", "listModels", "OpenAI's model list: the names `model` usually takes "
             "(any works)", {"200": doc.json(responses.ModelList, "the models")})},

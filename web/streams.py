@@ -24,11 +24,13 @@ import numpy as np
 from flask import Blueprint, Response, request, stream_with_context
 
 from app.offload import offload
+from app.stores.waits import Place
 from models.audio.encode import StreamEncoder
 from web import apidoc as doc
 from web.helpers import farm, parse
 from web.schemas.requests import StreamQuery
 from web.synthesis import ChunkFollower, streamable_job
+from web.waits import take_place
 
 streams = Blueprint("streams", __name__)
 
@@ -86,7 +88,10 @@ def encoded_audio(follower: ChunkFollower, encoder: StreamEncoder, on_end=None):
             on_end(follower.outcome if follower.ended else "disconnected")
 
 
-def streaming_response(body, content_type: str, headers: dict | None = None) -> Response:
+def streaming_response(body, content_type: str, headers: dict | None = None,
+                       place: Place | None = None) -> Response:
+    """`body` sent chunked. `place` (the client's place among its waits, web/waits.py) is
+    given back when the response closes: the body done, or the client gone."""
     # A client that stops reading must not hold its greenlet and the audio queued for it
     # for ever: a send that cannot finish within this bound fails, and the stream ends (a
     # stream's own job is canceled, like any whose client left). gunicorn hands its socket
@@ -100,6 +105,8 @@ def streaming_response(body, content_type: str, headers: dict | None = None) -> 
     resp.headers["X-Accel-Buffering"] = "no"
     for k, v in (headers or {}).items():
         resp.headers[k] = str(v)
+    if place is not None:
+        resp.call_on_close(place.release)
     return resp
 
 
@@ -108,12 +115,17 @@ def stream_job(job_id: str):
     fmt = parse(StreamQuery, request.args.to_dict()).format
     f = farm()
     job = streamable_job(f, job_id)
-    encoder = StreamEncoder(fmt, job["sample_rate"])
-    # A client that leaves ends the stream at once (its greenlet and encoder go); the job
-    # renders on for whoever polls it.
-    follower = ChunkFollower(f, job_id, listener_gone=client_gone())
-    return streaming_response(encoded_audio(follower, encoder), encoder.content_type,
-                              {"X-Job-Id": job_id})
+    place = take_place()  # 429 past the client's open waits
+    try:
+        encoder = StreamEncoder(fmt, job["sample_rate"])
+        # A client that leaves ends the stream at once (its greenlet and encoder go); the
+        # job renders on for whoever polls it.
+        follower = ChunkFollower(f, job_id, listener_gone=client_gone())
+        return streaming_response(encoded_audio(follower, encoder), encoder.content_type,
+                                  {"X-Job-Id": job_id}, place=place)
+    except BaseException:
+        place.release()
+        raise
 
 
 # -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
@@ -131,7 +143,7 @@ def openapi_paths() -> dict:
                 "404": doc.JOB_NOT_FOUND,
                 "409": doc.error("the job was canceled or failed (`job_canceled`, `job_failed`): "
                                  "nothing to stream"),
-                "422": doc.INVALID, "503": doc.UNAVAILABLE},
+                "422": doc.INVALID, "429": doc.TOO_MANY_WAITS, "503": doc.UNAVAILABLE},
             query=StreamQuery, description=(
                 "Starts with the first segment as soon as it exists and ends after the last. "
                 "`wav` declares an open length (0xFFFFFFFF) in its header; `pcm` is 16-bit "

@@ -41,9 +41,6 @@ STREAM_IDLE_S = 120.0
 # One wait on the job's event stream, at most; between waits the follower checks the idle
 # deadline and lets its caller look at other work (the WebSocket reads client messages).
 POLL_S = 15.0
-# A follower that can tell whether its client is still connected looks this often, so a
-# job whose client left while it waited for its first audio is canceled within about this.
-LISTENER_CHECK_S = 2.0
 # The reason (`error`) of a stream's job canceled because its client left before the end.
 CLIENT_LEFT = "canceled: the client of its stream left before the end"
 CHUNKS_PER_WAIT = 16
@@ -124,8 +121,10 @@ class ChunkFollower:
 
     Iterating it (`for chunk in follower`) waits for each run in turn. With
     `listener_gone` (a check that the client is no longer connected: `web.streams.
-    client_gone`), it looks every `LISTENER_CHECK_S` and ends "disconnected" once the client
-    has left, chunks flowing or not. With `listened`, the iteration holds the job's listener
+    client_gone`), it looks every `GONE_CHECK_S` as it waits (app/stores/wakeups.py: no Redis
+    read to do so), so a job whose client left while it waited for its first audio is
+    canceled within about that, and ends "disconnected" once the client has left, chunks
+    flowing or not. With `listened`, the iteration holds the job's listener
     lease (app/stores/listeners.py) from its first step to its end.
     """
 
@@ -154,7 +153,8 @@ class ChunkFollower:
         wait_s = max(0.0, min(wait_s, self._last_progress + self.idle_s - time.monotonic()))
         try:
             job, chunks = self.farm.jobs.wait_for_chunks(self.job_id, self.cursor, wait_s,
-                                                         CHUNKS_PER_WAIT)
+                                                         CHUNKS_PER_WAIT,
+                                                         gone=self.listener_gone)
         except redis.RedisError:
             # Redis restarting (seconds, under `voxfarm up`): a stream already under way
             # waits it out within its idle deadline instead of cutting a listener's audio.
@@ -186,13 +186,12 @@ class ChunkFollower:
         return chunks
 
     def __iter__(self) -> Generator[Chunk, None, None]:
-        wait_s = POLL_S if self.listener_gone is None else LISTENER_CHECK_S
         if self.listened:
             self.farm.listeners.hold(self.job_id)
         try:
             while not self.ended:
                 try:
-                    chunks = self.poll(wait_s)
+                    chunks = self.poll(POLL_S)
                 except redis.RedisError as exc:
                     # Headers are gone already: all a stream can do is end where it is.
                     log.warning("stream of job %s ends early: %s", self.job_id, exc)
