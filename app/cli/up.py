@@ -117,6 +117,9 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
                  **{f"{p} ({pool} metrics, --metrics-port)": p for pool, p in metrics.items()}}
     if with_flower:
         listeners[f"{flower_port} (Flower, --flower-port)"] = flower_port
+    health_port = read_settings().web_health_port
+    if health_port:  # the web's probes on a port of their own (ops/gunicorn.conf.py adds it)
+        listeners[f"{health_port} (the web's probes, VOXFARM_WEB_HEALTH_PORT)"] = health_port
     taken = [name for name, p in listeners.items() if _port_taken(host, p)]
     if taken:
         raise click.UsageError(f"in use on {host}: {', '.join(taken)}. Pick free ports, e.g. "
