@@ -7,14 +7,28 @@ text and lines its words up with what was written; with difflib that alignment g
 quadratically or worse with the text's length.
 
     .venv/bin/python tests/bench/bench_frontend.py [--sentences 1,10,100,200]
+
+`--digits 8000,20000` times a long run of digits instead, which the default voice (hibari)
+said through its G2P a word at a time and the word alignment's programme a segment at a time,
+against joining each digit word's own phonemes (models/text/frontend.py, `_digit_run`): the
+whole frontend, and `POST /v1/jobs` answered (the web publishes every segment before its
+202), by the app in this process on a farm with a real Redis and no workers, side by side;
+then the same POST over HTTP to gunicorn, as the code is now.
+
+    .venv/bin/python tests/bench/bench_frontend.py --digits 8000,20000 [--redis-url URL]
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import os
+import random
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from unittest import mock
 
@@ -22,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.settings import Settings  # noqa: E402
-from models.text import words  # noqa: E402
-from models.text.frontend import iter_segments  # noqa: E402
+from models.text import frontend, words  # noqa: E402
+from models.text.frontend import iter_segments, prepare  # noqa: E402
 from tests.bench.bench_stream import TOPICS  # noqa: E402
 
 
@@ -48,12 +62,91 @@ def by_difflib(a, b):
     return difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
 
 
+def digit_run(count: int) -> str:
+    """Digits in no pattern (one digit repeated would let a cache do the work)."""
+    rng = random.Random(count)
+    return "".join(rng.choice("0123456789") for _ in range(count))
+
+
+@contextmanager
+def each_digit_through_the_g2p() -> Iterator[None]:
+    """The frontend before digit runs were joined: every run through the voice's G2P, every
+    segment through the alignment's programme, no cache of phoneme cores."""
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(frontend, "_digit_run", lambda text, voice: None))
+        stack.enter_context(mock.patch.object(words, "_said_as_alone", lambda a, b: False))
+        stack.enter_context(mock.patch.object(words, "_core", words._core.__wrapped__))
+        yield
+
+
+def best_s(repeats: int, call, *args) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call(*args)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_digits(counts: list[int], voice: str, repeats: int, redis_url: str | None) -> None:
+    import requests
+
+    from tests.bench.common import redis_url_or_embedded
+    from tests.helpers import gunicorn_server, running_farm
+    from web import create_app
+
+    def post(client, text: str) -> None:
+        resp = client.post("/v1/jobs", json={"text": text})
+        assert resp.status_code == 202, resp.get_data(as_text=True)[:300]
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-digits-"))
+    with redis_url_or_embedded(redis_url, tmp) as url, \
+            running_farm(url, 7, tmp, workers=False) as tf:
+        client = create_app(tf.settings, tf.farm).test_client()
+        post(client, "Warm up the frontend and the farm.")
+        print(f"\nvoice {voice}, load average {os.getloadavg()[0]:.1f} on "
+              f"{os.cpu_count()} cores; best of {repeats}")
+        print(f"\n| {'digits':>6} | {'segments':>8} | {'frontend before':>15} | "
+              f"{'after':>7} | {'POST before':>11} | {'after':>7} | {'same':>4} |")
+        print(f"|{'-' * 8}|{'-' * 10}|{'-' * 17}|{'-' * 9}|{'-' * 13}|{'-' * 9}|{'-' * 6}|")
+        for count in counts:
+            text = digit_run(count)
+            with each_digit_through_the_g2p():
+                old = prepare(text, voice)
+                old_frontend = best_s(repeats, prepare, text, voice)
+                old_post = best_s(repeats, post, client, text)
+            new = prepare(text, voice)
+            new_frontend = best_s(repeats, prepare, text, voice)
+            new_post = best_s(repeats, post, client, text)
+            same = "yes" if new == old else "NO"
+            print(f"| {count:>6} | {len(new):>8} | {old_frontend:>14.3f}s | {new_frontend:>6.3f}s"
+                  f" | {old_post:>10.3f}s | {new_post:>6.3f}s | {same:>4} |")
+        with gunicorn_server(tf.env, tmp / "gunicorn.log") as base:
+            def post_http(text: str) -> None:
+                requests.post(f"{base}/v1/jobs", json={"text": text},
+                              timeout=60).raise_for_status()
+
+            post_http("Warm up.")
+            print(f"\n| {'digits':>6} | {'POST over HTTP (gunicorn)':>25} |")
+            print(f"|{'-' * 8}|{'-' * 27}|")
+            for count in counts:
+                answer_s = best_s(repeats, post_http, digit_run(count))
+                print(f"| {count:>6} | {answer_s:>24.3f}s |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sentences", default="1,10,100,200")
+    ap.add_argument("--digits", default="", help="digit counts, e.g. 8000,20000")
+    ap.add_argument("--redis-url", default=None, help="default: an embedded Redis server")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     voice = Settings().default_voice
+    if args.digits:
+        next(iter_segments("Warm up the frontend.", voice))
+        bench_digits([int(x) for x in args.digits.split(",")], voice, args.repeats,
+                     args.redis_url)
+        return
     next(iter_segments("Warm up the frontend.", voice))
     print(f"\n| {'sentences':>9} | {'chars':>6} | {'difflib':>9} | {'linear':>9} | "
           f"{'same segment':>12} |")
