@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import io
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,7 +30,6 @@ import pytest
 import redis
 
 from app.farm import Farm
-from app.local.embedded_redis import free_port
 from app.settings import Settings
 from app.stores.states import JOB_FINAL, BookState
 from tests import brokers
@@ -224,6 +225,46 @@ def writes_nothing(farm: Farm):
     yield
     assert set(r.scan_iter(count=1000)) - keys == set()
     assert {k: n for k, n in lists().items() if n > lengths.get(k, 0)} == {}
+
+
+# -- ports ---------------------------------------------------------------------------------
+
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out for outgoing connections (Linux: 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(count: int = 1) -> int:
+    """The first of `count` consecutive loopback ports free now, for a server a test starts.
+
+    Below the kernel's ephemeral range: a port the kernel picked (bind to port 0) is one it
+    also gives any outgoing connection, and on a busy box (a farm's Redis clients, other test
+    runs) one took the port in the seconds before a slow-starting server bound it ("Connection
+    in use"). A random one below that range is taken only by a server that chose the same, and
+    none is handed out twice in a session."""
+    low = _ephemeral_low()
+    first = 15000 if low > 16000 else 1024
+    rng = random.Random()
+    for _ in range(1000):
+        base = rng.randrange(first, low - count)
+        ports = range(base, base + count)
+        if _handed_out.intersection(ports):
+            continue
+        try:
+            socks = [socket.create_server(("127.0.0.1", p)) for p in ports]
+        except OSError:  # in use: another
+            continue
+        for s in socks:
+            s.close()
+        _handed_out.update(ports)
+        return base
+    raise AssertionError(f"no {count} free consecutive ports in {first}-{low}")
 
 
 # -- the farm under test -------------------------------------------------------------------

@@ -226,7 +226,7 @@ def test_not_ready_without_workers(redis_url, tmp_path):
 
 
 def test_redis_down_is_503_not_500(tmp_path):
-    from app.local.embedded_redis import free_port
+    from tests.helpers import free_port
 
     env = dict(os.environ, VOXFARM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
     with gunicorn_server(env, tmp_path / "web.log") as base:

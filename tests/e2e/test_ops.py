@@ -22,8 +22,7 @@ import pytest
 import requests
 import yaml
 
-from app.local.embedded_redis import free_port
-from tests.helpers import ROOT, wait_http_ok, wait_until
+from tests.helpers import ROOT, free_port, wait_http_ok, wait_until
 
 OPS = ROOT / "ops"
 PROMTOOL = shutil.which("promtool")

@@ -26,8 +26,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.cli import procfile as cli_procfile
-from app.local.embedded_redis import free_port
-from tests.helpers import ROOT, Deadline, wait_until, wav_to_pcm, with_db
+from tests.helpers import ROOT, Deadline, free_port, wait_until, wav_to_pcm, with_db
 
 pytestmark = pytest.mark.e2e
 
@@ -72,21 +71,10 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 2
     raise AssertionError(f"{url} not ready:\n{log.read_text()[-3000:]}")
 
 
-def free_run(n: int, avoid: int = 0) -> int:
-    """The first of `n` consecutive free ports (a farm's metrics ports, one per pool)."""
-    import random
-    import socket
-
-    rng = random.Random(os.getpid() + avoid)
-    while True:
-        base = rng.randrange(20000, 30000)
-        try:
-            socks = [socket.create_server(("127.0.0.1", base + i)) for i in range(n)]
-        except OSError:
-            continue
-        for s in socks:
-            s.close()
-        return base
+def free_run(n: int) -> int:
+    """The first of `n` consecutive free ports (a farm's metrics ports, one per pool), none
+    handed out before in this session."""
+    return free_port(n)
 
 
 def listeners(port: int) -> set[str]:
@@ -163,7 +151,7 @@ def farms(redis_url, tmp_path_factory):
     b.mkdir()
     port_a, port_b = free_port(), free_port()
     pools = cli_procfile.worker_pools(cli_procfile.read_procfile())  # one metrics port each
-    metrics_a, metrics_b = free_run(len(pools)), free_run(len(pools), avoid=len(pools))
+    metrics_a, metrics_b = free_run(len(pools)), free_run(len(pools))
     flower_a = free_port()
     url_b = with_db(redis_url, 14)
     redis.Redis.from_url(url_b).flushdb()

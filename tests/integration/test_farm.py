@@ -151,6 +151,7 @@ def test_long_poll_times_out_with_204_and_resumes(redis_url, tmp_path):
     with running_farm(redis_url, 3, tmp_path, workers=False) as tf:
         client = create_app(tf.settings, tf.farm).test_client()
         tf.start_worker("acoustic")
+        tf.wait_live("acoustic")  # a worker's start (a minute on a busy box) is not the wait below
         job = submit(client, "Nobody renders this until a vocoder starts.")
         t0 = time.monotonic()
         resp = client.get(f"/v1/jobs/{job['id']}/chunks?after=-1&wait=2")

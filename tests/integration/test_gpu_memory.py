@@ -17,11 +17,11 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.broker import queueing
-from app.local.embedded_redis import free_port
 from app.services.admission import GpuMemoryExhausted
 from tests.helpers import (
     WorkerProc,
     assert_speech,
+    free_port,
     job_ids,
     running_farm,
     submit,

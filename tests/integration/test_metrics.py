@@ -21,10 +21,10 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.local.embedded_redis import free_port
 from tests.helpers import (
     ROOT,
     WorkerProc,
+    free_port,
     gunicorn_server,
     running_farm,
     wait_book,

@@ -180,7 +180,7 @@ def test_a_batching_farm_serves_concurrent_jobs_each_its_own_speech(redis_url, t
     """Pools with dynamic batching on (off by default on CPU): jobs submitted at
     once share forward passes, and each still gets its own intelligible audio, every chunk
     once and in order."""
-    from app.local.embedded_redis import free_port
+    from tests.helpers import free_port
     from tests.integration.test_metrics import scrape, val
     from web import create_app
 
@@ -237,7 +237,7 @@ def test_a_segment_gives_way_after_its_first_window_to_listeners_waiting_for_fir
     then, with the setting on, the short one's audio is stored before the long one's second
     window, and the long one's windows are each stored once, in order, with the same bytes
     as the same segment rendered without giving way. Each segment is counted once."""
-    from app.local.embedded_redis import free_port
+    from tests.helpers import free_port
     from tests.integration.test_metrics import scrape, val
     from web import create_app
 

@@ -19,9 +19,10 @@ import redis
 import requests
 
 from app.cli import procfile as cli_procfile
-from app.local.embedded_redis import free_port, maxmemory_bytes
+from app.local.embedded_redis import maxmemory_bytes
 from tests import helpers
 from tests.e2e.test_two_farms import clean_env, farm_up, free_run, wait_ready
+from tests.helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

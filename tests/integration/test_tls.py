@@ -24,8 +24,16 @@ import pytest
 import redis
 import requests
 
-from app.local.embedded_redis import free_port
-from tests.helpers import ROOT, SR, Deadline, assert_speech, running_farm, wait_until, wav_to_pcm
+from tests.helpers import (
+    ROOT,
+    SR,
+    Deadline,
+    assert_speech,
+    free_port,
+    running_farm,
+    wait_until,
+    wav_to_pcm,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from app.local import farmstate
-from app.local.embedded_redis import free_port
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

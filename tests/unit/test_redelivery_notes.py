@@ -17,8 +17,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from app.broker.redelivery import Redelivery, _segment_of
-from app.local.embedded_redis import free_port
-from tests.helpers import with_db
+from tests.helpers import free_port, with_db
 
 
 def test_a_tag_received_while_redis_is_away_is_noted_once_it_is_back(redis_url):
