@@ -226,9 +226,9 @@ class _GiveBackWhenClosed:
     """A response iterable that gives its place back once the server closes it."""
 
     def __init__(self, result: Iterable[bytes], give: Callable[[], None]) -> None:
+        # A file response is then iterated, not sent by sendfile: only a trusted proxy's
+        # requests are wrapped, and the API's files are small beside the audio it streams.
         self.result, self.give = result, give
-        # gunicorn sends a file wrapper by sendfile only when it is one: keep it as it is.
-        self.filelike = getattr(result, "filelike", None)
 
     def __iter__(self):
         return iter(self.result)
