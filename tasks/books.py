@@ -1,6 +1,6 @@
 """Book orchestration on the `book` queue (a gevent pool), and the book side of segments.
 
-    prepare(book_id)      book.json -> the text frontend per chapter -> plan files, totals
+    prepare(book_id)      book.json -> the text frontend, a turn at a time -> plan files, totals
     feed(book_id, gen)    keeps a bounded number of the book's segments in the batch queues
     assemble(book_id)     segment files -> chapter MP3s, M4B, MP3, manifest
 
@@ -12,6 +12,13 @@ one stops, so a redelivered copy (its worker died) and a retry's new feeder neve
 The feed cursor moves only after the segments before it were published, so a crash publishes
 some segments twice at worst, which the segment tasks absorb (each is rendered and counted
 once: see app/stores/books.py).
+
+Planning is the one CPU-bound step, and the book worker has one frontend thread
+(app/offload.py) for every book: `prepare` plans a book in turns of `book_plan_turn_s` in
+that thread, so books being planned take turns and a small one never waits for a long one's
+plan; between turns (on the hub) it writes the chapters completed and a checkpoint that says
+whether to go on, so a canceled book stops within a turn; and it hands over to a fresh message
+every `book_plan_slice_s`, at a chapter's end, so no plan runs on behind a time limit.
 
 Segments are at-least-once like every task here: the segment file is written atomically and
 its bit in the book's bitmap counts it once. The segment that completes the book moves it to
@@ -26,8 +33,9 @@ import logging
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from enum import StrEnum
 from typing import TypeVar
 
 import redis
@@ -40,10 +48,11 @@ from app.broker.celery_app import (
     BOOK_PREPARE_TASK,
     VOCODER_BATCH_QUEUE,
 )
-from app.broker.queueing import publish_segments, send_assemble, start_feed
+from app.broker.queueing import publish_segments, send_assemble, send_prepare, start_feed
 from app.obs import metrics
 from app.offload import offload
 from app.stores.books import (
+    PlanCheckpoint,
     book_download_name,
     captions_download_name,
     captions_file,
@@ -69,6 +78,11 @@ T = TypeVar("T")
 FEED_WINDOW = 48
 FEED_POLL_S = 0.25
 FEED_SLICE_S = 30.0
+
+# A prepare message stops planning this long before Celery's time limit for the task: on the
+# gevent pool that limit would only stop the greenlet waiting on the frontend thread, and
+# the book would fail without its reason.
+PLAN_LIMIT_MARGIN_S = 15.0
 
 
 class BookTask(FarmTask):
@@ -102,42 +116,124 @@ class ChapterUnreadable(Exception):
         return (type(self), (self.chapter, self.text, self.problem))
 
 
-def _plan(chapters: list[dict], voice: str, speed: float = 1.0
-          ) -> list[tuple[str, list[dict]]]:
+class PlanOverran(Exception):
+    """A chapter was still being planned when its prepare message's deadline came (a chapter
+    far longer than any novel's, or a farm far too busy): the book fails with the reason
+    rather than hold the frontend, or loop through retries, for ever."""
+
+    def __init__(self, chapter: int) -> None:
+        self.chapter = chapter
+        super().__init__(f"chapter {chapter + 1} was still being planned at the deadline")
+
+
+class Planned(StrEnum):
+    """How a planning loop ended (`plan_chapters`)."""
+
+    DONE = "planned"  # every chapter
+    STOPPED = "stopped"  # the book was canceled or failed, or a newer planner has it
+    HANDOVER = "handover"  # its slice is over, at a chapter's end: a fresh message carries on
+
+
+def _spec(s) -> dict:
+    """A planned segment as its plan file keeps it. SSML may give a segment its own voice and
+    rate; the rest take the book's."""
+    return {"index": s.index, "phonemes": s.phonemes, "text": s.text, "pause_ms": s.pause_ms,
+            "words": [w.to_list() for w in s.words],
+            **({"voice": s.voice} if s.voice else {}),
+            **({"rate": s.rate} if s.rate != 1.0 else {})}
+
+
+def _chapter_segments(chapters: list[dict], start: int, voice: str, speed: float = 1.0
+                      ) -> Iterator[tuple[int, dict | None]]:
+    """The segments of `chapters[start:]` one at a time, as the text frontend makes them:
+    (chapter, segment spec) for each, then (chapter, None) once the chapter is complete (a
+    chapter of punctuation or symbols has nothing to hear and only that). Advanced a turn at
+    a time in the frontend thread (`_turn`), never by two threads at once."""
     # the frontend and encoders load on first use: every pool imports this
     from models.text import ssml
-    from models.text.frontend import iter_run_segments
-    from models.text.frontend import prepare as frontend
+    from models.text.frontend import iter_run_segments, iter_segments
     from models.voices import get_voice
 
-    plan = []
-    for n, ch in enumerate(chapters):
+    for n in range(start, len(chapters)):
+        text = chapters[n]["text"]
         try:
-            if ssml.looks_like_ssml(ch["text"]):  # a JSON chapter in SSML, checked at upload
-                runs = ssml.parse(ch["text"], get_voice(voice), speed)
-                segments = list(iter_run_segments(runs, voice))
+            if ssml.looks_like_ssml(text):  # a JSON chapter in SSML, checked at upload
+                segments = iter_run_segments(ssml.parse(text, get_voice(voice), speed), voice)
             else:
-                segments = frontend(ch["text"], voice)
+                segments = iter_segments(text, voice)
+            for s in segments:
+                yield n, _spec(s)
         except NoSpeakableText:
-            continue  # a chapter of punctuation or symbols: nothing to hear, no marker
+            pass  # raised only when nothing was yielded: no segment, no marker
         except Exception as exc:  # noqa: BLE001 (any failure here is the chapter's text's)
-            raise ChapterUnreadable(n, ch["text"], f"{type(exc).__name__}: {exc}") from None
-        # SSML may give a segment its own voice and rate; the rest take the book's.
-        plan.append((ch["title"], [{"index": s.index, "phonemes": s.phonemes, "text": s.text,
-                                    "pause_ms": s.pause_ms,
-                                    "words": [w.to_list() for w in s.words],
-                                    **({"voice": s.voice} if s.voice else {}),
-                                    **({"rate": s.rate} if s.rate != 1.0 else {})}
-                                   for s in segments]))
-    return plan
+            raise ChapterUnreadable(n, text, f"{type(exc).__name__}: {exc}") from None
+        yield n, None
+
+
+def _turn(segments: Iterator[tuple[int, dict | None]], turn_s: float, deadline: float,
+          to_chapter_end: bool = False) -> tuple[list[tuple[int, dict | None]], bool]:
+    """One turn of a book's planning, in the frontend thread: segments until `turn_s` has
+    passed since the turn began (or the `deadline`, a `time.monotonic()`), or with
+    `to_chapter_end` until a chapter ends if that comes first; and True once the book has
+    no more. The clock starts here, not when the turn was asked for: a turn that waited for
+    other books' turns still gets its share."""
+    until = min(time.monotonic() + turn_s, deadline)
+    taken = []
+    for item in segments:
+        taken.append(item)
+        if time.monotonic() >= until or (to_chapter_end and item[1] is None):
+            return taken, False
+    return taken, True
+
+
+def _frontend(fn: Callable[..., T], *args: object, timeout_s: float) -> T:
+    return offload("frontend", fn, *args, timeout_s=timeout_s)
+
+
+def plan_chapters(segments: Iterator[tuple[int, dict | None]], *, turn_s: float,
+                  slice_end: float, deadline: float,
+                  checkpoint: Callable[[list[tuple[int, list[dict]]]], bool],
+                  run: Callable[..., tuple[list[tuple[int, dict | None]], bool]] = _frontend,
+                  ) -> Planned:
+    """Plan a book a turn at a time: each turn is one call into the frontend thread (`run`),
+    at most `turn_s` long, and between turns the book is at the back of that thread's queue,
+    so books plan side by side, each waiting at most a turn per book planning. After every
+    turn `checkpoint` gets the chapters it completed, (chapter, segments) each, and says
+    whether to go on: False when the book was canceled or failed, or a newer planner took it
+    over. At a chapter's end past `slice_end` the loop hands over; a chapter still unplanned
+    at `deadline` raises PlanOverran. Both are `time.monotonic()` values, and neither is
+    overrun by more than one segment: a turn ends at the deadline, and no turn starts after
+    it, so nothing of the plan runs on behind the loop."""
+    pending: list[dict] = []  # the segments of the chapter in hand
+    chapter = -1
+    while True:
+        winding_up = time.monotonic() >= slice_end
+        taken, finished = run(_turn, segments, turn_s, deadline, winding_up,
+                              timeout_s=max(0.0, deadline - time.monotonic()) + 60)
+        done = []
+        for chapter, spec in taken:
+            if spec is None:
+                done.append((chapter, pending))
+                pending = []
+            else:
+                pending.append(spec)
+        if not checkpoint(done):
+            return Planned.STOPPED
+        if finished:
+            return Planned.DONE
+        if not pending and winding_up:
+            return Planned.HANDOVER
+        if time.monotonic() >= deadline:
+            raise PlanOverran(chapter)
 
 
 @contextmanager
 def _marking_progress(farm, book_id: str) -> Iterator[None]:
-    """While a long step of a book runs (planning it, encoding it: minutes for a long book,
-    in a native thread), mark the book's progress every quarter of `book_stall_s`, so the
-    stall sweeper tells a book being worked on from one whose message was lost. (The book
-    pool is gevent: this is a greenlet beside the task's wait.)"""
+    """While a long step of a book runs (encoding it: minutes for a long book, in a native
+    thread), mark the book's progress every quarter of `book_stall_s`, so the stall sweeper
+    tells a book being worked on from one whose message was lost. (The book pool is gevent:
+    this is a greenlet beside the task's wait.) Planning needs none: each of its turns ends
+    in a checkpoint that marks progress."""
     done = threading.Event()
 
     def beat() -> None:
@@ -157,38 +253,87 @@ def _marking_progress(farm, book_id: str) -> Iterator[None]:
 
 
 @shared_task(name=BOOK_PREPARE_TASK, base=BookTask, bind=True)
-def prepare(self: BookTask, book_id: str, **_: object) -> int:
-    """Split the book into segments (the text frontend, chapter by chapter), then feed."""
-    farm, books = self.farm, self.farm.books
+def prepare(self: BookTask, book_id: str, **_: object) -> str:
+    """Split the book into segments (the text frontend, a turn at a time, side by side with
+    the other books planning: `plan_chapters`), storing each chapter's plan as it is made,
+    then feed. A message plans for `book_plan_slice_s`, then hands over to a fresh one that
+    carries on from the last planned chapter, as does a redelivered or resumed one."""
+    farm, books, settings = self.farm, self.farm.books, self.farm.settings
     state = books.state(book_id)
     if state == BookState.RENDERING:
         # A redelivered prepare: its worker died after the plan was made, perhaps before the
         # feed message went out. A new feeder generation is safe either way (an older
         # feeder stops at its next look), and without one the book would never render.
         start_feed(farm.celery, books, book_id)
-        return 0
+        return "feeding"
     if state not in (BookState.QUEUED, BookState.PREPARING):
-        return 0  # done already, canceled, failed
+        return state or "gone"  # done already, canceled, failed
+    started = time.monotonic()
     books.move(book_id, (BookState.QUEUED,), BookState.PREPARING, started_at=time.time())
+    gen, point = books.begin_plan(book_id)  # any older planner of the book stops
     rec = books.get(book_id)
-    book = json.loads(farm.store.get(prefix(book_id) + "book.json"))
     try:
-        with _marking_progress(farm, book_id):
-            plan = offload("frontend", _plan, book["chapters"], rec["voice"], rec["speed"],
-                           timeout_s=self.farm.settings.task_time_limit)
+        chapters = json.loads(farm.store.get(prefix(book_id) + "book.json"))["chapters"]
+    except KeyError:  # canceled since the look above: its files are gone
+        return books.state(book_id) or "gone"
+    if rec is None or point.next_chapter > len(chapters):
+        return "gone"
+    # The message's own bound, under Celery's time limit (which on the gevent pool would
+    # only stop the waiting greenlet): a chapter still unplanned then fails the book.
+    limit_s = max(settings.task_time_limit - PLAN_LIMIT_MARGIN_S,
+                  settings.task_time_limit / 2)
+    deadline = started + limit_s
+
+    def checkpoint(done: list[tuple[int, list[dict]]]) -> bool:
+        nonlocal point
+        planned: list[tuple[str, int]] = []
+        for n, specs in done:
+            if specs:  # a chapter with nothing to hear has no plan file and no marker
+                farm.store.put(plan_key(book_id, point.planned + len(planned)),
+                               json.dumps(specs).encode())
+                planned.append((chapters[n]["title"], len(specs)))
+        point = PlanCheckpoint(done[-1][0] + 1 if done else point.next_chapter,
+                               point.planned + len(planned),
+                               point.total + sum(n for _, n in planned))
+        return books.plan_checkpoint(book_id, gen, point, planned)
+
+    try:
+        outcome = plan_chapters(
+            _chapter_segments(chapters, point.next_chapter, rec["voice"], rec["speed"]),
+            turn_s=settings.book_plan_turn_s, deadline=deadline,
+            slice_end=started + min(settings.book_plan_slice_s, limit_s),
+            checkpoint=checkpoint)
     except ChapterUnreadable as exc:
         log.warning("book %s failed in prepare: %s", book_id, exc)
         books.fail(book_id, exc.chapter, exc.text, str(exc))
-        return 0
-    if not plan:
+        return "failed"
+    except PlanOverran as exc:
+        message = (f"chapter {exc.chapter + 1}: not planned within {limit_s:.0f} s; split it "
+                   "into shorter chapters")
+        log.warning("book %s failed in prepare: %s", book_id, message)
+        books.fail(book_id, exc.chapter, chapters[exc.chapter]["text"], message)
+        return "failed"
+    if outcome == Planned.HANDOVER:
+        log.info("book %s: planned %d of %d chapters; a fresh message carries on", book_id,
+                 point.next_chapter, len(chapters))
+        send_prepare(farm.celery, book_id)
+        return outcome
+    if outcome == Planned.STOPPED:
+        state = books.state(book_id)
+        log.info("book %s: planning stopped at chapter %d of %d: the book is %s", book_id,
+                 point.next_chapter, len(chapters), state or "gone")
+        if state == BookState.CANCELED:
+            # Plan files written before the cancel was seen: leave nothing behind (the web
+            # removed what was there when it canceled).
+            offload("encode", books.remove, book_id)
+        return outcome
+    if not point.planned:
         books.move(book_id, (BookState.PREPARING,), BookState.FAILED, finished_at=time.time(),
                    error="the book has nothing that can be spoken")
-        return 0
-    for c, (_title, segments) in enumerate(plan):
-        farm.store.put(plan_key(book_id, c), json.dumps(segments).encode())
-    if books.set_plan(book_id, [(title, len(segs)) for title, segs in plan]):
+        return "failed"
+    if books.plan_done(book_id, gen):
         start_feed(farm.celery, books, book_id)
-    return sum(len(s) for _, s in plan)
+    return outcome
 
 
 # -- feed ------------------------------------------------------------------------------------

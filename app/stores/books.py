@@ -8,6 +8,10 @@ the feeder).
 States: queued -> preparing -> rendering -> assembling -> done, and failed (a segment failed
 its retries; `retry` goes back to rendering) or canceled (DELETE; files removed).
 
+While a book is preparing, its record also holds the planner's checkpoint (`plan_gen`, the
+planner that owns it; `plan_next`, `planned`, `plan_total`; each planned chapter's counts), so
+a prepare that hands over, or is redelivered, carries on from the last planned chapter.
+
 Each segment is counted once: storing it sets its bit, and only a bit that was 0 advances the
 counters (one Lua script), so a redelivered or duplicated segment task never counts twice.
 
@@ -16,7 +20,8 @@ Artifact layout under `books/{id}/`:
     source.{ext}                 the upload as sent (kept for reference)
     book.json                    the parsed book: title, author, chapters' titles and text
     cover                        cover image bytes (when the book has one)
-    plan/{chapter:04d}.json      the chapter's segments: phonemes, text, pause (by the prepare task)
+    plan/{chapter:04d}.json      the chapter's segments: phonemes, text, pause (by the prepare task,
+                                 each as soon as its chapter is planned)
     segments/{chapter:04d}/{index:05d}.pcm   16-bit mono PCM of one segment
     out/chapters/{n:03d}.mp3, out/book.m4b, out/book.mp3, out/manifest.json
 """
@@ -27,6 +32,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import redis
 
@@ -118,6 +124,54 @@ redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now, 'duration_s', 
 return {1, '$DONE'}
 """, BookState)
 
+# A planner's checkpoint (tasks/books.py, `prepare`), written after each of its turns. KEYS:
+# the book, the books' progress zset. ARGV: the planner's generation, now, the book's id, then
+# field/value pairs: the chapters planned since the last checkpoint (c{n}_title, c{n}_total,
+# c{n}_offset) and where planning stands (plan_next, planned, plan_total). Written only while
+# the book is preparing and this planner is its latest: a canceled or failed book, or one
+# another planner took over, takes nothing and answers 0 (stop). A checkpoint is progress for
+# the stall sweeper, in the same round trip.
+_PLANNING = lua("""
+if redis.call('HGET', KEYS[1], 'state') ~= '$PREPARING' then return 0 end
+if redis.call('HGET', KEYS[1], 'plan_gen') ~= ARGV[1] then return 0 end
+for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[3])
+redis.call('HDEL', KEYS[1], 'stall_resumes')
+return 1
+""", BookState)
+
+# The planner of generation ARGV[1] planned the last chapter: the book starts rendering with
+# the chapters its checkpoints recorded (their titles gathered into `chapter_titles`, as
+# `get` reads them). ARGV: generation, now, the book's id. Returns 1, or 0 as _PLANNING does.
+_PLANNED = lua("""
+if redis.call('HGET', KEYS[1], 'state') ~= '$PREPARING' then return 0 end
+if redis.call('HGET', KEYS[1], 'plan_gen') ~= ARGV[1] then return 0 end
+local planned = tonumber(redis.call('HGET', KEYS[1], 'planned') or '0')
+local titles = {}
+for c = 0, planned - 1 do
+  local field = 'c' .. c .. '_title'
+  titles[c + 1] = redis.call('HGET', KEYS[1], field) or ''
+  redis.call('HDEL', KEYS[1], field)
+end
+redis.call('HSET', KEYS[1], 'state', '$RENDERING', 'chapters', planned,
+           'total', redis.call('HGET', KEYS[1], 'plan_total') or '0',
+           'chapter_titles', planned > 0 and cjson.encode(titles) or '[]',
+           'rendering_at', ARGV[2])
+redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[3])
+redis.call('HDEL', KEYS[1], 'stall_resumes')
+return 1
+""", BookState)
+
+
+class PlanCheckpoint(NamedTuple):
+    """Where a book's planning stands: the next chapter of book.json to plan, how many
+    chapters were planned (plan files 0..planned-1; a chapter with nothing speakable has
+    none) and their segments in all."""
+
+    next_chapter: int
+    planned: int
+    total: int
+
 
 def book_id_for(content_digest: str, *, voice: str, speed: float, acoustic_model: str,
                 vocoder: str, owner: str = "") -> str:
@@ -199,6 +253,8 @@ class BookStore:
         self._transition = Transition(r)
         self._add_formats = r.register_script(_ADD_FORMATS)
         self._assembled = r.register_script(_ASSEMBLED)
+        self._planning = r.register_script(_PLANNING)
+        self._planned = r.register_script(_PLANNED)
 
     def _keys(self, book_id: str) -> list[str]:
         return [self.keys.book(book_id), self.keys.book_done(book_id)]
@@ -239,6 +295,39 @@ class BookStore:
         if moved:
             self.progressed(book_id)
         return moved
+
+    def begin_plan(self, book_id: str) -> tuple[int, PlanCheckpoint]:
+        """Take over the book's planning: (a new planner generation, where the last checkpoint
+        left planning), read in one step. Any older planner of the book (a redelivered or
+        superseded prepare) stops at its next checkpoint."""
+        key = self.keys.book(book_id)
+        with self.r.pipeline() as p:  # MULTI: no older planner's checkpoint in between
+            p.hincrby(key, "plan_gen", 1)
+            p.hmget(key, "plan_next", "planned", "plan_total")
+            gen, (nxt, planned, total) = p.execute()
+        return int(gen), PlanCheckpoint(int(nxt or 0), int(planned or 0), int(total or 0))
+
+    def plan_checkpoint(self, book_id: str, gen: int, point: PlanCheckpoint,
+                        chapters: list[tuple[str, int]]) -> bool:
+        """Record `chapters` (title, segments), planned since the last checkpoint and stored as
+        plan files numbered from where it left off, and `point`, where planning stands after
+        them. False: stop planning (the book left `preparing`, or a newer planner has it)."""
+        fields: list[str | int] = []
+        first = point.planned - len(chapters)
+        offset = point.total - sum(n for _, n in chapters)
+        for c, (title, n) in enumerate(chapters, first):
+            fields += [f"c{c}_title", title, f"c{c}_total", n, f"c{c}_offset", offset]
+            offset += n
+        fields += ["plan_next", point.next_chapter, "planned", point.planned,
+                   "plan_total", point.total]
+        return bool(self._planning(keys=[self.keys.book(book_id), self.keys.books_progress],
+                                   args=[gen, repr(time.time()), book_id, *fields]))
+
+    def plan_done(self, book_id: str, gen: int) -> bool:
+        """The planner of `gen` planned every chapter: start rendering (False: it no longer
+        owns the book, which it leaves as it is)."""
+        return bool(self._planned(keys=[self.keys.book(book_id), self.keys.books_progress],
+                                  args=[gen, repr(time.time()), book_id]))
 
     def move(self, book_id: str, from_states: Iterable[str], to: BookState,
              **fields: object) -> tuple[bool, str | None]:
@@ -361,6 +450,8 @@ class BookStore:
         for k in ("total", "done", "chapters", "words", "sample_rate", "audio_samples",
                   "cursor", "feed_gen"):
             out[k] = int(rec.get(k) or 0)
+        # While preparing: the chapters of the upload planned so far (the plan's checkpoint).
+        out["chapters_planned"] = int(rec.get("plan_next") or 0)
         for k in ("created_at", "started_at", "rendering_at", "rendered_at", "finished_at"):
             out[k] = float(rec[k]) if rec.get(k) else None
         out["speed"] = float(rec.get("speed") or 1.0)

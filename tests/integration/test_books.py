@@ -37,10 +37,12 @@ def json_book(title: str, chapters: int, sentences: int) -> dict:
 @pytest.fixture(scope="module")
 def book_farm(redis_url, tmp_path_factory):
     store = tmp_path_factory.mktemp("store")
-    # A short visibility timeout: a killed worker's segment comes back in seconds; and a
-    # short stall time: a book whose messages were lost is resumed in seconds.
+    # A short visibility timeout: a killed worker's segment comes back in seconds; a short
+    # stall time: a book whose messages were lost is resumed in seconds; and a short planning
+    # slice: any book of more than a few chapters is planned across several messages.
     with running_farm(redis_url, 6, tmp_path_factory.mktemp("books"), book=True,
-                      store_dir=str(store), visibility_timeout=5, book_stall_s=5) as tf:
+                      store_dir=str(store), visibility_timeout=5, book_stall_s=5,
+                      book_plan_slice_s=0.5) as tf:
         yield tf
 
 
@@ -173,8 +175,9 @@ def test_a_book_whose_assembly_message_was_lost_is_assembled_by_the_book_pool(bo
 
 
 def test_a_long_book_step_marks_progress_while_it_runs_and_stops_after(book_farm):
-    """Planning or encoding a long book takes longer than `book_stall_s` (5 s here): the step
-    marks the book's progress as it runs, so the sweeper never takes it for a lost one."""
+    """Encoding a long book takes longer than `book_stall_s` (5 s here): the step marks the
+    book's progress as it runs, so the sweeper never takes it for a lost one. (Planning marks
+    it at every turn's checkpoint.)"""
     from tasks.books import _marking_progress
 
     farm, key, book_id = book_farm.farm, book_farm.farm.keys.books_progress, "bk-long-step"
@@ -244,6 +247,120 @@ def test_failed_book_retry_renders_only_what_is_missing(book_farm, bclient):
     assert len(files) == book["segments"]["total"]
     # Segments stored before the failure were not rendered again.
     assert all(os.stat(farm.store.local_path(k)).st_mtime_ns == m for k, m in mtimes.items())
+
+
+# -- planning: books side by side, stopped when asked --------------------------------------
+
+
+def long_book(settings, title: str) -> bytes:
+    """A TXT near the largest the upload caps admit (most of `max_book_words`, in
+    `max_book_chapters` chapters): its plan takes the book worker minutes."""
+    chapters = settings.max_book_chapters
+    per_chapter = int(settings.max_book_words * 0.8) // chapters
+    out = [f"{title}\n\n"]
+    for c in range(chapters):
+        body, words, i = [], 0, 0
+        while words < per_chapter:
+            line = f"{SENTENCES[(c + i) % len(SENTENCES)]} That was line {i + 1}."
+            body.append(line)
+            words += len(line.split())
+            i += 1
+        out.append(f"Chapter {c + 1}\n\n{' '.join(body)}\n\n")
+    return "".join(out).encode()
+
+
+def book_worker_usage(book_farm) -> tuple[float, int]:
+    """The book worker's CPU seconds so far and its resident memory in bytes (/proc)."""
+    pid = next(w for w in book_farm.workers if w.queue == "book").proc.pid
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # from field 3 (state) on
+    cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return cpu_s, int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # rss, in pages
+
+
+def book_worker_busy(book_farm, window_s: float = 0.5) -> float:
+    """The book worker's share of a core over the next `window_s`."""
+    before, _ = book_worker_usage(book_farm)
+    time.sleep(window_s)
+    return (book_worker_usage(book_farm)[0] - before) / window_s
+
+
+def start_long_book(book_farm, bclient, title: str) -> str:
+    """Upload a long book and return its id once the book worker is busy planning it."""
+    resp = upload(bclient, long_book(book_farm.settings, title), f"{title}.txt")
+    assert resp.status_code == 202, resp.get_json()
+    book_id = resp.get_json()["id"]
+    wait_until(lambda: book_farm.farm.books.state(book_id) == "preparing"
+               and book_worker_busy(book_farm) > 0.3, 60,
+               lambda: f"never seen planning: {book_farm.farm.books.state(book_id)}")
+    return book_id
+
+
+def test_a_small_book_renders_while_a_long_one_is_planned(book_farm, bclient):
+    """One key's long book is being planned (minutes of the text frontend) when another's
+    7-word book comes: the small one is planned in the long one's gaps and renders at once,
+    not after the long one's plan."""
+    long_id = start_long_book(book_farm, bclient, "The Long Voyage")
+    small = bclient.post("/v1/books", json={"title": "Seven Words", "chapters": [
+        {"title": "One", "text": "The cat sat on the warm mat."}]})
+    assert small.status_code == 202, small.get_json()
+    book = wait_book(bclient, small.get_json()["id"], states=(), timeout_s=10,
+                     until=lambda b: b["state"] != "preparing" and b["segments"]["done"] >= 1)
+    assert book["state"] in ("rendering", "assembling", "done")
+    assert book_farm.farm.books.state(long_id) == "preparing"  # still planning the long one
+    assert bclient.delete(f"/v1/books/{long_id}").get_json()["state"] == "canceled"
+    wait_until(lambda: book_worker_busy(book_farm) < 0.1, 10, "the long book is still planned")
+
+
+def test_a_book_planned_across_several_messages_has_the_plan_made_at_once(book_farm,
+                                                                          bclient):
+    """Each prepare message plans for `book_plan_slice_s` (half a second here), then hands
+    over at a chapter's end to a fresh one that carries on from the checkpoint: the chapters,
+    their segments and the plan files are those of a plan made in one go."""
+    from tasks.books import _chapter_segments
+
+    farm = book_farm.farm
+    book = json_book("Many Hands", 24, 8)
+    book["chapters"].insert(3, {"title": "Interlude", "text": "... !!! ..."})  # nothing to say
+    resp = bclient.post("/v1/books", json=book)
+    assert resp.status_code == 202, resp.get_json()
+    book_id = resp.get_json()["id"]
+    wait_book(bclient, book_id, states=("rendering", "assembling", "done"), timeout_s=120)
+    handovers = int(farm.redis.hget(farm.keys.book(book_id), "plan_gen")) - 1
+    assert handovers >= 1, "planned in one message: make the book longer"
+    stored = json.loads(farm.store.get(f"books/{book_id}/book.json"))["chapters"]
+    rec = farm.books.get(book_id)
+    at_once: dict[int, list[dict]] = {}
+    for n, spec in _chapter_segments(stored, 0, rec["voice"], rec["speed"]):
+        at_once.setdefault(n, [])
+        if spec is not None:
+            at_once[n].append(spec)
+    spoken = [n for n in sorted(at_once) if at_once[n]]
+    assert [c["title"] for c in rec["chapter_list"]] == [stored[n]["title"] for n in spoken]
+    assert "Interlude" not in [c["title"] for c in rec["chapter_list"]]
+    assert rec["total"] == sum(len(at_once[n]) for n in spoken)
+    for c, n in enumerate(spoken):
+        assert rec["chapter_list"][c]["total"] == len(at_once[n])
+        plan = json.loads(farm.store.get(f"books/{book_id}/plan/{c:04d}.json"))
+        assert plan == json.loads(json.dumps(at_once[n]))
+    bclient.delete(f"/v1/books/{book_id}")
+
+
+def test_delete_stops_a_book_being_planned_and_frees_the_worker(book_farm, bclient):
+    """DELETE of a book in `preparing` stops its planning within a turn: the book worker
+    goes idle within 2 s, the plan files made so far are removed, and its memory stops
+    growing."""
+    book_id = start_long_book(book_farm, bclient, "The Cut Voyage")
+    assert bclient.delete(f"/v1/books/{book_id}").get_json()["state"] == "canceled"
+    wait_until(lambda: book_worker_busy(book_farm, 0.25) < 0.1, 2,
+               lambda: f"the book worker is still busy: {book_worker_busy(book_farm):.2f} of "
+                       "a core")
+    _, rss = book_worker_usage(book_farm)
+    wait_until(lambda: book_farm.farm.store.list(f"books/{book_id}/") == [], 5,
+               "the plan files made before the cancel are still there")
+    assert book_farm.farm.books.state(book_id) == "canceled"
+    assert book_worker_busy(book_farm, 1.0) < 0.1
+    assert book_worker_usage(book_farm)[1] < rss + 20 * 1024 * 1024
 
 
 # -- bad input: a clear 4xx and nothing written ---------------------------------------------
