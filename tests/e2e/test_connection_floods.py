@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
@@ -230,13 +231,14 @@ def web_behind_proxy(farm, tmp_path_factory) -> Iterator[tuple[str, str]]:
         yield base, f"http://127.0.0.1:{health_port}"
 
 
-def held_websocket(base: str, source: str, forwarded_for: str = "") -> tuple[socket.socket,
-                                                                              int]:
+def held_websocket(base: str, source: str, forwarded_for: str = "",
+                   token: str = "") -> tuple[socket.socket, int]:
     """A WebSocket handshake from `source` that stays open: (the socket, the status)."""
     url = urlsplit(base)
     sock = socket.create_connection((url.hostname, url.port), timeout=30,
                                     source_address=(source, 0))
     extra = f"X-Forwarded-For: {forwarded_for}\r\n" if forwarded_for else ""
+    extra += f"Authorization: Bearer {token}\r\n" if token else ""
     sock.sendall((f"GET /v1/ws HTTP/1.1\r\nHost: {url.netloc}\r\nUpgrade: websocket\r\n"
                   "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
                   f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n{extra}\r\n").encode())
@@ -293,6 +295,43 @@ def test_the_probe_listener_serves_probes_alone_and_stays_open(web_behind_proxy)
         assert status == 200, body
         _, status, _, body = timed_request(probes, "GET", "/v1/voices", source=DIRECT)
         assert status == 404 and body["error"]["code"] == "not_found", body
+    finally:
+        for sock in held:
+            sock.close()
+
+
+@pytest.fixture(scope="module")
+def web_keyed_sockets(farm, tmp_path_factory) -> Iterator[tuple[str, str, str]]:
+    """A web with API keys on (a key prefix of its own on the shared Redis, so the shared
+    farm stays open) and SOCKET_CAP sockets a key: (URL, token A, token B)."""
+    from app.security.apikeys import ApiKeys
+
+    prefix = f"ws-cap-{uuid.uuid4().hex[:8]}"
+    keys = ApiKeys(farm.farm.redis, prefix)
+    _, token_a = keys.create("socket tenant a")
+    _, token_b = keys.create("socket tenant b")
+    env = {**farm.env, "VOXFARM_KEY_PREFIX": prefix,
+           "VOXFARM_WEB_MAX_SOCKETS_PER_KEY": str(SOCKET_CAP)}
+    log = tmp_path_factory.mktemp("keyed-sockets") / "gunicorn.log"
+    with gunicorn_server(env, log, workers=2) as base:
+        yield base, token_a, token_b
+
+
+def test_websockets_are_capped_per_key_not_per_address(web_keyed_sockets):
+    base, token_a, token_b = web_keyed_sockets
+    held = []
+    try:
+        for _ in range(SOCKET_CAP):
+            sock, status = held_websocket(base, FLOODER, token=token_a)
+            held.append(sock)
+            assert status == 101
+        sock, status = held_websocket(base, FLOODER, token=token_a)
+        held.append(sock)
+        assert status == 429
+        # The same address with another key is not held back.
+        sock, status = held_websocket(base, FLOODER, token=token_b)
+        held.append(sock)
+        assert status == 101
     finally:
         for sock in held:
             sock.close()
