@@ -14,7 +14,7 @@ import pytest
 
 from app.local.embedded_redis import EmbeddedRedis
 from tests import brokers
-from tests.helpers import FarmUnderTest, gunicorn_server, running_farm
+from tests.helpers import FarmUnderTest, gunicorn_server, running_farm, slowdown
 
 
 def pytest_report_header(config) -> str:
@@ -34,6 +34,20 @@ def pytest_runtest_makereport(item, call):
     if isinstance(tf, FarmUnderTest):
         report.sections.append(("shared farm", tf.diagnosis()))
     return report
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """pytest-timeout's bound on a whole test (setup.cfg, or a test's own `timeout` mark) is
+    a safety net against a hang, written for an idle box: it stretches with the load the way
+    the tests' own waits do (tests/helpers.py, `slowdown`), so on a busy box it still fires
+    only after every wait inside the test has had its time."""
+    marker = item.get_closest_marker("timeout")
+    base = marker.args[0] if marker and marker.args else (
+        item.config.getoption("timeout", None) or item.config.getini("timeout"))
+    if base and float(base) > 0:
+        item.add_marker(pytest.mark.timeout(float(base) * slowdown()), append=False)
+    return (yield)
 
 
 def pytest_sessionstart(session) -> None:
