@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -255,7 +256,9 @@ def test_a_process_that_keeps_failing_is_restarted_with_growing_backoff():
         proc.terminate()
         proc.communicate(timeout=30)
     exits = [line for line in lines if "exited" in line]
-    assert exits[0].startswith("fails exited (status 3) after 0 s"), lines
+    # How long the child ran is how fast Python starts (0 s idle, more on a busy box): not
+    # what this test checks.
+    assert re.match(r"fails exited \(status 3\) after \d+ s", exits[0]), lines
     assert [line.rsplit(" in ", 1)[1] for line in exits] == ["1 s", "2 s", "4 s"], lines
 
 
