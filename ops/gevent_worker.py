@@ -151,9 +151,9 @@ class GuardedStreamServer(StreamServer):
     """gevent's server, counting each peer's connections at accept time."""
 
     def __init__(self, *args: Any, limits: ConnectionLimits, counts: PeerCounts,
-                 **kwargs: Any) -> None:
+                 on_refused: Callable[[], Any] = lambda: None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.limits, self.counts = limits, counts
+        self.limits, self.counts, self.on_refused = limits, counts, on_refused
         self.counted: dict[int, str] = {}  # id of an open socket -> the address it counts for
         self.answer = b"" if getattr(self, "ssl_args", None) else refusal(limits)
 
@@ -164,6 +164,7 @@ class GuardedStreamServer(StreamServer):
         if not self.limits.trusted(peer):  # a trusted proxy's requests count one by one
             if not self.counts.take(peer):
                 self._refuse(client)
+                self.on_refused()
                 return
             self.counted[id(client)] = peer
         super().do_handle(*args)
@@ -197,8 +198,9 @@ class ForwardedCap:
     """WSGI middleware for trusted proxies' requests: count them per forwarded client (the
     same share as direct connections), refuse past it, and set REMOTE_ADDR to the client."""
 
-    def __init__(self, app: Callable, limits: ConnectionLimits, counts: PeerCounts) -> None:
-        self.app, self.limits, self.counts = app, limits, counts
+    def __init__(self, app: Callable, limits: ConnectionLimits, counts: PeerCounts,
+                 on_refused: Callable[[], Any]) -> None:
+        self.app, self.limits, self.counts, self.on_refused = app, limits, counts, on_refused
         self.answer = refusal(limits)
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
@@ -207,6 +209,7 @@ class ForwardedCap:
             return self.app(environ, start_response)
         client = self.limits.forwarded_client(peer, environ.get("HTTP_X_FORWARDED_FOR", ""))
         if not self.counts.take(client):
+            self.on_refused()
             head, _, body = self.answer.partition(b"\r\n\r\n")
             start_response("429 Too Many Requests", [
                 ("Content-Type", "application/json"),
@@ -280,23 +283,28 @@ class GuardedGeventWorker(ggevent.GeventWorker):
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
+        # After the app: it set up prometheus_client's multiprocess mode (app/obs/multiproc.py).
+        from app.obs.metrics import CONNECTIONS_REFUSED
+
+        self.refused = CONNECTIONS_REFUSED
         self.counts = PeerCounts(self.limits.per_address)
         app: Callable = self.wsgi  # type: ignore[has-type]  # set by gunicorn's load_wsgi
         if self.limits.trusted_proxies:
-            app = ForwardedCap(app, self.limits, self.counts)
+            app = ForwardedCap(app, self.limits, self.counts, self.refused.inc)
         if self.limits.health_port:
             app = ProbesOnly(app, self.limits.health_port)
         self.wsgi = app
 
     def run(self) -> None:
-        limits, counts = self.limits, self.counts
+        limits, counts, refused = self.limits, self.counts, self.refused
 
         def server(listener: Any, *args: Any, **kwargs: Any) -> GuardedStreamServer:
             # The probe listener counts apart: a client that used up its share on the main
             # port still reaches the probes.
             port = _peer_port(listener.getsockname())
             own = counts if port != limits.health_port else PeerCounts(limits.per_address)
-            return GuardedStreamServer(listener, *args, limits=limits, counts=own, **kwargs)
+            return GuardedStreamServer(listener, *args, limits=limits, counts=own,
+                                       on_refused=refused.inc, **kwargs)
 
         # gunicorn's run() builds each listener's server by this module name; this process
         # is the worker alone (forked), so the name is changed for it and nobody else.

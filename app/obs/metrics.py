@@ -96,6 +96,11 @@ JOBS_FINISHED = Counter(
 HTTP_REQUESTS = Counter(
     "voxfarm_http_requests_total", "HTTP requests answered, by route template and status.",
     ["method", "route", "status"])
+# Connections the web refused because their client address held its share already
+# (ops/gevent_worker.py): counted at accept time, so they never reach HTTP_REQUESTS.
+CONNECTIONS_REFUSED = Counter(
+    "voxfarm_connections_refused_total",
+    "Connections refused at accept time: the client address held its share of the web.")
 HTTP_LATENCY = Histogram(
     "voxfarm_http_request_duration_seconds",
     "Request received -> response headers ready (a stream's body continues after).",

@@ -142,6 +142,16 @@ def test_keepalive_flood_from_one_address_leaves_room_for_another(web):
         assert body["error"]["code"] == "too_many_connections", body
         assert int(headers["Retry-After"]) >= 1
         assert flooder.status["refused"] > 0, flooder.status
+        # ... and the refusals are counted where an operator looks.
+        url = urlsplit(web)
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30,
+                                          source_address=(FRESH, 0))
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        refused = [float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("voxfarm_connections_refused_total ")]
+        assert refused and refused[0] > 0, refused
 
 
 def test_idle_websocket_flood_from_one_address_leaves_room_for_another(web):
