@@ -382,8 +382,11 @@ def openapi_paths() -> dict:
             "events out", {
                 "101": {"description": "switching protocols: the socket is open"},
                 "400": doc.error("not a WebSocket upgrade request"),
-                "429": doc.error("the API key (or, with no keys, the address) has "
-                                 "`VOXFARM_WEB_MAX_SOCKETS_PER_KEY` WebSockets open")},
+                "429": doc.error("the key (with keys off: the client address) already has "
+                                 "its most WebSockets open (`too_many_sockets`, with "
+                                 "`limit`), or the key's requests a minute or its work "
+                                 "running at once (`rate_limited`, `too_many_jobs`)",
+                                 doc.RETRY_AFTER)},
             description=(
                 "Upgrade with `GET /v1/ws` (`Connection: Upgrade`, `Upgrade: websocket`). "
                 "Client messages are JSON text frames, `SocketMessage` (the same fields as a "
