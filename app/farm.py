@@ -55,7 +55,7 @@ class Farm:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         # Pools that wait for a free connection (up to the timeout) instead of failing at
-        # once, sized from the web's connection limit (app/stores/redis_conn.py).
+        # once (app/stores/redis_conn.py).
         pool = settings.redis_max_connections
         self.redis = redis_client(settings.redis_url, settings.redis_timeout_s, pool)
         self.cache_redis = redis_client(settings.cache, settings.redis_timeout_s, pool)
@@ -68,7 +68,8 @@ class Farm:
         self.sealer = Sealer.from_keyring(settings.at_rest_keys.get_secret_value())
         self.jobs = JobStore(self.redis, self.keys, settings.job_ttl,
                              waiting=blocking_client(settings.redis_url,
-                                                     settings.redis_timeout_s, pool),
+                                                     settings.redis_timeout_s,
+                                                     settings.redis_max_readers),
                              sealer=self.sealer)
         # The long-polls and streams each key (or address) has open, across the web processes.
         self.waits = WaitPlaces(self.redis, self.keys, settings.key_max_waits)

@@ -77,13 +77,18 @@ class RedisSettings(_Group):
     # A Redis call that gets no answer for this long fails (the web answers 503); blocking
     # long-poll reads have their own, longer bound (app/stores/redis_conn.py).
     redis_timeout_s: PositiveSeconds = 5.0
-    # Connections each Redis pool of a process may open (short commands; the blocking reads
-    # that wake long-polls and streams have a pool of their own). A call that finds them all
+    # Connections a process's Redis pool for short calls may open. A call that finds them all
     # in use waits for one, up to redis_timeout_s, then fails (503), instead of failing at
-    # once as redis-py's default pool of 100 did. 1000 is gunicorn's worker_connections
+    # once as redis-py's default pool (of 100 too) did. Calls take about a millisecond: 900
+    # long-polls arriving at once were answered as fast through 32 connections as through
+    # 1000, which left 568 idle connections open (docs/benchmarks.md, "Many waits").
+    redis_max_connections: Positive = 100
+    # Connections of the pool the readers that wake long-polls and streams block on (one per
+    # job waited on in a process, app/stores/wakeups.py). 1000 is gunicorn's worker_connections
     # (ops/gunicorn.conf.py): a web process serves at most that many requests at once, each
-    # holding at most one connection of a pool at a time, so none waits while Redis keeps up.
-    redis_max_connections: Positive = 1000
+    # waiting on one job, so a reader never waits for a connection (it would wake its job's
+    # waiters up to redis_timeout_s late).
+    redis_max_readers: Positive = 1000
 
 
 class VoiceSettings(_Group):

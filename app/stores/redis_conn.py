@@ -4,17 +4,18 @@ Every call has a bound: a plain client gives up on a socket that stays silent fo
 `timeout_s` (5 s by default, `VOXFARM_REDIS_TIMEOUT_S`), so a stalled server costs a request
 seconds, not minutes, and the web answers 503.
 
-Every pool is a `BlockingConnectionPool` of at most `max_connections` connections
-(`VOXFARM_REDIS_MAX_CONNECTIONS`): a call that finds them all in use waits for one, up to
-`timeout_s`, and only then fails (503). redis-py's default pool instead fails at once with
-`Too many connections` when its 100 are out, so a burst of one client's requests made every
-other client's calls fail at the same instant. The web sizes the pools from its own
-connection limit (gunicorn's `worker_connections`): a request holds at most one connection of
-each pool at a time, so while Redis keeps up, no request waits for one.
+Every pool is a `BlockingConnectionPool` of at most `max_connections` connections: a call
+that finds them all in use waits for one, up to `timeout_s`, and only then fails (503).
+redis-py's default pool instead fails at once with `Too many connections` when its 100 are
+out, so a burst of one client's requests made every other client's calls fail at the same
+instant. Short calls share `VOXFARM_REDIS_MAX_CONNECTIONS` (100): each takes about a
+millisecond, so a queue for them is short.
 
 Blocking reads (the readers that wake long-polls and streams, app/stores/wakeups.py) use a
-pool of their own, so a burst of waits never takes the connections that short commands need;
-their socket outlasts one blocking read (`READ_BLOCK_S`).
+pool of their own, so a burst of waits never takes the connections that short calls need;
+their socket outlasts one blocking read (`READ_BLOCK_S`). It is sized from the web's own
+connection limit (`VOXFARM_REDIS_MAX_READERS`, gunicorn's `worker_connections`): a reader per
+job waited on, a job per request at most, so no reader waits for a connection.
 
 A forked worker must not reuse its parent's sockets, so the cache is keyed by PID.
 """
@@ -29,9 +30,9 @@ import redis
 from app.stores.wakeups import READ_BLOCK_S
 
 CONNECT_TIMEOUT_S = 5
-# redis-py's own default (100) is what the web outgrew; the settings' default, gunicorn's
-# worker_connections, is app/settings.py's `redis_max_connections`.
-DEFAULT_MAX_CONNECTIONS = 1000
+# The settings' default for short calls (app/settings.py, `redis_max_connections`), for the
+# clients made without settings (tests, the broker probe).
+DEFAULT_MAX_CONNECTIONS = 100
 
 _lock = threading.Lock()
 _clients: dict[tuple[int, str, float, int], redis.Redis] = {}

@@ -116,7 +116,6 @@ def assert_too_many_waits(status: int, headers: dict, body: bytes, cap: int) -> 
     assert err["code"] == "too_many_waits" and err["limit"] == cap, err
 
 
-@pytest.mark.slow
 def test_300_long_polls_of_one_key_leave_every_other_key_served(flood):
     tf, base = flood
     flooder, flood_token = tf.farm.apikeys.create("flood")
