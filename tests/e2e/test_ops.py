@@ -342,7 +342,12 @@ def test_gunicorn_config_fits_long_polls_and_logs_json():
     import runpy
 
     conf = runpy.run_path(str(OPS / "gunicorn.conf.py"))
-    assert conf["worker_class"] == "gevent"
+    # gevent workers (a long-poll parks a greenlet), with the per-address bound
+    from gunicorn.util import load_class
+    from gunicorn.workers.ggevent import GeventWorker
+
+    assert issubclass(load_class(conf["worker_class"]), GeventWorker)
+    assert callable(conf["post_fork"])  # gives each worker its share of the bound
     assert conf["timeout"] > 60  # the longest long-poll (max_wait_s) must not look hung
     fmt = conf["logconfig_dict"]["formatters"]["json"]["()"]
     assert fmt == "app.obs.logging_setup.JsonFormatter"
