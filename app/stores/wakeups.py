@@ -133,11 +133,28 @@ class Wakeups:
                     watch.idle_since = time.monotonic()
 
     def _read(self, watch: _Watch) -> None:
-        """The reader of one job stream: runs while the job has waiters (and LINGER_S after)."""
+        """The reader of one job stream: runs while the job has waiters (and LINGER_S after).
+        However it stops, it leaves the registry and wakes whoever still waits (they look
+        again, and the next wait starts a new reader), so no waiter depends on a dead one."""
+        try:
+            self._read_events(watch)
+        except Exception:
+            log.exception("the reader of %s stopped", watch.key)
+        finally:
+            with self._lock:
+                if self._watches.get(watch.key) is watch:
+                    del self._watches[watch.key]
+                if watch.waiters:
+                    watch.failures += 1
+                    watch.changed.notify_all()
+
+    def _read_events(self, watch: _Watch) -> None:
         block_ms = max(1, int(self.read_block_s * 1000))
         while True:
             with self._lock:
                 if (not watch.waiters and time.monotonic() - watch.idle_since >= self.linger_s):
+                    # Out of the registry under the same lock: a waiter that comes now
+                    # starts a new reader.
                     if self._watches.get(watch.key) is watch:
                         del self._watches[watch.key]
                     return

@@ -69,6 +69,19 @@ def test_a_wait_ends_false_at_its_timeout_or_when_its_client_is_gone(redis_url):
     wait_until(lambda: wakeups.readers() == 0, 30, "the idle reader never stopped")
 
 
+class BrokenClient:
+    """A client whose read fails with what no reader expects (a bug, not Redis)."""
+
+    def xread(self, *args, **kwargs):
+        raise ValueError("not a Redis error")
+
+
+def test_a_reader_that_dies_wakes_its_waiters_and_leaves_the_registry():
+    wakeups = Wakeups(BrokenClient())  # type: ignore[arg-type]
+    assert wakeups.wait("wk3:job:c:events", b"0-0", 60) is True  # woken to look again
+    wait_until(lambda: wakeups.readers() == 0, 30, "the dead reader stayed registered")
+
+
 def places(redis_url: str, prefix: str, cap: int, **kw) -> WaitPlaces:
     return WaitPlaces(redis.Redis.from_url(with_db(redis_url, 4)), Keys(prefix), cap, **kw)
 
