@@ -139,6 +139,20 @@ def refusal(limits: ConnectionLimits) -> bytes:
     return head.encode("latin1") + body
 
 
+def counted_as(address: str) -> str:
+    """What an address is counted as: itself, or for IPv6 its /64, the block one site or one
+    host is handed (a client would otherwise pick a fresh address for each connection)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return address
+
+
 def _peer(address: Any) -> str:
     return address[0] if isinstance(address, tuple) and address else ""
 
@@ -162,11 +176,12 @@ class GuardedStreamServer(StreamServer):
         client, address = args
         peer = _peer(address)
         if not self.limits.trusted(peer):  # a trusted proxy's requests count one by one
-            if not self.counts.take(peer):
+            counted = counted_as(peer)
+            if not self.counts.take(counted):
                 self._refuse(client)
                 self.on_refused()
                 return
-            self.counted[id(client)] = peer
+            self.counted[id(client)] = counted
         super().do_handle(*args)
 
     def do_close(self, sock: Any, *args: Any) -> None:
@@ -208,7 +223,8 @@ class ForwardedCap:
         if not self.limits.trusted(peer):
             return self.app(environ, start_response)
         client = self.limits.forwarded_client(peer, environ.get("HTTP_X_FORWARDED_FOR", ""))
-        if not self.counts.take(client):
+        counted = counted_as(client)
+        if not self.counts.take(counted):
             self.on_refused()
             head, _, body = self.answer.partition(b"\r\n\r\n")
             start_response("429 Too Many Requests", [
@@ -220,9 +236,9 @@ class ForwardedCap:
         try:
             result = self.app(environ, start_response)
         except BaseException:
-            self.counts.give(client)
+            self.counts.give(counted)
             raise
-        return _GiveBackWhenClosed(result, lambda: self.counts.give(client))
+        return _GiveBackWhenClosed(result, lambda: self.counts.give(counted))
 
 
 class _GiveBackWhenClosed:

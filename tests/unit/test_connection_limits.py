@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ops.gevent_worker import ConnectionLimits, PeerCounts, parse_networks, refusal
+from ops.gevent_worker import ConnectionLimits, PeerCounts, counted_as, parse_networks, refusal
 
 
 def test_each_worker_allows_its_share_rounded_up():
@@ -50,3 +50,13 @@ def test_the_refusal_is_a_429_in_the_one_error_shape():
     assert head.startswith(b"HTTP/1.1 429 ")
     assert b"Retry-After: 1\r\n" in head and b"Connection: close" in head
     assert json.loads(body)["error"]["code"] == "too_many_connections"
+
+
+def test_an_ipv6_client_is_counted_by_its_64_block():
+    # One host is handed a /64: counted by address, it could open each connection from a
+    # fresh one.
+    assert counted_as("2001:db8:1:2::1") == counted_as("2001:db8:1:2:ffff::9") \
+        == "2001:db8:1:2::/64"
+    assert counted_as("2001:db8:1:3::1") != counted_as("2001:db8:1:2::1")
+    assert counted_as("::ffff:10.1.2.3") == "10.1.2.3"
+    assert counted_as("10.1.2.3") == "10.1.2.3"
