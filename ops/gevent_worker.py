@@ -9,7 +9,8 @@ behind them, the load balancer's health check included. One client that opens th
 So each worker counts the connections it holds per client address, and one over the
 address's share is refused at accept time, before a greenlet is spent on it: a tiny
 `429 too_many_connections` with `Retry-After` (plain HTTP; on a TLS listener it is only
-closed, as an answer would need a handshake first), then closed. The count is each worker's
+closed, as an answer would need a handshake first), then closed, and counted in
+`voxfarm_connections_refused_total`. An IPv6 client counts as its /64. The count is each worker's
 own, not shared: the kernel hands a new connection to whichever worker accepts first, and a
 worker allows one address at most its share of the cap (`web_max_conns_per_address` over
 the number of workers, rounded up), so the farm as a whole holds at most about the cap per
