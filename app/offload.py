@@ -5,12 +5,11 @@ Which code runs where (STYLE.md 18):
 * The gevent hub (gunicorn's gevent workers, the book pool's greenlets) runs request
   handlers, long-polls, streams, feeders and every Redis and broker call.
 * Native threads run what would stall the hub: the text frontend (normalise, segment,
-  libespeak-ng, jieba), encoding, and book parsing. `offload(pool, fn, ...)` sends a call
-  to the pool's threads and parks only the calling greenlet until it returns.
-* The "books" pool parses uploaded books, on ONE thread of its own: a book takes seconds of
-  CPU, and on the "encode" pool four uploads took both of its threads while a listener's MP3
-  waited 35 s for its first byte behind them. The web lets one upload at a time wait for it
-  (web/books.py), so the uploads waiting hold no more than their turn.
+  libespeak-ng, jieba) and encoding. `offload(pool, fn, ...)` sends a call to the pool's
+  threads and parks only the calling greenlet until it returns.
+* Uploaded books are parsed in a child process, not here (app/services/book_parse.py): on
+  the "encode" pool four uploads took both of its threads while a listener's MP3 waited 35 s
+  for its first byte behind them, and on a thread of their own they still held the GIL.
 * The "frontend" pool has ONE thread, in the web and in the book worker alike. libespeak-ng
   has global state and runs one call at a time anyway, and a single thread means the
   frontend's locks (eSpeak's, jieba's first-use lock) are never contended between native
@@ -43,7 +42,7 @@ from app.errors import FarmError
 T = TypeVar("T")
 
 _pools: dict[str, Any] = {}  # gevent ThreadPools, made on first use
-_SIZES = {"frontend": 1, "encode": 2, "books": 1}
+_SIZES = {"frontend": 1, "encode": 2}
 
 
 class OffloadTimeout(FarmError, TimeoutError):
@@ -63,8 +62,7 @@ def _gevent_active() -> bool:
 
 
 def offload(pool: str, fn: Callable[..., T], *args: object, timeout_s: float | None = 60.0) -> T:
-    """`fn(*args)` in a native thread of `pool` ("frontend", "encode" or "books") under
-    gevent."""
+    """`fn(*args)` in a native thread of `pool` ("frontend" or "encode") under gevent."""
     if not _gevent_active():
         return fn(*args)
     if pool not in _pools:

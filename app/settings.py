@@ -183,9 +183,14 @@ class AdmissionSettings(_Group):
     # small entries slip under): XHTML compresses 3-10x, 100x is a zip bomb.
     max_book_unpacked_bytes: Positive = 100 * 1024 * 1024
     max_book_unpacked_ratio: Annotated[float, Field(gt=1.0)] = 100.0
-    # Uploads parse one at a time per web process (their own thread, never the threads that
-    # encode audio); the next waits its turn this long at most, then 503 with Retry-After.
-    book_parse_wait_s: PositiveSeconds = 60.0
+    # Uploads parse one at a time per web process, each in a child process (never on the
+    # web's threads that encode audio); the next waits its turn this long at most, then 503
+    # with Retry-After. Four books at the caps sent at once on two busy cores parsed in about
+    # 16 s each (the child runs niced), so the fourth waited 50 s: 120 s leaves it room. A
+    # parse is stopped (the child killed, 503) past the second bound: a book at the caps
+    # parses in 5-16 s (docs/reliability.md), and a parser pathology does not run on.
+    book_parse_wait_s: PositiveSeconds = 120.0
+    book_parse_timeout_s: PositiveSeconds = 120.0
     # A JSON body or WebSocket message nested deeper than this is refused (400 invalid_json)
     # before it is parsed: Python's parser recurses once a level and fails near 1,000, and no
     # request of the API nests past 4 (a book's chapters of phoneme items).

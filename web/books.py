@@ -12,12 +12,12 @@
 The request only validates and parses (to refuse a bad book with a clear 4xx before writing
 anything); the split into segments and the rendering run on the workers.
 
-Where an upload's parsing runs (app/offload.py): on the "books" pool's one native thread,
-never on the threads that encode listeners' audio. One upload per web process holds the
-parse turn at a time (`_parse_turn`); the next waits for it at most `book_parse_wait_s`
-(then 503) with its body still in Werkzeug's spooled upload file, so uploads that wait hold
-no copy of their bytes. A book is held to its caps while it is read (models/books/parse/
-limits.py): past one it stops there and the answer is 413 naming the cap.
+Where an upload's parsing runs: in a child process (app/services/book_parse.py), never on
+the web's threads that encode listeners' audio, nor in the web's memory. One upload per web
+process holds the parse turn at a time (`_parse_turn`); the next waits for it at most
+`book_parse_wait_s` (then 503) with its body still in Werkzeug's spooled upload file, so
+uploads that wait hold no copy of their bytes. A book is held to its caps while it is read
+(models/books/parse/limits.py): past one it stops there and the answer is 413 naming the cap.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from flask import Blueprint, Response, jsonify, request, send_file, url_for
 
 from app.broker.queueing import resume, send_assemble, send_prepare
 from app.offload import OffloadTimeout, offload
+from app.services.book_parse import parse_upload
 from app.settings import Settings
 from app.stores.books import (
     book_download_name,
@@ -54,7 +55,6 @@ from models.books.parse import (
     check_book,
     finish,
     not_a_book_file,
-    parse_book,
 )
 from models.errors import BreakTooLong
 from models.text import captions
@@ -191,10 +191,6 @@ def _too_large(exc: BookTooLarge, field: str) -> ApiError:
     return ApiError(413, exc.code, exc.message, field=field, limit=exc.limit, unit=exc.unit)
 
 
-def _parse_upload(data: bytes, name: str, limits: BookLimits) -> Book:
-    return _breaks_within_cap(parse_book(data, name, limits))
-
-
 _parse_turn_lock = threading.Lock()
 _parse_turn: threading.BoundedSemaphore | None = None
 
@@ -210,7 +206,7 @@ def _parse_turn_now() -> threading.BoundedSemaphore:
 
 
 def _parse_file(upload, name: str, settings: Settings) -> tuple[Book, bytes]:
-    """The uploaded file parsed on the books pool, once this upload has the parse turn, and
+    """The uploaded file parsed in a child process, once this upload has the parse turn, and
     its bytes (stored once the book is accepted)."""
     turn = _parse_turn_now()
     if not turn.acquire(timeout=settings.book_parse_wait_s):
@@ -218,9 +214,10 @@ def _parse_file(upload, name: str, settings: Settings) -> tuple[Book, bytes]:
     try:
         data = upload.read()
         upload.close()
-        return offload("books", _parse_upload, data, name, book_limits(settings)), data
+        book = parse_upload(data, name, book_limits(settings), settings.book_parse_timeout_s)
     finally:
         turn.release()
+    return _breaks_within_cap(book), data
 
 
 @books_api.post("/v1/books")

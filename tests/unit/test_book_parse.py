@@ -71,6 +71,8 @@ def test_html_h1_chapters_skip_scripts():
     (bookfiles.entity_epub, "b.epub", "unsafe_xml"),
     (lambda: bookfiles.entity_epub(bookfiles.XXE), "b.epub", "unsafe_xml"),
     (bookfiles.corrupt_epub, "b.epub", "corrupt_epub"),
+    (lambda: bookfiles.rezip(bookfiles.make_epub(), replace={
+        "EPUB/content.opf": b"<package><oops></package>"}), "b.epub", "corrupt_epub"),
     (lambda: b"plain words", "b.epub", "wrong_format"),
     (bookfiles.make_epub, "b.txt", "wrong_format"),
     (lambda: b"\n \n", "b.md", "no_text"),

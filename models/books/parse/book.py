@@ -21,6 +21,9 @@ class BookError(ValueError):
         self.code = code
         self.message = message
 
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return (type(self), (self.code, self.message))
+
 
 @dataclass(frozen=True)
 class Chapter:
@@ -63,6 +66,8 @@ class Book:
 def count_words(text: str, stop_after: int | None = None) -> int:
     """The whitespace-separated words of `text` (as `len(text.split())`), counted a slice at a
     time; once over `stop_after` the count stops there (the caller only needs to know)."""
+    if len(text) <= _WORD_SLICE:
+        return len(text.split())
     words, joined = 0, False
     for start in range(0, len(text), _WORD_SLICE):
         piece = text[start:start + _WORD_SLICE]

@@ -39,6 +39,9 @@ class BookTooLarge(BookError):
         self.limit = limit
         self.unit = unit
 
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return (type(self), (self.code, self.message, self.limit, self.unit))
+
 
 def too_many_words(limit: int) -> BookTooLarge:
     return BookTooLarge("too_many_words", f"the book has more than {limit:,} words, the most "
