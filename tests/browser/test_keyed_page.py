@@ -10,6 +10,7 @@ import random
 import pytest
 import requests
 
+from tests.browser import wait_js
 from tests.browser.test_page import ARGS, CHROMIUM, pytestmark  # noqa: F401
 from tests.helpers import gunicorn_server, running_farm, wait_until
 
@@ -55,7 +56,7 @@ def new_page(context):
 
 
 def voices_loaded(page) -> None:
-    page.wait_for_function("document.querySelectorAll('#voice option').length > 10")
+    wait_js(page, "document.querySelectorAll('#voice option').length > 10")
 
 
 def test_the_page_asks_for_a_key_then_plays_and_downloads_with_it(context, keyed_server):
@@ -80,16 +81,16 @@ def test_the_page_asks_for_a_key_then_plays_and_downloads_with_it(context, keyed
     job_li.wait_for()
     job_id = job_li.get_attribute("data-job-id")
     assert page.locator("#player").get_attribute("src").startswith("blob:")
-    page.wait_for_function("document.getElementById('player').currentTime > 0.3")
+    wait_js(page, "document.getElementById('player').currentTime > 0.3")
     page.evaluate("document.getElementById('player').playbackRate = 4")
-    page.wait_for_function("document.getElementById('player').ended", timeout=60_000)
+    wait_js(page, "document.getElementById('player').ended")
     duration = page.evaluate("document.getElementById('player').duration")
     job = requests.get(f"{base}/v1/jobs/{job_id}", headers={"X-API-Key": token},
                        timeout=10).json()
     assert job["state"] == "done" and job["voice"] == "en-us+f3"
     assert duration == pytest.approx(job["audio_seconds"], abs=0.3)
 
-    page.wait_for_function(
+    wait_js(page,
         f"document.querySelector('#jobs li[data-job-id=\"{job_id}\"]').dataset.state"
         " === 'done'")
     with page.expect_download() as fetched:

@@ -13,6 +13,8 @@ import random
 import pytest
 import requests
 
+from tests.browser import wait_js
+
 CHROMIUM = os.environ.get("VOXFARM_CHROMIUM", "/usr/bin/chromium")
 
 pytestmark = [
@@ -48,7 +50,7 @@ def page(browser, server):
 
 def open_page(page) -> None:
     page.goto("/")
-    page.wait_for_function("document.querySelectorAll('#voice option').length > 10")
+    wait_js(page, "document.querySelectorAll('#voice option').length > 10")
 
 
 def test_page_loads_without_console_errors(page, server):
@@ -77,16 +79,16 @@ def test_synthesis_started_from_the_page_plays(page, server):
     assert page.locator("#player").get_attribute("src") == \
         f"/v1/jobs/{job_id}/stream?format=wav"
     # Playing: the clock advances.
-    page.wait_for_function("document.getElementById('player').currentTime > 0.3")
+    wait_js(page, "document.getElementById('player').currentTime > 0.3")
     # Let it run to the end faster; the stream is whole once the job is done.
     page.evaluate("document.getElementById('player').playbackRate = 4")
-    page.wait_for_function("document.getElementById('player').ended", timeout=60_000)
+    wait_js(page, "document.getElementById('player').ended")
     duration = page.evaluate("document.getElementById('player').duration")
     job = requests.get(f"{server}/v1/jobs/{job_id}", timeout=10).json()
     assert job["state"] == "done" and job["voice"] == "en-us+f3"
     assert duration == pytest.approx(job["audio_seconds"], abs=0.3)
     # The job list shows it finished, with a download link.
-    page.wait_for_function(
+    wait_js(page,
         f"document.querySelector('#jobs li[data-job-id=\"{job_id}\"]').dataset.state"
         " === 'done'")
     assert job_li.locator("a").get_attribute("href") == f"/v1/jobs/{job_id}/audio?format=mp3"

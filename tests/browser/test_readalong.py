@@ -7,6 +7,7 @@ import random
 
 import requests
 
+from tests.browser import wait_js
 from tests.browser.test_page import CHROMIUM, browser, open_page, page, pytestmark  # noqa: F401
 
 SAMPLE_JS = """
@@ -37,8 +38,8 @@ def test_the_word_being_spoken_is_highlighted(page, server):  # noqa: F811
             "and the next one follows.")
     page.fill("#text", text)
     page.click("#play")
-    page.wait_for_function("document.getElementById('readalong').dataset.complete === '1'")
-    page.wait_for_function("document.getElementById('player').currentTime > 0.2")
+    wait_js(page, "document.getElementById('readalong').dataset.complete === '1'")
+    wait_js(page, "document.getElementById('player').currentTime > 0.2")
     job_id = page.locator("#readalong").get_attribute("data-job-id")
     words = requests.get(f"{server}/v1/jobs/{job_id}/captions", timeout=10).json()["words"]
     assert page.locator("#readalong span").all_inner_texts() == [w["word"] for w in words]
