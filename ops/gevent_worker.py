@@ -52,6 +52,8 @@ from typing import Any
 from gevent.server import StreamServer
 from gunicorn.workers import ggevent
 
+from app.security.addresses import counted_as
+
 # The paths a probe listener serves (web/auth.py leaves them open too).
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 TOO_MANY = "too_many_connections"
@@ -138,20 +140,6 @@ def refusal(limits: ConnectionLimits) -> bytes:
             f"Retry-After: {limits.retry_after_s}\r\nConnection: close\r\n"
             f"Content-Length: {len(body)}\r\n\r\n")
     return head.encode("latin1") + body
-
-
-def counted_as(address: str) -> str:
-    """What an address is counted as: itself, or for IPv6 its /64, the block one site or one
-    host is handed (a client would otherwise pick a fresh address for each connection)."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return address
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
-    return address
 
 
 def _peer(address: Any) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from flask import request
 
+from app.security.addresses import counted_as
 from app.stores.waits import Place
 from web.auth import current_key
 from web.errors import ApiError
@@ -25,7 +26,9 @@ from web.helpers import farm
 def waiter() -> str:
     """Who this request's waits count against: `key:ID`, or `addr:IP` with keys off."""
     key = current_key()
-    return f"key:{key.id}" if key is not None else f"addr:{request.remote_addr or ''}"
+    if key is not None:
+        return f"key:{key.id}"
+    return f"addr:{counted_as(request.remote_addr or '')}"
 
 
 def take_place() -> Place:

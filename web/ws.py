@@ -55,6 +55,7 @@ from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
 from app.farm import Farm
+from app.security.addresses import counted_as
 from app.security.apikeys import ApiKey
 from app.stores.states import JOB_FINAL
 from app.stores.waits import WaitPlaces
@@ -299,7 +300,7 @@ def _take_socket_place() -> None:
     cannot take them all; the place is given back when the socket ends (teardown)."""
     f = farm()
     key = current_key()
-    holder = f"ws:key:{key.id}" if key else f"ws:addr:{request.remote_addr}"
+    holder = f"ws:key:{key.id}" if key else f"ws:addr:{counted_as(request.remote_addr or '')}"
     place = socket_places(f).take(holder)
     if place is None:
         cap = f.settings.web_max_sockets_per_key
