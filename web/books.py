@@ -253,9 +253,13 @@ def create_book():
     elif request.is_json:
         fields = parse(BookRequest, json_body(request))
         voice = _voice(fields)
+        limits = book_limits(f.settings)
         try:
-            book = _breaks_within_cap(check_book(_json_book(fields, voice),
-                                                 book_limits(f.settings)))
+            # The caps first, on the chapters as sent (their markup counts), before any
+            # chapter's SSML is read; then exactly, on the book as it will be read.
+            check_book(Book("", "", [Chapter(c.title, c.text) for c in fields.chapters]),
+                       limits)
+            book = _breaks_within_cap(check_book(_json_book(fields, voice), limits))
         except BookTooLarge as exc:
             raise _too_large(exc, "chapters") from None
         except BookError as exc:
