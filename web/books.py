@@ -29,6 +29,7 @@ from typing import cast
 from urllib.parse import quote
 
 from flask import Blueprint, Response, jsonify, request, send_file, url_for
+from werkzeug.datastructures import FileStorage
 
 from app.broker.queueing import resume, send_assemble, send_prepare
 from app.offload import OffloadTimeout, offload
@@ -205,7 +206,7 @@ def _parse_turn_now() -> threading.BoundedSemaphore:
         return _parse_turn
 
 
-def _parse_file(upload, name: str, settings: Settings) -> tuple[Book, bytes]:
+def _parse_file(upload: FileStorage, name: str, settings: Settings) -> tuple[Book, bytes]:
     """The uploaded file parsed in a child process, once this upload has the parse turn, and
     its bytes (stored once the book is accepted)."""
     turn = _parse_turn_now()
