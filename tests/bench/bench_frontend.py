@@ -101,7 +101,8 @@ def bench_digits(counts: list[int], voice: str, repeats: int, redis_url: str | N
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-digits-"))
     with redis_url_or_embedded(redis_url, tmp) as url, \
-            running_farm(url, 7, tmp, workers=False) as tf:
+            running_farm(url, 7, tmp, workers=False, max_queue_depth=1_000_000) as tf:
+        # No workers: every job's segments stay queued, beyond the admission bound.
         client = create_app(tf.settings, tf.farm).test_client()
         post(client, "Warm up the frontend and the farm.")
         print(f"\nvoice {voice}, load average {os.getloadavg()[0]:.1f} on "
