@@ -13,9 +13,13 @@ said through its G2P a word at a time and the word alignment's programme a segme
 against joining each digit word's own phonemes (models/text/frontend.py, `_digit_run`): the
 whole frontend, and `POST /v1/jobs` answered (the web publishes every segment before its
 202), by the app in this process on a farm with a real Redis and no workers, side by side;
-then the same POST over HTTP to gunicorn, as the code is now.
+then the same POST over HTTP to gunicorn. `--before-tree` serves a checkout of an older commit
+beside this one on the same farm, requests alternated, for the whole change over HTTP:
 
-    .venv/bin/python tests/bench/bench_frontend.py --digits 8000,20000 [--redis-url URL]
+    git worktree add --detach /tmp/before COMMIT
+    .venv/bin/python tests/bench/bench_frontend.py --digits 8000,20000 --before-tree /tmp/before
+
+(`--redis-url URL` runs the farm on a Redis of yours rather than an embedded one.)
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ import argparse
 import difflib
 import os
 import random
+import signal
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -88,11 +95,32 @@ def best_s(repeats: int, call, *args) -> float:
     return best
 
 
-def bench_digits(counts: list[int], voice: str, repeats: int, redis_url: str | None) -> None:
+@contextmanager
+def gunicorn_of(tree: Path, env: dict, log: Path) -> Iterator[str]:
+    """gunicorn serving the checkout at `tree` (its code and its gunicorn config), one
+    worker; yields its base URL."""
+    from tests.helpers import free_port, wait_http_ok
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-c", str(tree / "ops" / "gunicorn.conf.py"),
+         "--bind", f"127.0.0.1:{port}", "--workers", "1", "web.wsgi:app"],
+        env=dict(env, PYTHONPATH=str(tree)), cwd=tree, stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/healthz", proc, log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(15)
+
+
+def bench_digits(counts: list[int], voice: str, repeats: int, redis_url: str | None,
+                 before_tree: Path | None) -> None:
     import requests
 
     from tests.bench.common import redis_url_or_embedded
-    from tests.helpers import gunicorn_server, running_farm
+    from tests.helpers import running_farm
     from web import create_app
 
     def post(client, text: str) -> None:
@@ -122,17 +150,32 @@ def bench_digits(counts: list[int], voice: str, repeats: int, redis_url: str | N
             same = "yes" if new == old else "NO"
             print(f"| {count:>6} | {len(new):>8} | {old_frontend:>14.3f}s | {new_frontend:>6.3f}s"
                   f" | {old_post:>10.3f}s | {new_post:>6.3f}s | {same:>4} |")
-        with gunicorn_server(tf.env, tmp / "gunicorn.log") as base:
-            def post_http(text: str) -> None:
-                requests.post(f"{base}/v1/jobs", json={"text": text},
+        trees = {"this checkout": ROOT}
+        if before_tree is not None:
+            trees = {"before": before_tree.resolve(), "after": ROOT}
+        with ExitStack() as stack:
+            servers = {name: stack.enter_context(gunicorn_of(tree, tf.env, tmp / f"{n}.log"))
+                       for n, (name, tree) in enumerate(trees.items())}
+            for base in servers.values():
+                requests.post(f"{base}/v1/jobs", json={"text": "Warm up."},
                               timeout=60).raise_for_status()
-
-            post_http("Warm up.")
-            print(f"\n| {'digits':>6} | {'POST over HTTP (gunicorn)':>25} |")
-            print(f"|{'-' * 8}|{'-' * 27}|")
+            print(f"\nPOST over HTTP, gunicorn, {', '.join(servers)} alternated, "
+                  f"{repeats} each; load average {os.getloadavg()[0]:.1f}")
+            print(f"\n| {'digits':>6} | " + " | ".join(f"{name + ': best':>20} | {'median':>7}"
+                                                      for name in servers) + " |")
+            print(f"|{'-' * 8}|" + f"{'-' * 22}|{'-' * 9}|" * len(servers))
             for count in counts:
-                answer_s = best_s(repeats, post_http, digit_run(count))
-                print(f"| {count:>6} | {answer_s:>24.3f}s |")
+                text = digit_run(count)
+                answers: dict[str, list[float]] = {name: [] for name in servers}
+                for _ in range(repeats):
+                    for name, base in servers.items():
+                        t0 = time.perf_counter()
+                        requests.post(f"{base}/v1/jobs", json={"text": text},
+                                      timeout=120).raise_for_status()
+                        answers[name].append(time.perf_counter() - t0)
+                print(f"| {count:>6} | " + " | ".join(
+                    f"{min(times):>19.3f}s | {statistics.median(times):>6.3f}s"
+                    for times in answers.values()) + " |")
 
 
 def main() -> None:
@@ -140,13 +183,15 @@ def main() -> None:
     ap.add_argument("--sentences", default="1,10,100,200")
     ap.add_argument("--digits", default="", help="digit counts, e.g. 8000,20000")
     ap.add_argument("--redis-url", default=None, help="default: an embedded Redis server")
+    ap.add_argument("--before-tree", type=Path, default=None,
+                    help="a checkout of an older commit, served beside this one (--digits)")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     voice = Settings().default_voice
     if args.digits:
         next(iter_segments("Warm up the frontend.", voice))
         bench_digits([int(x) for x in args.digits.split(",")], voice, args.repeats,
-                     args.redis_url)
+                     args.redis_url, args.before_tree)
         return
     next(iter_segments("Warm up the frontend.", voice))
     print(f"\n| {'sentences':>9} | {'chars':>6} | {'difflib':>9} | {'linear':>9} | "
