@@ -56,8 +56,9 @@ def upload(server: str, data: bytes, name: str) -> requests.Response:
 
 def test_twenty_thousand_digits_are_answered_at_once(probe_server):
     # Before the fix: 91.8 s of regex backtracking on the frontend thread (a read timeout here).
-    # Now about 3.5 s of G2P on a loaded two-core box; the bound leaves room for a busy host,
-    # where a client that gave up would leave 400 segments on the shared farm.
+    # Now about 1 s on a loaded two-core box (docs/benchmarks.md, a long run of digits); the
+    # bound leaves room for a busy host, where a client that gave up would leave 400
+    # segments on the shared farm.
     resp = requests.post(f"{probe_server}/v1/jobs", json={"text": "9" * 20_000}, timeout=30)
     assert resp.status_code == 202, resp.text[:300]
     requests.delete(f"{probe_server}/v1/jobs/{resp.json()['id']}", timeout=10)
