@@ -10,12 +10,17 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from app.cli.common import configured_redis_url, default_of, is_loopback, read_settings, url_host
 from app.cli.procfile import expand, procfile_env, read_procfile, runnable, worker_pools
 from app.cli.supervisor import Supervisor
+
+if TYPE_CHECKING:  # the settings and the embedded Redis load at the command, not with the CLI
+    from app.local.embedded_redis import EmbeddedRedis
+    from app.settings import Settings
 
 
 def _access_line(redis_url: str, host: str) -> str:
@@ -100,22 +105,81 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     Redis on the same port, with its data); Ctrl-C stops them all."""
     # loaded by the command that uses it: the CLI starts without it
     from app.local import farmstate
-    from app.local.embedded_redis import EmbeddedRedis, maxmemory_bytes
 
     var = Path(var_dir).resolve()
-    running = farmstate.live_state(var)
-    if running is not None:
-        raise click.UsageError(f"a farm already runs from {var_dir} (pid {running.pid}, "
-                               f"{running.web_url}); stop it, or give this one a directory "
-                               "of its own with --var DIR")
+    _refuse_a_second_farm(var, var_dir)
     procfile = read_procfile()
     if not with_flower:
         procfile.pop("flower", None)
     pools = worker_pools(procfile)
     metrics = {pool: metrics_port + i for i, pool in enumerate(pools)} if metrics_port else {}
+    _refuse_ports_in_use(host, port, metrics, flower_port if with_flower else None)
+    settings = read_settings()
+    extra_args = _args_up_adds(var, web_workers, settings, host, with_flower, flower_no_auth)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # Said once here instead of Celery's multi-line SecurityWarning in every worker
+        # (workers/main.py silences it: the farm accepts JSON messages only).
+        click.echo("running as root: the workers accept JSON messages only; a normal user "
+                   "is still the better choice")
+
+    env = {**os.environ, **procfile_env(host, port, metrics, flower_port, pools)}
+    redis_url = configured_redis_url()
+    redis_server = None if redis_url else _embedded_redis(var, settings)
+    if redis_server is not None:
+        redis_url = env["VOXFARM_REDIS_URL"] = redis_server.url
+    if settings.store_dir == default_of("store_dir"):  # not configured: this farm's own
+        env["VOXFARM_STORE"] = str(var / "store")
+    commands = {name: runnable(expand(command, env)) + extra_args.get(name, [])
+                for name, command in procfile.items()}
+    web_url = f"http://{url_host(host)}:{port}"
+    flower_url = f"http://{url_host(host)}:{flower_port}" if with_flower else ""
+
+    log_dir = Path(var_dir) / "log"  # as the user named it: the lines below show it
+    sup = Supervisor(env, var / "log")
+    started = time.monotonic()
+    stopping = _stop_on_signals(sup)
+    try:
+        if redis_server is not None:
+            _start_embedded_redis(sup, redis_server, var_dir, settings)
+        sup.echo(f"starting the web and {len(pools)} worker pools"
+                 + (" and Flower" if with_flower else "") + f"; their logs: {log_dir}/")
+        for name, args in commands.items():
+            sup.start(name, args)
+        # Written now, not at readiness: a client that finds it early says "still starting"
+        # instead of trying the default farm.
+        farmstate.write_state(var, farmstate.new_state(web_url, redis_url, metrics,
+                                                       flower_url))
+        threading.Thread(target=_announce_when_ready, name="voxfarm-ready", daemon=True,
+                         args=(sup, stopping, started, web_url, bool(settings.tls_cert),
+                               log_dir, lambda: _lines_once_ready(redis_url, host, flower_url))
+                         ).start()
+        sup.run(stopping)
+    finally:
+        farmstate.remove_state(var)
+        sup.stop()
+        click.echo("voxfarm stopped")
+
+
+def _refuse_a_second_farm(var: Path, var_dir: str) -> None:
+    """Refuse to start where a farm already runs: two would share one Redis's data, one
+    store and one farm.json."""
+    # loaded by the command that uses it: the CLI starts without it
+    from app.local import farmstate
+
+    running = farmstate.live_state(var)
+    if running is not None:
+        raise click.UsageError(f"a farm already runs from {var_dir} (pid {running.pid}, "
+                               f"{running.web_url}); stop it, or give this one a directory "
+                               "of its own with --var DIR")
+
+
+def _refuse_ports_in_use(host: str, port: int, metrics: dict[str, int],
+                         flower_port: int | None) -> None:
+    """Refuse to start while any port the farm would listen on is taken, naming each with the
+    option that moves it: a process that cannot bind would only be restarted forever."""
     listeners = {f"{port} (web, --port)": port,
                  **{f"{p} ({pool} metrics, --metrics-port)": p for pool, p in metrics.items()}}
-    if with_flower:
+    if flower_port is not None:
         listeners[f"{flower_port} (Flower, --flower-port)"] = flower_port
     health_port = read_settings().web_health_port
     if health_port:  # the web's probes on a port of their own (ops/gunicorn.conf.py adds it)
@@ -125,9 +189,12 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
         raise click.UsageError(f"in use on {host}: {', '.join(taken)}. Pick free ports, e.g. "
                                "`voxfarm up --port 8100 --metrics-port 9201` or "
                                "`PORT=8100 METRICS_PORT=9201 make run`")
-    settings = read_settings()
-    # What `up` adds to the Procfile's lines: the web's worker count and its control socket
-    # in this farm's var dir, and how Flower takes auth (flower_auth_args).
+
+
+def _args_up_adds(var: Path, web_workers: int, settings: Settings, host: str,
+                  with_flower: bool, flower_no_auth: bool) -> dict[str, list[str]]:
+    """What `up` adds to the Procfile's lines, by process: the web's worker count and its
+    control socket in this farm's var dir, and how Flower takes auth (flower_auth_args)."""
     control_socket = str(var / "gunicorn.ctl")
     extra_args = {"web": ["--workers", str(web_workers),
                           *(["--control-socket", control_socket]
@@ -135,28 +202,22 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
                             else ["--no-control-socket"])]}
     if with_flower:
         extra_args["flower"] = flower_auth_args(settings, host, flower_no_auth)
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        # Said once here instead of Celery's multi-line SecurityWarning in every worker
-        # (workers/main.py silences it: the farm accepts JSON messages only).
-        click.echo("running as root: the workers accept JSON messages only; a normal user "
-                   "is still the better choice")
+    return extra_args
 
-    env = {**os.environ, **procfile_env(host, port, metrics, flower_port, pools)}
-    redis_url = configured_redis_url()
-    redis_server = None
-    if not redis_url:
-        redis_server = EmbeddedRedis(var / "redis", maxmemory=maxmemory_bytes(
-            settings.embedded_redis_maxmemory))
-        redis_url = env["VOXFARM_REDIS_URL"] = redis_server.url
-    if settings.store_dir == default_of("store_dir"):  # not configured: this farm's own
-        env["VOXFARM_STORE"] = str(var / "store")
-    commands = {name: runnable(expand(command, env)) + extra_args.get(name, [])
-                for name, command in procfile.items()}
 
-    log_dir = Path(var_dir) / "log"  # as the user named it: the lines below show it
-    sup = Supervisor(env, var / "log")
+def _embedded_redis(var: Path, settings: Settings) -> EmbeddedRedis:
+    """The farm's own Redis (not started yet), its data in the var dir."""
+    # loaded by the command that uses it: the CLI starts without it
+    from app.local.embedded_redis import EmbeddedRedis, maxmemory_bytes
+
+    return EmbeddedRedis(var / "redis",
+                         maxmemory=maxmemory_bytes(settings.embedded_redis_maxmemory))
+
+
+def _stop_on_signals(sup: Supervisor) -> threading.Event:
+    """An event that Ctrl-C (or SIGTERM, SIGHUP) sets, stopping the farm gracefully; a second
+    one kills what is left."""
     stopping = threading.Event()
-    started = time.monotonic()
 
     def on_signal(signum, _frame) -> None:
         if stopping.is_set():
@@ -165,37 +226,27 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    return stopping
+
+
+def _start_embedded_redis(sup: Supervisor, redis_server: EmbeddedRedis, var_dir: str,
+                          settings: Settings) -> None:
+    """Start the farm's own Redis first, under the supervisor (restarted on its port with its
+    data), and clear what the last run left on it, before any other process starts."""
     try:
-        if redis_server is not None:
-            try:
-                redis_server.start()
-            except RuntimeError as exc:
-                raise click.ClickException(str(exc)) from None
-            sup.start("redis", redis_server.command(), last=True, proc=redis_server.proc)
-            bound = (f"at most {redis_server.maxmemory / 2**30:.1f} GiB"
-                     if redis_server.maxmemory else "no memory bound")
-            sup.echo(f"embedded Redis on {redis_url} (data in {var_dir}/redis, {bound})")
-            _cancel_last_runs_streams(sup, settings.with_(redis_url=redis_url))
-        sup.echo(f"starting the web and {len(pools)} worker pools"
-                 + (" and Flower" if with_flower else "") + f"; their logs: {log_dir}/")
-        for name, args in commands.items():
-            sup.start(name, args)
-        web_url = f"http://{url_host(host)}:{port}"
-        flower_url = f"http://{url_host(host)}:{flower_port}" if with_flower else ""
-        # Written now, not at readiness: a client that finds it early says "still starting"
-        # instead of trying the default farm.
-        farmstate.write_state(var, farmstate.new_state(web_url, redis_url, metrics,
-                                                       flower_url))
-        threading.Thread(target=_announce_when_ready, name="voxfarm-ready", daemon=True,
-                         args=(sup, stopping, started, web_url, bool(settings.tls_cert),
-                               log_dir, lambda: [_access_line(redis_url, host)] + (
-                                   [f"Flower on {flower_url}"] if flower_url else []))
-                         ).start()
-        sup.run(stopping)
-    finally:
-        farmstate.remove_state(var)
-        sup.stop()
-        click.echo("voxfarm stopped")
+        redis_server.start()
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    sup.start("redis", redis_server.command(), last=True, proc=redis_server.proc)
+    bound = (f"at most {redis_server.maxmemory / 2**30:.1f} GiB"
+             if redis_server.maxmemory else "no memory bound")
+    sup.echo(f"embedded Redis on {redis_server.url} (data in {var_dir}/redis, {bound})")
+    _cancel_last_runs_streams(sup, settings.with_(redis_url=redis_server.url))
+
+
+def _lines_once_ready(redis_url: str, host: str, flower_url: str) -> list[str]:
+    """What `up` says after its ready line: who may call the API, and where Flower is."""
+    return [_access_line(redis_url, host)] + ([f"Flower on {flower_url}"] if flower_url else [])
 
 
 def _cancel_last_runs_streams(sup: Supervisor, settings) -> None:
