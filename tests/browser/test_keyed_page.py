@@ -12,7 +12,7 @@ import requests
 
 from tests.browser import wait_js
 from tests.browser.test_page import ARGS, CHROMIUM, pytestmark  # noqa: F401
-from tests.helpers import gunicorn_server, running_farm, wait_until
+from tests.helpers import gunicorn_server, running_farm, scaled, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def context(browser, keyed_server):
 
 def new_page(context):
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(scaled(60) * 1000)  # Playwright's own waits stretch too
     page.goto("/")
     return page
 

@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from tests.browser import wait_js
+from tests.helpers import scaled
 
 CHROMIUM = os.environ.get("VOXFARM_CHROMIUM", "/usr/bin/chromium")
 
@@ -40,7 +41,7 @@ def browser():
 def page(browser, server):
     context = browser.new_context(base_url=server)
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(scaled(60) * 1000)  # Playwright's own waits stretch too
     page.problems = []
     page.on("console", lambda m: m.type == "error" and page.problems.append(m.text))
     page.on("pageerror", lambda e: page.problems.append(f"uncaught: {e}"))
@@ -63,7 +64,10 @@ def test_page_loads_without_console_errors(page, server):
     status = page.locator("#books-status").inner_text()
     assert ("not available" in status) != books_served
     assert page.locator("#book-form").is_visible() == books_served
-    page.wait_for_timeout(500)  # the first job poll and any late script errors
+    # Any late script error: the page's own pollers' first rounds (set at its start, every
+    # 500 ms and 1 s) run before a timer the page is given after them with a longer delay,
+    # however slow the box, where a fixed wait outside could end before they did.
+    page.evaluate("new Promise((done) => setTimeout(done, 1100))")
     assert page.problems == []
 
 
