@@ -261,39 +261,18 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     if nice:
         lower_priority(nice)
     runtime.configure(device, threads)
-    try:
-        memory_ruled = queue in OVERFLOW_QUEUES and runtime.memory_ruled(settings)
-    except ValueError as exc:  # a bad VOXFARM_MEMORY_PROBE: say so at start
-        raise SystemExit(str(exc)) from None
+    memory_ruled = _under_the_memory_rule(queue, settings)
     queues = worker_queues(queue, work, overflow=queue in OVERFLOW_QUEUES and not memory_ruled)
     batch = batch_size(queue, device, batch) if pool == "prefork" else 1
     if batch > 1:
         # Dynamic batching (tasks/batching.py): the pool's segments run on `batch` threads of
         # one process, whose one batcher thread runs their forward passes together.
         pool, concurrency = "threads", batch
-        from tasks import batching  # only a batching pool starts its batcher
-
-        batching.configure(queue, batch, settings.batch_linger_ms / 1000,
-                           limit_s=settings.task_time_limit)
-        log.info("batching up to %d items a forward pass (linger %.1f ms)", batch,
-                 settings.batch_linger_ms)
+        _start_batching(queue, batch, settings)
     celery = build_worker_app(settings)
-    # JSON logs, trace ids, task timing and metrics (tasks/observability.py). The metrics
-    # endpoint serves every pool process's samples (multiprocess mode, set up by the CLI).
-    from tasks import observability
-
     in_main = pool in ("solo", "threads")  # tasks run in this process: no child to init
-    observability.install(solo=in_main, role=queue)
-    if metrics_port:
-        # after multiproc.prepare(): prometheus_client picks its mode when first imported
-        from app.obs.metrics import start_metrics_server
-
-        start_metrics_server(metrics_port, metrics_addr)
-    # One name per pool and host, the same after a restart (a restarted worker hands back
-    # what its previous life held under that name: app/broker/redelivery.py). The work mode is in
-    # it, so a host's interactive and batch pools of one stage never share a name.
-    mode = "" if work == "all" else f"-{work}"
-    hostname = name or f"{queue}{mode}-{device.replace(':', '')}@{socket.gethostname()}"
+    _install_observability(queue, in_main, metrics_port, metrics_addr)
+    hostname = name or worker_name(queue, work, device)
     # Celery prints a screenful on every start as root. What it guards against is pickle
     # (code execution from a message), and the farm accepts JSON only (app/broker/celery_app.py);
     # `voxfarm up` says once that it runs as root.
@@ -311,9 +290,86 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     heartbeat = Heartbeat(celery, queues, hostname, redelivery,
                           slots=concurrency if pool == "prefork" else batch, warm=warm)
 
+    _preload_in_each_process(queue, hostname, warm if runs_model else None, memory_ruled,
+                             in_main)
+    _note_deliveries(redelivery, hostname)
+    signals.worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
+    signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
+    celery.worker_main([
+        "worker", "--queues", ",".join(queues), "--hostname", hostname,
+        "--pool", pool,
+        "--concurrency", str(concurrency), "--loglevel", loglevel, "--without-gossip",
+        "--without-mingle", "--task-events",
+    ])
+
+
+def _under_the_memory_rule(queue: str, settings: Settings) -> bool:
+    """Whether this pool's processes probe their device's free memory (a model pool on a
+    CUDA device, docs/operations.md "GPU memory")."""
+    try:
+        return queue in OVERFLOW_QUEUES and runtime.memory_ruled(settings)
+    except ValueError as exc:  # a bad VOXFARM_MEMORY_PROBE: say so at start
+        raise SystemExit(str(exc)) from None
+
+
+def _start_batching(queue: str, batch: int, settings: Settings) -> None:
+    """Start the batcher that runs up to `batch` forward passes of this pool together."""
+    from tasks import batching  # only a batching pool starts its batcher
+
+    batching.configure(queue, batch, settings.batch_linger_ms / 1000,
+                       limit_s=settings.task_time_limit)
+    log.info("batching up to %d items a forward pass (linger %.1f ms)", batch,
+             settings.batch_linger_ms)
+
+
+def _install_observability(queue: str, in_main: bool, metrics_port: int,
+                           metrics_addr: str) -> None:
+    """What every task of this pool does around its body, and the pool's metrics endpoint."""
+    # JSON logs, trace ids, task timing and metrics (tasks/observability.py). The metrics
+    # endpoint serves every pool process's samples (multiprocess mode, set up by the CLI).
+    from tasks import observability
+
+    observability.install(solo=in_main, role=queue)
+    if metrics_port:
+        # after multiproc.prepare(): prometheus_client picks its mode when first imported
+        from app.obs.metrics import start_metrics_server
+
+        start_metrics_server(metrics_port, metrics_addr)
+
+
+def worker_name(queue: str, work: str, device: str) -> str:
+    """One name per pool and host, the same after a restart (a restarted worker hands back
+    what its previous life held under that name: app/broker/redelivery.py). The work mode is
+    in it, so a host's interactive and batch pools of one stage never share a name."""
+    mode = "" if work == "all" else f"-{work}"
+    return f"{queue}{mode}-{device.replace(':', '')}@{socket.gethostname()}"
+
+
+def _preload_in_each_process(queue: str, hostname: str, warm: WarmCount | None,
+                             memory_ruled: bool, in_main: bool) -> None:
+    """After the fork (prefork) or in the only process (solo, threads): load the model this
+    pool runs and run it once, so the first segment pays for neither (the first torch call
+    of a process allocates its thread pool and caches, ~100x a warm call), and start the
+    memory probe of a pool under the GPU memory rule. `warm`: None for a pool that runs no
+    voice model."""
+    def preload(**_: object) -> None:
+        if warm is not None:
+            runtime.warm_up(queue)
+            warm.one_more()
+        if memory_ruled:
+            watch_memory(queue, hostname)
+
+    signals.worker_process_init.connect(preload, weak=False)
+    if in_main:
+        signals.worker_init.connect(preload, weak=False)
+
+
+def _note_deliveries(redelivery: Redelivery, hostname: str) -> None:
+    """Before consuming, hand back what this worker's previous life held; then note each
+    message it receives, so a peer can hand them back if this worker dies holding them."""
     def predecessor(**_: object) -> None:
-        # Before consuming: a worker restarted under its old name hands back what its
-        # previous life held (nobody else would: the name is live again at once).
+        # A worker restarted under its old name hands back what its previous life held
+        # (nobody else would: the name is live again at once).
         try:
             redelivery.hand_back(hostname)
         except Exception:  # Redis down: the peers' sweep or the visibility timeout will
@@ -325,26 +381,5 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
         except Exception:  # Redis away: noted by the heartbeat once it is back
             log.warning("could not note a received message yet", exc_info=True)
 
-    def preload(**_: object) -> None:
-        # After the fork (prefork) or in the only process (solo): load the model this pool
-        # runs and run it once, so the first segment pays for neither (the first torch call
-        # of a process allocates its thread pool and caches, ~100x a warm call).
-        if runs_model:
-            runtime.warm_up(queue)
-            warm.one_more()
-        if memory_ruled:
-            watch_memory(queue, hostname)
-
-    signals.worker_process_init.connect(preload, weak=False)
-    if in_main:
-        signals.worker_init.connect(preload, weak=False)
     signals.worker_init.connect(predecessor, weak=False)
     signals.task_received.connect(received, weak=False)
-    signals.worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
-    signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
-    celery.worker_main([
-        "worker", "--queues", ",".join(queues), "--hostname", hostname,
-        "--pool", pool,
-        "--concurrency", str(concurrency), "--loglevel", loglevel, "--without-gossip",
-        "--without-mingle", "--task-events",
-    ])
