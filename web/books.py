@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import dataclass
 from typing import cast
 from urllib.parse import quote
 
@@ -32,6 +33,7 @@ from flask import Blueprint, Response, jsonify, request, send_file, url_for
 from werkzeug.datastructures import FileStorage
 
 from app.broker.queueing import resume, send_assemble, send_prepare
+from app.farm import Farm
 from app.offload import OffloadTimeout, offload
 from app.services.book_parse import parse_upload
 from app.settings import Settings
@@ -221,98 +223,133 @@ def _parse_file(upload: FileStorage, name: str, settings: Settings) -> tuple[Boo
     return _breaks_within_cap(book), data
 
 
+@dataclass(frozen=True)
+class _Submission:
+    """A book as the request sent it, read and checked against its caps; nothing written."""
+
+    fields: BookFields  # voice, speed, formats as asked
+    voice: Voice
+    book: Book
+    # An upload's bytes and file extension, stored beside the book; None for JSON chapters.
+    source: tuple[bytes, str] | None
+
+
 @books_api.post("/v1/books")
-def create_book():
+def create_book() -> Response:
     f = farm()
-    source: tuple[bytes, str] | None = None
     if request.mimetype == "multipart/form-data":
-        upload = request.files.get("file")
-        if upload is None:
-            raise ApiError(422, "missing_field", "send the book as the multipart field 'file'",
-                           field="file")
-        form = request.form.to_dict()
-        form["formats"] = ",".join(request.form.getlist("formats"))
-        # A form sends every field as a string, and an empty one means the default.
-        fields = parse(BookUpload, {k: value for k, value in form.items() if value != ""})
-        voice = _voice(fields)
-        name = upload.filename or ""
-        ext = name.lower().rsplit(".", 1)[-1] if "." in name else ""
-        if f".{ext}" not in EXTENSIONS:
-            refusal = not_a_book_file(name)
-            raise ApiError(415, refusal.code, refusal.message, field="file",
-                           valid=list(EXTENSIONS))
-        try:
-            book, data = _parse_file(upload, name, f.settings)
-            source = (data, ext)
-        except BookTooLarge as exc:
-            raise _too_large(exc, "file") from None
-        except BookError as exc:
-            raise ApiError(_STATUS.get(exc.code, 422), exc.code, exc.message,
-                           field="file") from None
-        except BreakTooLong as exc:
-            raise break_error(exc, "file") from None
+        submission = _uploaded_book(f.settings)
     elif request.is_json:
-        fields = parse(BookRequest, json_body(request))
-        voice = _voice(fields)
-        limits = book_limits(f.settings)
-        try:
-            # The caps first, on the chapters as sent (their markup counts), before any
-            # chapter's SSML is read; then exactly, on the book as it will be read.
-            check_book(Book("", "", [Chapter(c.title, c.text) for c in fields.chapters]),
-                       limits)
-            book = _breaks_within_cap(check_book(_json_book(fields, voice), limits))
-        except BookTooLarge as exc:
-            raise _too_large(exc, "chapters") from None
-        except BookError as exc:
-            raise ApiError(422, exc.code, exc.message, field="chapters") from None
-        except BreakTooLong as exc:
-            raise break_error(exc, "chapters") from None
+        submission = _json_chapters_book(f.settings)
     else:
         raise ApiError(415, "unsupported_media_type", "send the book as multipart/form-data "
                        "(field 'file') or as JSON chapters")
 
     settings = f.settings
-    speed, formats = fields.speed, fields.formats
-    book_id = book_id_for(book.digest(), voice=voice.name, speed=speed,
-                          acoustic_model=settings.acoustic_model, vocoder=settings.vocoder,
-                          owner=owner_id())
+    book_id = book_id_for(submission.book.digest(), voice=submission.voice.name,
+                          speed=submission.fields.speed, acoustic_model=settings.acoustic_model,
+                          vocoder=settings.vocoder, owner=owner_id())
     existing = f.books.get(book_id)
     if existing is None or existing["state"] == BookState.CANCELED:
-        # 429 past the key's work running at once; the place is the book's once created.
-        with f.work_slot(current_key()) as slot:
-            # Everything is valid: only now is anything written. Files first
-            # (content-addressed, so a concurrent identical submit writes the same bytes),
-            # then the record.
-            base = prefix(book_id)
-            f.store.put(base + "book.json",
-                        json.dumps(book.to_json(), ensure_ascii=False).encode())
-            if book.cover:
-                f.store.put(base + "cover", book.cover)
-            if source:
-                f.store.put(base + f"source.{source[1]}", source[0])
-            created = f.books.create(book_id, title=book.title, author=book.author,
-                                     voice=voice.name, speed=speed, formats=formats,
-                                     chapters=len(book.chapters), words=book.words,
-                                     sample_rate=voice.sample_rate,
-                                     source_format=book.source_format, owner=owner_id())
-            if created:
-                slot.started(book_id)
-                send_prepare(f.celery, book_id)
+        created = _create_and_prepare(f, book_id, submission)
     else:
         created = False
-        if f.books.add_formats(book_id, formats):
-            # Done, and asked in formats it lacks: package the stored segments again (the
-            # audio is the same; nothing is rendered twice).
-            send_assemble(f.celery, book_id)
-        elif f.sweeps.book_stalled(existing):
-            # A re-submit of a stalled book nudges it on (its message was lost with a
-            # crashed web process, or the broker's queues were lost): every stage is
-            # idempotent and stored segments are skipped, so nothing is rendered twice.
-            resume(f.celery, f.books, book_id)
+        _submitted_again(f, book_id, existing, submission.fields.formats)
     resp = jsonify(book_view(cast(dict, f.books.get(book_id))))  # read above
     resp.status_code = 202 if created else 200
     resp.headers["Location"] = url_for("books.get_book", book_id=book_id)
     return resp
+
+
+def _uploaded_book(settings: Settings) -> _Submission:
+    """The book of a multipart upload (field `file`), parsed and checked; 4xx if it is none."""
+    upload = request.files.get("file")
+    if upload is None:
+        raise ApiError(422, "missing_field", "send the book as the multipart field 'file'",
+                       field="file")
+    form = request.form.to_dict()
+    form["formats"] = ",".join(request.form.getlist("formats"))
+    # A form sends every field as a string, and an empty one means the default.
+    fields = parse(BookUpload, {k: value for k, value in form.items() if value != ""})
+    voice = _voice(fields)
+    name = upload.filename or ""
+    ext = name.lower().rsplit(".", 1)[-1] if "." in name else ""
+    if f".{ext}" not in EXTENSIONS:
+        refusal = not_a_book_file(name)
+        raise ApiError(415, refusal.code, refusal.message, field="file",
+                       valid=list(EXTENSIONS))
+    try:
+        book, data = _parse_file(upload, name, settings)
+    except BookTooLarge as exc:
+        raise _too_large(exc, "file") from None
+    except BookError as exc:
+        raise ApiError(_STATUS.get(exc.code, 422), exc.code, exc.message,
+                       field="file") from None
+    except BreakTooLong as exc:
+        raise break_error(exc, "file") from None
+    return _Submission(fields, voice, book, source=(data, ext))
+
+
+def _json_chapters_book(settings: Settings) -> _Submission:
+    """The book of a JSON request (its chapters), read and checked; 4xx if it is none."""
+    fields = parse(BookRequest, json_body(request))
+    voice = _voice(fields)
+    limits = book_limits(settings)
+    try:
+        # The caps first, on the chapters as sent (their markup counts), before any
+        # chapter's SSML is read; then exactly, on the book as it will be read.
+        check_book(Book("", "", [Chapter(c.title, c.text) for c in fields.chapters]),
+                   limits)
+        book = _breaks_within_cap(check_book(_json_book(fields, voice), limits))
+    except BookTooLarge as exc:
+        raise _too_large(exc, "chapters") from None
+    except BookError as exc:
+        raise ApiError(422, exc.code, exc.message, field="chapters") from None
+    except BreakTooLong as exc:
+        raise break_error(exc, "chapters") from None
+    return _Submission(fields, voice, book, source=None)
+
+
+def _create_and_prepare(f: Farm, book_id: str, submission: _Submission) -> bool:
+    """Store the book and its record, and send it to be prepared; False if a concurrent
+    identical submit created it first."""
+    book, voice, fields = submission.book, submission.voice, submission.fields
+    # 429 past the key's work running at once; the place is the book's once created.
+    with f.work_slot(current_key()) as slot:
+        # Everything is valid: only now is anything written. Files first
+        # (content-addressed, so a concurrent identical submit writes the same bytes),
+        # then the record.
+        base = prefix(book_id)
+        f.store.put(base + "book.json",
+                    json.dumps(book.to_json(), ensure_ascii=False).encode())
+        if book.cover:
+            f.store.put(base + "cover", book.cover)
+        if submission.source:
+            data, ext = submission.source
+            f.store.put(base + f"source.{ext}", data)
+        created = f.books.create(book_id, title=book.title, author=book.author,
+                                 voice=voice.name, speed=fields.speed, formats=fields.formats,
+                                 chapters=len(book.chapters), words=book.words,
+                                 sample_rate=voice.sample_rate,
+                                 source_format=book.source_format, owner=owner_id())
+        if created:
+            slot.started(book_id)
+            send_prepare(f.celery, book_id)
+    return created
+
+
+def _submitted_again(f: Farm, book_id: str, existing: dict, formats: tuple[str, ...]) -> None:
+    """A book the farm already has, submitted again: packaged in the formats it lacks, or
+    nudged on if it stalled; otherwise left as it is."""
+    if f.books.add_formats(book_id, formats):
+        # Done, and asked in formats it lacks: package the stored segments again (the
+        # audio is the same; nothing is rendered twice).
+        send_assemble(f.celery, book_id)
+    elif f.sweeps.book_stalled(existing):
+        # A re-submit of a stalled book nudges it on (its message was lost with a
+        # crashed web process, or the broker's queues were lost): every stage is
+        # idempotent and stored segments are skipped, so nothing is rendered twice.
+        resume(f.celery, f.books, book_id)
 
 
 # -- watching and fetching -------------------------------------------------------------------
