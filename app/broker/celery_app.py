@@ -12,17 +12,21 @@ import logging
 from celery import Celery, signals
 from kombu import Exchange, Queue
 
+from app.broker.stages import BOOK_POOL, QUALITY_POOL, ROUTES, Stage
 from app.obs import tracing
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
-ACOUSTIC_QUEUE = "acoustic"
-VOCODER_QUEUE = "vocoder"
+# The stages' names, tasks and queues are app/broker/stages.py's table; the names below are
+# its entries, what the rest of the farm imports.
+_ACOUSTIC, _VOCODER = ROUTES[Stage.ACOUSTIC], ROUTES[Stage.VOCODER]
+ACOUSTIC_QUEUE = _ACOUSTIC.queue
+VOCODER_QUEUE = _VOCODER.queue
 QUEUES = (ACOUSTIC_QUEUE, VOCODER_QUEUE)
 
-ACOUSTIC_TASK = "voxfarm.acoustic.synthesize"
-VOCODER_TASK = "voxfarm.vocoder.render"
+ACOUSTIC_TASK = _ACOUSTIC.task
+VOCODER_TASK = _VOCODER.task
 
 # Books: orchestration (prepare, feed, assemble) on its own I/O-bound pool, and the book's
 # segments on batch queues that the same acoustic and vocoder workers consume AFTER their
@@ -40,13 +44,13 @@ VOCODER_TASK = "voxfarm.vocoder.render"
 # with a prefetch of one message per queue (quorum queues take no channel-wide prefetch), so
 # an interactive segment waits behind at most the running segment and one reserved batch
 # segment per worker process.
-BOOK_QUEUE = "book"
-ACOUSTIC_BATCH_QUEUE = "acoustic_batch"
-VOCODER_BATCH_QUEUE = "vocoder_batch"
+BOOK_QUEUE = BOOK_POOL
+ACOUSTIC_BATCH_QUEUE = _ACOUSTIC.batch
+VOCODER_BATCH_QUEUE = _VOCODER.batch
 BATCH_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_BATCH_QUEUE, VOCODER_QUEUE: VOCODER_BATCH_QUEUE}
 # The voice canary's judge (tasks/quality.py): a low-priority pool of its own (`--nice`) that
 # scores a sample of finished segments; nothing a listener waits on.
-QUALITY_QUEUE = "quality"
+QUALITY_QUEUE = QUALITY_POOL
 # A job's first segment jumps its stage's queue: it goes to the stage's lead queue, which
 # the interactive pools BRPOP before their main one (the same `queue_order_strategy:
 # priority`), in both stages. Under a burst every waiting listener's first audio comes
@@ -54,8 +58,8 @@ QUALITY_QUEUE = "quality"
 # behind all their segments; a job's later segments render while its first one plays.
 # Under a burst it cut first-audio p99 and cost some full time (docs/benchmarks.md, "Figures
 # that lived in code comments").
-ACOUSTIC_LEAD_QUEUE = "acoustic_lead"
-VOCODER_LEAD_QUEUE = "vocoder_lead"
+ACOUSTIC_LEAD_QUEUE = _ACOUSTIC.lead
+VOCODER_LEAD_QUEUE = _VOCODER.lead
 LEAD_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_LEAD_QUEUE, VOCODER_QUEUE: VOCODER_LEAD_QUEUE}
 # The rest of a segment that gave way after its first window to first windows waiting on the
 # lead queue (tasks/segments.py, `_give_way`) waits on a queue of its own, read after the lead
@@ -65,13 +69,10 @@ LEAD_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_LEAD_QUEUE, VOCODER_QUEUE: VOCODER_LEAD_
 # behind rests; docs/benchmarks.md, "Inference engines".) On RabbitMQ, which keeps no order
 # across a worker's queues, rests still go to the back of the lead queue
 # (tasks/segments.py, `_rest_queue`).
-VOCODER_REST_QUEUE = "vocoder_rest"
+VOCODER_REST_QUEUE = _VOCODER.rest
 # A stage's interactive queues, most urgent first: what its interactive pools read, what
 # admission counts, where a job's segments wait.
-STAGE_QUEUES = {
-    ACOUSTIC_QUEUE: (ACOUSTIC_LEAD_QUEUE, ACOUSTIC_QUEUE),
-    VOCODER_QUEUE: (VOCODER_LEAD_QUEUE, VOCODER_REST_QUEUE, VOCODER_QUEUE),
-}
+STAGE_QUEUES = {route.queue: route.interactive for route in ROUTES.values()}
 INTERACTIVE_QUEUES = tuple(q for queues in STAGE_QUEUES.values() for q in queues)
 # What each pool consumes, most urgent first (a CPU pool also takes its stage's overflow
 # queue, below).
@@ -85,8 +86,8 @@ WORKER_QUEUES = {
 # segment's stage to its overflow queue, which only pools without that limit (CPU pools)
 # consume, first of their queues: the segment already waited its turn once. A queue, not a
 # retry on the stage's own queue, so the short worker cannot take its own hand-over back.
-ACOUSTIC_OVERFLOW_QUEUE = "acoustic_cpu"
-VOCODER_OVERFLOW_QUEUE = "vocoder_cpu"
+ACOUSTIC_OVERFLOW_QUEUE = _ACOUSTIC.overflow
+VOCODER_OVERFLOW_QUEUE = _VOCODER.overflow
 OVERFLOW_QUEUES = {ACOUSTIC_QUEUE: ACOUSTIC_OVERFLOW_QUEUE, VOCODER_QUEUE: VOCODER_OVERFLOW_QUEUE}
 ALL_QUEUES = (*QUEUES, ACOUSTIC_LEAD_QUEUE, VOCODER_LEAD_QUEUE, VOCODER_REST_QUEUE,
               ACOUSTIC_BATCH_QUEUE, VOCODER_BATCH_QUEUE, BOOK_QUEUE, ACOUSTIC_OVERFLOW_QUEUE,
@@ -104,8 +105,7 @@ BOOK_ASSEMBLE_TASK = "voxfarm.book.assemble"
 QUALITY_TASK = "voxfarm.quality.score"
 
 TASK_ROUTES = {
-    "voxfarm.acoustic.*": {"queue": ACOUSTIC_QUEUE},
-    "voxfarm.vocoder.*": {"queue": VOCODER_QUEUE},
+    **{f"voxfarm.{route.queue}.*": {"queue": route.queue} for route in ROUTES.values()},
     "voxfarm.book.*": {"queue": BOOK_QUEUE},
     "voxfarm.quality.*": {"queue": QUALITY_QUEUE},
 }
