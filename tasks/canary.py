@@ -23,6 +23,7 @@ from dataclasses import replace
 from celery import signals
 
 from app.broker import queueing
+from app.broker.stages import STAGE_OF_TASK, Stage
 from app.canary.rule import voice_key
 from app.obs import metrics
 from models.voices import PIPER, Voice, get_voice
@@ -30,7 +31,6 @@ from tasks import runtime
 
 log = logging.getLogger("voxfarm.canary")
 
-_STAGES = {"voxfarm.acoustic.synthesize": "acoustic", "voxfarm.vocoder.render": "vocoder"}
 _started: dict[str, float] = {}  # task id -> perf_counter at its start
 
 
@@ -57,13 +57,13 @@ def _spec(args) -> dict | None:
 
 
 def _prerun(task_id: str, task, args=None, **_: object) -> None:
-    if task.name in _STAGES and _spec(args):
+    if task.name in STAGE_OF_TASK and _spec(args):
         _started[task_id] = time.perf_counter()
 
 
 def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object) -> None:
     started = _started.pop(task_id, None)
-    stage = _STAGES.get(task.name)
+    stage = STAGE_OF_TASK.get(task.name)
     spec = _spec(args)
     if stage is None or spec is None or state not in ("SUCCESS", "FAILURE"):
         return
@@ -87,14 +87,14 @@ def observe(celery, stage: str, spec: dict, ok: bool, run_s: float | None) -> No
     farm = runtime.farm(celery)
     voice, version = voice_key(spec["voice"]), spec["version"]
     farm.canary.record_segment(voice, version, stage, ok, run_s)
-    if not ok or stage == "vocoder":
+    if not ok or stage == Stage.VOCODER:
         metrics.CANARY_SEGMENTS.labels(voice, version, "ok" if ok else "failed").inc()
     live, candidate, _ = farm.canary.state(voice)
     if not candidate:
         return
     if not ok and version == candidate:
         farm.canary.judge(voice)  # the failure ratio rolls it back at once
-    elif ok and stage == "vocoder" and "job_id" in spec and version in (live, candidate) \
+    elif ok and stage == Stage.VOCODER and "job_id" in spec and version in (live, candidate) \
             and spec.get("words") and random.random() < farm.settings.canary_sample_share:
         text = " ".join(str(word[0]) for word in spec["words"])
         queueing.send_score(celery, voice, version, spec["job_id"], spec["index"], text)

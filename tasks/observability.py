@@ -23,6 +23,7 @@ from celery import signals
 
 from app.broker import queueing
 from app.broker.celery_app import LEAD_QUEUES, VOCODER_QUEUE
+from app.broker.stages import PIPELINE, Stage
 from app.obs import metrics, multiproc, tracing
 from app.obs.logging_setup import configure_logging
 from tasks import runtime
@@ -99,7 +100,7 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
         # A segment that gave way after its first window is counted when its rest is done,
         # with the time the first part ran (`spent_s`): the estimate is a whole segment's.
         gave_way = getattr(task.request, "gave_way", False)
-        if stage in ("acoustic", "vocoder") and state == "SUCCESS" and not gave_way:
+        if stage in PIPELINE and state == "SUCCESS" and not gave_way:
             try:  # the web's admission estimate (Backlog.expected_wait_s) reads it
                 runtime.farm().backlog.record_run(stage, run_s + queueing.spent_before(kwargs))
             except Exception:
@@ -107,9 +108,9 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
                                                              exc_info=True)
         spec = _spec(args, kwargs)
         job_state = None
-        if spec and state in _OBSERVE_OUTCOMES and (stage != "acoustic" or state != "SUCCESS"):
+        if spec and state in _OBSERVE_OUTCOMES and (stage != Stage.ACOUSTIC or state != "SUCCESS"):
             done = state == "SUCCESS" and not gave_way
-            index = spec.get("index") if stage == "vocoder" and done else None
+            index = spec.get("index") if stage == Stage.VOCODER and done else None
             try:
                 job_state = runtime.farm().job_observer.observe(spec["job_id"], index)
             except Exception:  # metrics never fail a segment

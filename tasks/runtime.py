@@ -17,6 +17,7 @@ import math
 import os
 import threading
 
+from app.broker.stages import Stage
 from app.farm import Farm
 from app.settings import Settings
 
@@ -70,31 +71,31 @@ def farm(celery=None) -> Farm:
 
 def acoustic_model():
     st = _mine()
-    if "acoustic" not in st:
+    if Stage.ACOUSTIC not in st:
         with _lock:
-            if "acoustic" not in st:
+            if Stage.ACOUSTIC not in st:
                 # models load after the fork, in the process that runs them
                 from models.classic.acoustic import load_acoustic
 
-                st["acoustic"] = load_acoustic(farm().settings.acoustic_model, device=device())
-    return st["acoustic"]
+                st[Stage.ACOUSTIC] = load_acoustic(farm().settings.acoustic_model, device=device())
+    return st[Stage.ACOUSTIC]
 
 
 def vocoder():
     st = _mine()
-    if "vocoder" not in st:
+    if Stage.VOCODER not in st:
         with _lock:
-            if "vocoder" not in st:
+            if Stage.VOCODER not in st:
                 # models load after the fork, in the process that runs them
                 from models.classic.vocoder import load_vocoder
 
-                st["vocoder"] = load_vocoder(farm().settings.vocoder, device=device())
-    return st["vocoder"]
+                st[Stage.VOCODER] = load_vocoder(farm().settings.vocoder, device=device())
+    return st[Stage.VOCODER]
 
 
-def _piper(kind: str, model_path: str, inference=None):
-    """The Piper half `kind` ("acoustic" or "vocoder") of the voice file, loaded once (once
-    per set of `inference` overrides: a voice version's, app/canary/)."""
+def _piper(kind: Stage, model_path: str, inference=None):
+    """The Piper half `kind` (the acoustic or the vocoder stage's) of the voice file, loaded
+    once (once per set of `inference` overrides: a voice version's, app/canary/)."""
     st = _mine()
     key = f"piper-{kind}:{model_path}:{inference.tag if inference else ''}"
     if key not in st:
@@ -105,7 +106,7 @@ def _piper(kind: str, model_path: str, inference=None):
                 from models.neural.piper import PiperAcoustic, PiperVocoder
                 from models.neural.voice_file import VoiceFileError
 
-                cls = PiperAcoustic if kind == "acoustic" else PiperVocoder
+                cls = PiperAcoustic if kind == Stage.ACOUSTIC else PiperVocoder
                 extra = {"inference": inference} if inference else {}
                 try:
                     st[key] = cls(device=device(), model_path=model_path,
@@ -115,9 +116,9 @@ def _piper(kind: str, model_path: str, inference=None):
     return st[key]
 
 
-def _hibari(kind: str):
-    """The hibari half `kind` ("acoustic" or "vocoder"), loaded once per process (the voice
-    inside is loaded once and shared, models/hibari/voice.py)."""
+def _hibari(kind: Stage):
+    """The hibari half `kind` (the acoustic or the vocoder stage's), loaded once per process
+    (the voice inside is loaded once and shared, models/hibari/voice.py)."""
     st = _mine()
     key = f"hibari-{kind}"
     if key not in st:
@@ -127,7 +128,7 @@ def _hibari(kind: str):
                 from models.errors import VoiceUnavailable
                 from models.hibari.stage import HibariAcoustic, HibariVocoder
 
-                cls = HibariAcoustic if kind == "acoustic" else HibariVocoder
+                cls = HibariAcoustic if kind == Stage.ACOUSTIC else HibariVocoder
                 try:
                     st[key] = cls(device=device(), engine=engine_config())
                 except (OSError, ValueError) as exc:  # final: a retry reads the same files
@@ -154,10 +155,10 @@ def acoustic_for(voice):
     from models.voices import HIBARI, PIPER
 
     if voice.engine == HIBARI:
-        return _hibari("acoustic")
+        return _hibari(Stage.ACOUSTIC)
     if voice.engine != PIPER:
         return acoustic_model()
-    return _piper("acoustic", voice.model_path, voice.inference)
+    return _piper(Stage.ACOUSTIC, voice.model_path, voice.inference)
 
 
 def vocoder_for(voice):
@@ -166,8 +167,8 @@ def vocoder_for(voice):
     from models.voices import HIBARI, PIPER
 
     if voice.engine == HIBARI:
-        return _hibari("vocoder")
-    return _piper("vocoder", voice.model_path) if voice.engine == PIPER else vocoder()
+        return _hibari(Stage.VOCODER)
+    return _piper(Stage.VOCODER, voice.model_path) if voice.engine == PIPER else vocoder()
 
 
 def warm_up(queue: str) -> None:
@@ -191,7 +192,7 @@ def warm_up(queue: str) -> None:
 
     farm()  # reads the settings, the voices directory among them
     log = logging.getLogger("voxfarm.workers")
-    if queue == "acoustic":
+    if queue == Stage.ACOUSTIC:
         acoustic_model().synthesize("h@l'oU", "en-us", 1.0)
     else:
         model = vocoder()
@@ -202,12 +203,12 @@ def warm_up(queue: str) -> None:
         if voice.engine not in (PIPER, HIBARI):
             continue
         try:
-            if voice.engine == HIBARI and queue == "acoustic":
+            if voice.engine == HIBARI and queue == Stage.ACOUSTIC:
                 acoustic_for(voice).synthesize("həlˈO.")
             elif voice.engine == HIBARI:
                 decoder = vocoder_for(voice)
                 decoder.vocode([torch.zeros(decoder.mel_config.n_mels, 8)])
-            elif queue == "acoustic":
+            elif queue == Stage.ACOUSTIC:
                 acoustic_for(voice).synthesize("həlˈoʊ.", seed=0)
             else:
                 decoder = vocoder_for(voice)

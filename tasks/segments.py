@@ -34,6 +34,7 @@ from app.broker.celery_app import (
     VOCODER_TASK,
 )
 from app.broker.queueing import continue_segment, hand_over, publish_again
+from app.broker.stages import Stage
 from app.obs import metrics
 from app.stores.melcache import mel_cache_key, scoped_key
 from app.stores.states import JobState
@@ -57,11 +58,11 @@ _STOPPED = (None, JobState.CANCELED, JobState.FAILED)
 _COUNTED_QUEUES = frozenset(INTERACTIVE_QUEUES)
 
 
-def ledger_kind(task_name: str, kwargs: dict | None) -> str:
+def ledger_kind(task_name: str, kwargs: dict | None) -> Stage:
     """The ledger's kind of a segment message (app.stores.ledger.LEDGER_STAGES)."""
     if task_name == ACOUSTIC_TASK:
-        return "acoustic"
-    return "rest" if (kwargs or {}).get("from_window") else "vocoder"
+        return Stage.ACOUSTIC
+    return Stage.REST if (kwargs or {}).get("from_window") else Stage.VOCODER
 
 
 def _published(sender=None, body=None, routing_key=None, **_: object) -> None:
@@ -164,7 +165,7 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
     if "book_id" in spec:  # a book's segment: skip it if the book stopped or has it already
         if not books.segment_wanted(farm, spec):
             raise Ignore()
-    elif farm.jobs.ledger.take(spec["job_id"], "acoustic", spec["index"], run=True) in _STOPPED:
+    elif farm.jobs.ledger.take(spec["job_id"], Stage.ACOUSTIC, spec["index"], run=True) in _STOPPED:
         raise Ignore()  # canceled, failed or expired: the rest of the chain never runs
     # UnknownVoice is a SpeechError: the job fails at once. The spec's voice version (the
     # canary's) picks the file and inference settings.
@@ -224,7 +225,7 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
     if "book_id" in spec:
         wanted = books.segment_wanted(farm, spec)
     else:
-        kind = "rest" if from_window else "vocoder"
+        kind = Stage.REST if from_window else Stage.VOCODER
         wanted = farm.jobs.ledger.take(spec["job_id"], kind, spec["index"]) not in _STOPPED
     if not wanted:
         # Stored already (a twin publish of the feeder) or canceled: the acoustic stage

@@ -31,6 +31,7 @@ from app.broker.celery_app import (
     QUALITY_TASK,
     VOCODER_TASK,
 )
+from app.broker.stages import Stage
 from app.errors import FarmError
 from app.stores.states import BookState
 
@@ -143,7 +144,7 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
             if published is not None:
                 published()
             # After the publish: a worker that took it first has marked it taken already.
-            jobs.ledger.mark_queued(job_id, "acoustic", seg.index)
+            jobs.ledger.mark_queued(job_id, Stage.ACOUSTIC, seg.index)
             count += 1
     except BaseException as exc:  # a failed publish, the frontend, the client leaving
         if job_id is not None:

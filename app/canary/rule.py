@@ -12,13 +12,14 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from app.broker.stages import PIPELINE
 from app.errors import FarmError
 from app.settings import Settings
 from models.neural.voice_file import INFERENCE_RANGES, Inference
 
 LIVE, CANDIDATE, RETIRED = "live", "candidate", "retired"
 PROMOTE, ROLLBACK, WAIT, START = "promote", "rollback", "wait", "start"
-STAGES = ("acoustic", "vocoder")
+STAGES = PIPELINE  # the stages whose run times a version is judged on
 
 
 class CanaryError(FarmError, ValueError):

@@ -35,6 +35,7 @@ from typing import cast
 
 import redis
 
+from app.broker.stages import Stage
 from app.canary.rule import (
     CANDIDATE,
     LIVE,
@@ -322,7 +323,7 @@ class Canary:
         with self.r.pipeline(transaction=False) as p:
             if not ok:
                 p.hincrby(stats, "failed", 1)
-            elif stage == "vocoder":
+            elif stage == Stage.VOCODER:
                 p.hincrby(stats, "segments", 1)
             if ok and run_s is not None:
                 latency = self.keys.version_latency(name, version, stage)

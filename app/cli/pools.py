@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from app.broker.stages import BOOK_POOL, POOLS
 from app.cli.common import configured_redis_url, read_settings, url_host
 
 if TYPE_CHECKING:  # the settings load at the command, not with the CLI
@@ -15,7 +16,7 @@ if TYPE_CHECKING:  # the settings load at the command, not with the CLI
 
 
 @click.command()
-@click.argument("queue", type=click.Choice(["acoustic", "vocoder", "book", "quality"]))
+@click.argument("queue", type=click.Choice(POOLS))
 @click.option("--device", default=lambda: read_settings().device, show_default="cpu",
               help="cpu or cuda:N [env VOXFARM_DEVICE]")
 @click.option("--concurrency", default=None, type=int,
@@ -52,7 +53,7 @@ def worker(queue: str, device: str, concurrency: int | None, pool: str | None, l
     settings = read_settings()  # every option given on the command line: still checked
     # The book pool orchestrates (waits on Redis, the store, the broker): gevent, many
     # greenlets. It must patch before the worker opens a socket.
-    pool = pool or ("gevent" if queue == "book" else "prefork")
+    pool = pool or ("gevent" if queue == BOOK_POOL else "prefork")
     concurrency = concurrency or (32 if pool == "gevent" else 1)
     if pool == "gevent":
         # loaded by the command that uses it: the CLI starts without it

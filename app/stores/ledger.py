@@ -22,7 +22,7 @@ import time
 
 import redis
 
-from app.broker.celery_app import ACOUSTIC_QUEUE, VOCODER_QUEUE
+from app.broker.stages import ROUTES, Stage
 from app.stores.job_scripts import EVENTS_MAXLEN
 from app.stores.keys import Keys
 from app.stores.states import JobState, lua
@@ -31,7 +31,9 @@ from app.stores.states import JobState, lua
 # it (admission counts those): a segment's acoustic message, its vocoder message, and the rest
 # of its vocoder stage after it gave way to listeners (tasks/segments.py), on the vocoder lead
 # queue. A segment has at most one of each that the farm publishes itself.
-LEDGER_STAGES = {"acoustic": ACOUSTIC_QUEUE, "vocoder": VOCODER_QUEUE, "rest": VOCODER_QUEUE}
+LEDGER_STAGES = {Stage.ACOUSTIC: ROUTES[Stage.ACOUSTIC].queue,
+                 Stage.VOCODER: ROUTES[Stage.VOCODER].queue,
+                 Stage.REST: ROUTES[Stage.VOCODER].queue}
 
 
 def dead_field(stage: str) -> str:
@@ -117,14 +119,14 @@ class AdmissionLedger:
         self._mark_queued = r.register_script(MARK_QUEUED)
         self._take = r.register_script(TAKE)
 
-    def mark_queued(self, job_id: str, kind: str, segment: int) -> None:
+    def mark_queued(self, job_id: str, kind: Stage, segment: int) -> None:
         """A message of the segment's `kind` (LEDGER_STAGES) was just sent to its stage's
         lead or main queue."""
         self._mark_queued(keys=[self.keys.job(job_id), self.keys.queued(job_id),
                                 self.keys.admission],
                           args=[kind, segment, dead_field(LEDGER_STAGES[kind]), self.ttl_s])
 
-    def take(self, job_id: str, kind: str, segment: int, run: bool = False) -> str | None:
+    def take(self, job_id: str, kind: Stage, segment: int, run: bool = False) -> str | None:
         """A worker took a message of the segment's `kind`; with `run`, a queued job turns
         running. Returns the job's state (None: unknown or expired), which says whether the
         segment is still wanted."""
