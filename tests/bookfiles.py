@@ -18,7 +18,7 @@ def limits(**changes) -> BookLimits:
     """The caps a web process holds a book to, from the default settings and `changes`
     (`max_book_words=1000`)."""
     from app.settings import Settings
-    from web.books import book_limits
+    from web.book_upload import book_limits
 
     return book_limits(Settings().with_(**changes))
 
