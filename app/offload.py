@@ -21,7 +21,7 @@ Which code runs where (STYLE.md 18):
 
 Every wait has a bound: a call still running after `timeout_s` raises `OffloadTimeout` in
 the caller (the thread finishes its call in the background). So long work goes in short
-calls: a book's plan is made in turns of `book_plan_turn_s` (tasks/books.py), each a call
+calls: a book's plan is made in turns of `book_plan_turn_s` (tasks/book_planning.py), each a call
 here that checks its own deadline, so a bound or a cancel leaves at most one turn running, and
 books waiting for the frontend thread take turns in the order they asked. Without gevent (tests, the
 Flask dev server, prefork workers) calls run inline.

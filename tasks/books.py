@@ -13,12 +13,9 @@ The feed cursor moves only after the segments before it were published, so a cra
 some segments twice at worst, which the segment tasks absorb (each is rendered and counted
 once: see app/stores/books.py).
 
-Planning is the one CPU-bound step, and the book worker has one frontend thread
-(app/offload.py) for every book: `prepare` plans a book in turns of `book_plan_turn_s` in
-that thread, so books being planned take turns and a small one never waits for a long one's
-plan; between turns (on the hub) it writes the chapters completed and a checkpoint that says
-whether to go on, so a canceled book stops within a turn; and it hands over to a fresh message
-every `book_plan_slice_s`, at a chapter's end, so no plan runs on behind a time limit.
+Planning (the one CPU-bound step, made in turns side by side with other books') is
+tasks/book_planning.py; packaging the stored segments into the book's files,
+tasks/book_assembly.py. This module holds the three tasks and what runs between them.
 
 Segments are at-least-once like every task here: the segment file is written atomically and
 its bit in the book's bitmap counts it once. The segment that completes the book moves it to
@@ -33,10 +30,8 @@ import logging
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from enum import StrEnum
-from typing import TypeVar
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 from celery import shared_task
@@ -48,29 +43,16 @@ from app.broker.celery_app import (
     BOOK_PREPARE_TASK,
     VOCODER_BATCH_QUEUE,
 )
-from app.broker.queueing import publish_segments, send_assemble, send_prepare, start_feed
+from app.broker.queueing import publish_segments, send_assemble, start_feed
 from app.obs import metrics
 from app.offload import offload
-from app.stores.books import (
-    PlanCheckpoint,
-    book_download_name,
-    captions_download_name,
-    captions_file,
-    chapter_download_name,
-    chapter_file,
-    output_key,
-    plan_key,
-    prefix,
-    segment_key,
-    segment_words_key,
-)
+from app.stores.books import plan_key, prefix
 from app.stores.states import BOOK_ACTIVE, BookState
-from models.errors import NoSpeakableText
 from tasks.base import FarmTask
+from tasks.book_assembly import assemble_outputs
+from tasks.book_planning import BookPlan
 
 log = logging.getLogger("voxfarm.books")
-
-T = TypeVar("T")
 
 # Segments waiting in the batch queues (acoustic + vocoder), all books together. Enough to
 # keep every worker busy between two feeder polls, small enough that an interactive job never
@@ -78,11 +60,6 @@ T = TypeVar("T")
 FEED_WINDOW = 48
 FEED_POLL_S = 0.25
 FEED_SLICE_S = 30.0
-
-# A prepare message stops planning this long before Celery's time limit for the task: on the
-# gevent pool that limit would only stop the greenlet waiting on the frontend thread, and
-# the book would fail without its reason.
-PLAN_LIMIT_MARGIN_S = 15.0
 
 
 class BookTask(FarmTask):
@@ -98,133 +75,6 @@ class BookTask(FarmTask):
                                  finished_at=time.time(),
                                  error=f"{self.name}: {exc.__class__.__name__}: {exc}")
             log.error("book %s failed in %s: %s", book_id, self.name, exc)
-
-
-# -- prepare ---------------------------------------------------------------------------------
-
-
-class ChapterUnreadable(Exception):
-    """The text frontend failed on a chapter. Its text is what failed, and it fails the same
-    way every time: the book fails at once, with the chapter and the reason, rather than
-    retrying (or waiting) in `preparing`."""
-
-    def __init__(self, chapter: int, text: str, problem: str) -> None:
-        self.chapter, self.text, self.problem = chapter, text, problem
-        super().__init__(f"chapter {chapter + 1}: {problem}")
-
-    def __reduce__(self):
-        return (type(self), (self.chapter, self.text, self.problem))
-
-
-class PlanOverran(Exception):
-    """A chapter was still being planned when its prepare message's deadline came (a chapter
-    far longer than any novel's, or a farm far too busy): the book fails with the reason
-    rather than hold the frontend, or loop through retries, for ever."""
-
-    def __init__(self, chapter: int) -> None:
-        self.chapter = chapter
-        super().__init__(f"chapter {chapter + 1} was still being planned at the deadline")
-
-
-class Planned(StrEnum):
-    """How a planning loop ended (`plan_chapters`)."""
-
-    DONE = "planned"  # every chapter
-    STOPPED = "stopped"  # the book was canceled or failed, or a newer planner has it
-    HANDOVER = "handover"  # its slice is over, at a chapter's end: a fresh message carries on
-
-
-def _spec(s) -> dict:
-    """A planned segment as its plan file keeps it. SSML may give a segment its own voice and
-    rate; the rest take the book's."""
-    return {"index": s.index, "phonemes": s.phonemes, "text": s.text, "pause_ms": s.pause_ms,
-            "words": [w.to_list() for w in s.words],
-            **({"voice": s.voice} if s.voice else {}),
-            **({"rate": s.rate} if s.rate != 1.0 else {})}
-
-
-def _chapter_segments(chapters: list[dict], start: int, voice: str, speed: float = 1.0
-                      ) -> Iterator[tuple[int, dict | None]]:
-    """The segments of `chapters[start:]` one at a time, as the text frontend makes them:
-    (chapter, segment spec) for each, then (chapter, None) once the chapter is complete (a
-    chapter of punctuation or symbols has nothing to hear and only that). Advanced a turn at
-    a time in the frontend thread (`_turn`), never by two threads at once."""
-    # the frontend and encoders load on first use: every pool imports this
-    from models.text import ssml
-    from models.text.frontend import iter_run_segments, iter_segments
-    from models.voices import get_voice
-
-    for n in range(start, len(chapters)):
-        text = chapters[n]["text"]
-        try:
-            if ssml.looks_like_ssml(text):  # a JSON chapter in SSML, checked at upload
-                segments = iter_run_segments(ssml.parse(text, get_voice(voice), speed), voice)
-            else:
-                segments = iter_segments(text, voice)
-            for s in segments:
-                yield n, _spec(s)
-        except NoSpeakableText:
-            pass  # raised only when nothing was yielded: no segment, no marker
-        except Exception as exc:  # noqa: BLE001 (any failure here is the chapter's text's)
-            raise ChapterUnreadable(n, text, f"{type(exc).__name__}: {exc}") from None
-        yield n, None
-
-
-def _turn(segments: Iterator[tuple[int, dict | None]], turn_s: float, deadline: float,
-          to_chapter_end: bool = False) -> tuple[list[tuple[int, dict | None]], bool]:
-    """One turn of a book's planning, in the frontend thread: segments until `turn_s` has
-    passed since the turn began (or the `deadline`, a `time.monotonic()`), or with
-    `to_chapter_end` until a chapter ends if that comes first; and True once the book has
-    no more. The clock starts here, not when the turn was asked for: a turn that waited for
-    other books' turns still gets its share."""
-    until = min(time.monotonic() + turn_s, deadline)
-    taken = []
-    for item in segments:
-        taken.append(item)
-        if time.monotonic() >= until or (to_chapter_end and item[1] is None):
-            return taken, False
-    return taken, True
-
-
-def _frontend(fn: Callable[..., T], *args: object, timeout_s: float) -> T:
-    return offload("frontend", fn, *args, timeout_s=timeout_s)
-
-
-def plan_chapters(segments: Iterator[tuple[int, dict | None]], *, turn_s: float,
-                  slice_end: float, deadline: float,
-                  checkpoint: Callable[[list[tuple[int, list[dict]]]], bool],
-                  run: Callable[..., tuple[list[tuple[int, dict | None]], bool]] = _frontend,
-                  ) -> Planned:
-    """Plan a book a turn at a time: each turn is one call into the frontend thread (`run`),
-    at most `turn_s` long, and between turns the book is at the back of that thread's queue,
-    so books plan side by side, each waiting at most a turn per book planning. After every
-    turn `checkpoint` gets the chapters it completed, (chapter, segments) each, and says
-    whether to go on: False when the book was canceled or failed, or a newer planner took it
-    over. At a chapter's end past `slice_end` the loop hands over; a chapter still unplanned
-    at `deadline` raises PlanOverran. Both are `time.monotonic()` values, and neither is
-    overrun by more than one segment: a turn ends at the deadline, and no turn starts after
-    it, so nothing of the plan runs on behind the loop."""
-    pending: list[dict] = []  # the segments of the chapter in hand
-    chapter = -1
-    while True:
-        winding_up = time.monotonic() >= slice_end
-        taken, finished = run(_turn, segments, turn_s, deadline, winding_up,
-                              timeout_s=max(0.0, deadline - time.monotonic()) + 60)
-        done = []
-        for chapter, spec in taken:
-            if spec is None:
-                done.append((chapter, pending))
-                pending = []
-            else:
-                pending.append(spec)
-        if not checkpoint(done):
-            return Planned.STOPPED
-        if finished:
-            return Planned.DONE
-        if not pending and winding_up:
-            return Planned.HANDOVER
-        if time.monotonic() >= deadline:
-            raise PlanOverran(chapter)
 
 
 @contextmanager
@@ -255,10 +105,10 @@ def _marking_progress(farm, book_id: str) -> Iterator[None]:
 @shared_task(name=BOOK_PREPARE_TASK, base=BookTask, bind=True)
 def prepare(self: BookTask, book_id: str, **_: object) -> str:
     """Split the book into segments (the text frontend, a turn at a time, side by side with
-    the other books planning: `plan_chapters`), storing each chapter's plan as it is made,
-    then feed. A message plans for `book_plan_slice_s`, then hands over to a fresh one that
-    carries on from the last planned chapter, as does a redelivered or resumed one."""
-    farm, books, settings = self.farm, self.farm.books, self.farm.settings
+    the other books planning: tasks/book_planning.py), storing each chapter's plan as it is
+    made, then feed. A message plans for `book_plan_slice_s`, then hands over to a fresh one
+    that carries on from the last planned chapter, as does a redelivered or resumed one."""
+    farm, books = self.farm, self.farm.books
     state = books.state(book_id)
     if state == BookState.RENDERING:
         # A redelivered prepare: its worker died after the plan was made, perhaps before the
@@ -268,72 +118,8 @@ def prepare(self: BookTask, book_id: str, **_: object) -> str:
         return "feeding"
     if state not in (BookState.QUEUED, BookState.PREPARING):
         return state or "gone"  # done already, canceled, failed
-    started = time.monotonic()
-    books.move(book_id, (BookState.QUEUED,), BookState.PREPARING, started_at=time.time())
-    gen, point = books.begin_plan(book_id)  # any older planner of the book stops
-    rec = books.get(book_id)
-    try:
-        chapters = json.loads(farm.store.get(prefix(book_id) + "book.json"))["chapters"]
-    except KeyError:  # canceled since the look above: its files are gone
-        return books.state(book_id) or "gone"
-    if rec is None or point.next_chapter > len(chapters):
-        return "gone"
-    # The message's own bound, under Celery's time limit (which on the gevent pool would
-    # only stop the waiting greenlet): a chapter still unplanned then fails the book.
-    limit_s = max(settings.task_time_limit - PLAN_LIMIT_MARGIN_S,
-                  settings.task_time_limit / 2)
-    deadline = started + limit_s
-
-    def checkpoint(done: list[tuple[int, list[dict]]]) -> bool:
-        nonlocal point
-        planned: list[tuple[str, int]] = []
-        for n, specs in done:
-            if specs:  # a chapter with nothing to hear has no plan file and no marker
-                farm.store.put(plan_key(book_id, point.planned + len(planned)),
-                               json.dumps(specs).encode())
-                planned.append((chapters[n]["title"], len(specs)))
-        point = PlanCheckpoint(done[-1][0] + 1 if done else point.next_chapter,
-                               point.planned + len(planned),
-                               point.total + sum(n for _, n in planned))
-        return books.plan_checkpoint(book_id, gen, point, planned)
-
-    try:
-        outcome = plan_chapters(
-            _chapter_segments(chapters, point.next_chapter, rec["voice"], rec["speed"]),
-            turn_s=settings.book_plan_turn_s, deadline=deadline,
-            slice_end=started + min(settings.book_plan_slice_s, limit_s),
-            checkpoint=checkpoint)
-    except ChapterUnreadable as exc:
-        log.warning("book %s failed in prepare: %s", book_id, exc)
-        books.fail(book_id, exc.chapter, exc.text, str(exc))
-        return "failed"
-    except PlanOverran as exc:
-        message = (f"chapter {exc.chapter + 1}: not planned within {limit_s:.0f} s; split it "
-                   "into shorter chapters")
-        log.warning("book %s failed in prepare: %s", book_id, message)
-        books.fail(book_id, exc.chapter, chapters[exc.chapter]["text"], message)
-        return "failed"
-    if outcome == Planned.HANDOVER:
-        log.info("book %s: planned %d of %d chapters; a fresh message carries on", book_id,
-                 point.next_chapter, len(chapters))
-        send_prepare(farm.celery, book_id)
-        return outcome
-    if outcome == Planned.STOPPED:
-        state = books.state(book_id)
-        log.info("book %s: planning stopped at chapter %d of %d: the book is %s", book_id,
-                 point.next_chapter, len(chapters), state or "gone")
-        if state == BookState.CANCELED:
-            # Plan files written before the cancel was seen: leave nothing behind (the web
-            # removed what was there when it canceled).
-            offload("encode", books.remove, book_id)
-        return outcome
-    if not point.planned:
-        books.move(book_id, (BookState.PREPARING,), BookState.FAILED, finished_at=time.time(),
-                   error="the book has nothing that can be spoken")
-        return "failed"
-    if books.plan_done(book_id, gen):
-        start_feed(farm.celery, books, book_id)
-    return outcome
+    plan = BookPlan.begin(farm, book_id)
+    return plan if isinstance(plan, str) else plan.run()
 
 
 # -- feed ------------------------------------------------------------------------------------
@@ -428,98 +214,6 @@ def segment_failed(farm, spec: dict, exc: BaseException) -> None:
 # -- assemble --------------------------------------------------------------------------------
 
 
-def _assemble(farm, rec: dict) -> dict:
-    # the frontend and encoders load on first use: every pool imports this
-    from models.books.assemble import BookMeta, ChapterAudio, assemble_book
-
-    store, book_id = farm.store, rec["id"]
-    book = json.loads(store.get(prefix(book_id) + "book.json"))
-    cover = store.get(prefix(book_id) + "cover") if book.get("cover_mime") else None
-    chapters = []
-    chapter_words: list[list[dict]] = []
-    for ch in rec["chapter_list"]:
-        keys = [segment_key(book_id, ch["index"], i) for i in range(ch["total"])]
-        sizes = [store.size(k) // 2 for k in keys]
-        samples = sum(sizes)
-        chapter_words.append(_chapter_words(store, book_id, ch["index"], sizes,
-                                            rec["sample_rate"]))
-
-        def parts(keys=keys):
-            for k in keys:
-                yield store.get(k)
-
-        chapters.append(ChapterAudio(ch["title"], samples, parts))
-    meta = BookMeta(book["title"], book.get("author") or "", cover, book.get("cover_mime"))
-    formats = set(rec["formats"])
-    with ExitStack() as files:
-        m4b = files.enter_context(store.writer(output_key(book_id, "book.m4b"))) \
-            if "m4b" in formats else None
-        mp3 = files.enter_context(store.writer(output_key(book_id, "book.mp3"))) \
-            if "mp3" in formats else None
-        manifest = assemble_book(
-            chapters, meta, rec["sample_rate"], m4b=m4b, mp3=mp3,
-            chapter_file=(lambda n: store.writer(output_key(book_id, chapter_file(n))))
-            if "chapters" in formats else None,
-            # The manifest names each file as the download and the CLI's folder do.
-            chapter_name=(lambda n: chapter_download_name(n, rec["chapter_list"][n]["title"]))
-            if "chapters" in formats else None)
-    manifest = {"book_id": book_id, "title": book["title"], "author": book.get("author") or "",
-                "voice": rec["voice"], "speed": rec["speed"], "formats": sorted(formats),
-                "files": {fmt: book_download_name(book["title"], book_id, fmt)
-                          for fmt in ("m4b", "mp3") if fmt in formats},
-                **manifest}
-    _write_captions(store, book_id, book["title"], manifest, chapter_words)
-    store.put(output_key(book_id, "manifest.json"), json.dumps(manifest, indent=2).encode())
-    return manifest
-
-
-def _chapter_words(store, book_id: str, chapter: int, sizes: list[int],
-                   rate: int) -> list[dict]:
-    """The chapter's timed words on its own timeline: each segment's words (stored beside
-    its audio, segment-relative) moved by the audio before it."""
-    words, at = [], 0
-    for index, samples in enumerate(sizes):
-        try:
-            stored = json.loads(store.get(segment_words_key(book_id, chapter, index)))
-        except KeyError:  # a segment rendered before word timestamps
-            stored = []
-        offset = at / rate
-        words += [{**w, "start": round(offset + w["start"], 3),
-                   "end": round(offset + w["end"], 3), "segment": index} for w in stored]
-        at += samples
-    return words
-
-
-def _write_captions(store, book_id: str, title: str, manifest: dict,
-                    chapter_words: list[list[dict]]) -> None:
-    """SRT and WebVTT per chapter and for the whole book (chapters at their start in the
-    book), listed in the manifest under `captions`."""
-    # the frontend and encoders load on first use: every pool imports this
-    from models.text import captions
-
-    whole = []
-    for ch, words in zip(manifest["chapters"], chapter_words, strict=True):
-        offset = ch["start_s"]
-        # A cue never spans two chapters: segment numbers are made book-wide.
-        whole += [{**w, "start": round(offset + w["start"], 3),
-                   "end": round(offset + w["end"], 3),
-                   "segment": (ch["index"], w["segment"])} for w in words]
-    names = {}
-    for fmt in ("srt", "vtt"):
-        store.put(output_key(book_id, captions_file(None, fmt)),
-                  captions.render(whole, fmt).encode())
-        names[fmt] = captions_download_name(title, book_id, None, fmt)
-    manifest["captions"] = names
-    for ch, words in zip(manifest["chapters"], chapter_words, strict=True):
-        ch["captions"] = {}
-        for fmt in ("srt", "vtt"):
-            store.put(output_key(book_id, captions_file(ch["index"], fmt)),
-                      captions.render(words, fmt).encode())
-            ch["captions"][fmt] = captions_download_name(ch["title"], book_id, ch["index"],
-                                                         fmt)
-    manifest["words"] = sum(len(w) for w in chapter_words)
-
-
 @shared_task(name=BOOK_ASSEMBLE_TASK, base=BookTask, bind=True)
 def assemble(self: BookTask, book_id: str, **_: object) -> str:
     farm, books = self.farm, self.farm.books
@@ -531,7 +225,7 @@ def assemble(self: BookTask, book_id: str, **_: object) -> str:
     # redelivered assembly arrives only after the longer visibility timeout.
     farm.store.sweep_abandoned(prefix(book_id), farm.settings.task_time_limit)
     with _marking_progress(farm, book_id):
-        manifest = offload("encode", _assemble, farm, rec,
+        manifest = offload("encode", assemble_outputs, farm, rec,
                            timeout_s=farm.settings.task_time_limit)
     outcome, state = books.assembled(book_id, rec["formats"], manifest["duration_s"])
     if outcome == 2:

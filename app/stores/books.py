@@ -124,7 +124,7 @@ redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now, 'duration_s', 
 return {1, '$DONE'}
 """, BookState)
 
-# A planner's checkpoint (tasks/books.py, `prepare`), written after each of its turns. KEYS:
+# A planner's checkpoint (tasks/book_planning.py), written after each of its turns. KEYS:
 # the book, the books' progress zset. ARGV: the planner's generation, now, the book's id, then
 # field/value pairs: the chapters planned since the last checkpoint (c{n}_title, c{n}_total,
 # c{n}_offset) and where planning stands (plan_next, planned, plan_total). Written only while

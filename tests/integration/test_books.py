@@ -320,7 +320,7 @@ def test_a_book_planned_across_several_messages_has_the_plan_made_at_once(book_f
     """Each prepare message plans for `book_plan_slice_s` (a tenth of a second here), then
     hands over at a chapter's end to a fresh one that carries on from the checkpoint: the
     chapters, their segments and the plan files are those of a plan made in one go."""
-    from tasks.books import _chapter_segments
+    from tasks.book_planning import _chapter_segments
 
     farm = book_farm.farm
     book = json_book("Many Hands", 48, 10)

@@ -1,4 +1,4 @@
-"""A book's planning loop (tasks/books.py, `plan_chapters`): turns into one frontend thread,
+"""A book's planning loop (tasks/book_planning.py, `plan_chapters`): turns into one frontend thread,
 side by side with other books, stopping at its deadline or when the book is canceled, handing
 over only at a chapter's end, and a plan made across handovers the same as one made at once."""
 
@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tasks.books import Planned, PlanOverran, _chapter_segments, plan_chapters
+from tasks.book_planning import Planned, PlanOverran, _chapter_segments, plan_chapters
 
 
 class SlowChapters:
@@ -129,7 +129,7 @@ _SIDE_BY_SIDE = textwrap.dedent("""
     monkey.patch_all()
     import time
     import gevent
-    from tasks.books import plan_chapters
+    from tasks.book_planning import plan_chapters
     from tests.unit.test_book_planning import SlowChapters
 
     events = []
