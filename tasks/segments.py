@@ -24,12 +24,10 @@ from celery import shared_task, signals
 from celery.exceptions import Ignore
 
 from app.broker.celery_app import (
-    ACOUSTIC_QUEUE,
     ACOUSTIC_TASK,
     INTERACTIVE_QUEUES,
     OVERFLOW_QUEUES,
     VOCODER_LEAD_QUEUE,
-    VOCODER_QUEUE,
     VOCODER_REST_QUEUE,
     VOCODER_TASK,
 )
@@ -156,7 +154,7 @@ def _run_here_or_hand_over(task: SegmentTask, stage: str, spec: dict, args: tupl
 def synthesize(self: SegmentTask, spec: dict, reroutes: int = 0, **_: object) -> str:
     """Phonemes -> mel in the cache. Returns the cache key for the vocoder. `reroutes`: how
     often workers short of GPU memory handed this stage on already."""
-    with batching.working(ACOUSTIC_QUEUE):
+    with batching.working(Stage.ACOUSTIC):
         return _synthesize(self, spec, reroutes)
 
 
@@ -181,7 +179,7 @@ def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
     hit = farm.mel_cache.touch(digest, durations=timed)
     task.request.mel_cache_hit = hit  # the canary times a version's model on misses only
     if not hit:
-        _run_here_or_hand_over(task, ACOUSTIC_QUEUE, spec, (spec,), {}, reroutes)
+        _run_here_or_hand_over(task, Stage.ACOUSTIC, spec, (spec,), {}, reroutes)
         # torch loads on first use: the book and quality pools import this too
         from models.classic.mel import mel_to_bytes
 
@@ -214,7 +212,7 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     for whichever worker runs it). `from_window`: where a segment that gave way to waiting
     listeners carries on (its windows before are stored); `spent_s`: how long its stage ran
     before it gave way (the run time admission estimates from is a whole segment's)."""
-    with batching.working(VOCODER_QUEUE):
+    with batching.working(Stage.VOCODER):
         return _render(self, mel_key, spec, regenerations, reroutes, from_window, spent_s)
 
 
@@ -238,7 +236,7 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
             raise SpeechError("the mel expired from the cache before the vocoder ran")
         publish_again(farm.celery, spec, regenerations)
         raise Ignore()
-    _run_here_or_hand_over(task, VOCODER_QUEUE, spec, (mel_key, spec),
+    _run_here_or_hand_over(task, Stage.VOCODER, spec, (mel_key, spec),
                            {"regenerations": regenerations, "from_window": from_window,
                             "spent_s": spent_s}, reroutes)
     # torch loads on first use: the book and quality pools import this too
@@ -299,7 +297,7 @@ def _acoustic_piper(model, voice, spec: dict, seed: int) -> tuple:
         return model.synthesize_timed_batch([p for p, _ in items], [s for _, s in items],
                                             speed, speaker, max_batch=len(items))
 
-    return batching.run(ACOUSTIC_QUEUE, (model.model_id, speed, speaker), run,
+    return batching.run(Stage.ACOUSTIC, (model.model_id, speed, speaker), run,
                         (spec["phonemes"], seed))
 
 
@@ -311,7 +309,7 @@ def _acoustic_hibari(model, spec: dict) -> tuple:
     def run(items: list[str]) -> list:
         return model.synthesize_timed_batch(items, speed)
 
-    return batching.run(ACOUSTIC_QUEUE, (model.model_id, speed), run, spec["phonemes"])
+    return batching.run(Stage.ACOUSTIC, (model.model_id, speed), run, spec["phonemes"])
 
 
 def _vocode_piece(vocoder, voice, features, piece=None, seed: int = 0) -> np.ndarray:
@@ -327,7 +325,7 @@ def _vocode_piece(vocoder, voice, features, piece=None, seed: int = 0) -> np.nda
         def run_hibari(items: list) -> list:
             return vocoder.vocode_windows(items)
 
-        audio = batching.run(VOCODER_QUEUE, vocoder.model_id, run_hibari,
+        audio = batching.run(Stage.VOCODER, vocoder.model_id, run_hibari,
                              (features, piece, seed))
     elif voice.engine == PIPER:
         if piece is None:
@@ -339,10 +337,10 @@ def _vocode_piece(vocoder, voice, features, piece=None, seed: int = 0) -> np.nda
         def run(items: list) -> list:
             return vocoder.vocode_windows(items, max_batch=len(items))
 
-        audio = batching.run(VOCODER_QUEUE, vocoder.model_id, run,
+        audio = batching.run(Stage.VOCODER, vocoder.model_id, run,
                              (features, piece, voice.speaker))
     else:
-        audio = batching.run(VOCODER_QUEUE, vocoder.model_id, vocoder.vocode, features)
+        audio = batching.run(Stage.VOCODER, vocoder.model_id, vocoder.vocode, features)
     return audio.float().cpu().numpy()
 
 

@@ -14,8 +14,9 @@ import uuid
 
 import redis
 
-from app.broker.celery_app import ACOUSTIC_QUEUE, STAGE_QUEUES, VOCODER_QUEUE
+from app.broker.celery_app import STAGE_QUEUES
 from app.broker.probe import AmqpQueues, RedisQueues
+from app.broker.stages import Stage
 from app.errors import FarmError
 from app.services.backlog import Backlog
 from app.services.liveness import Liveness
@@ -154,10 +155,10 @@ class Admission:
         try:  # what admission sees of the store is this process's touch with it
             exhausted = self.liveness.memory_exhausted()
             if exhausted:
-                raise GpuMemoryExhausted(exhausted, self.backlog.stage_depth(ACOUSTIC_QUEUE),
+                raise GpuMemoryExhausted(exhausted, self.backlog.stage_depth(Stage.ACOUSTIC),
                                          self.settings.retry_after_s)
             # When the depths were read: a ticket published after that is not in them.
-            stage_queues = STAGE_QUEUES[ACOUSTIC_QUEUE], STAGE_QUEUES[VOCODER_QUEUE]
+            stage_queues = STAGE_QUEUES[Stage.ACOUSTIC], STAGE_QUEUES[Stage.VOCODER]
             read_at, depths = self.broker.depths([q for qs in stage_queues for q in qs])
             split = len(stage_queues[0])
             acoustic, vocoder = sum(depths[:split]), sum(depths[split:])
