@@ -46,6 +46,7 @@ class Child:
     started_at: float = 0.0
     backoff_s: float = 0.0
     restart_at: float | None = None  # set while it is dead and waits for its restart
+    gave_up: bool = False  # exited with a usage error: left stopped (Supervisor.USAGE_ERROR)
 
 
 class Supervisor:
@@ -56,7 +57,11 @@ class Supervisor:
     what is left of its process group is killed (a prefork pool's processes, gunicorn's
     workers: they would hold its ports), and it starts again after a backoff that doubles
     from 1 s to 30 s and falls back to 1 s once the child has stayed up 30 s, so a child that
-    cannot start costs a line every 30 s, not a busy loop.
+    cannot start costs a line every 30 s, not a busy loop. A child that exits with status 2
+    (USAGE_ERROR) is not restarted: that is a refusal of its command line or configuration
+    (click's usage errors, argparse's, `voxfarm flower` refusing to open an API-keyed farm's
+    tasks without credentials), which the same line would repeat forever; the supervisor says
+    so once and the rest of the farm runs on.
 
     With a `log_dir` each child's whole output (Celery's banner, every log line, gunicorn's
     access lines) goes to `<log_dir>/<name>.log` (the previous `up`'s moved to `.log.1`), and
@@ -73,6 +78,9 @@ class Supervisor:
     FIRST_BACKOFF_S = 1.0
     MAX_BACKOFF_S = 30.0
     STEADY_S = 30.0
+    # click's and argparse's exit status for a usage error; nothing in the farm exits with it
+    # for a passing cause (a lost Redis, a crash: status 1, 3, 70 or a signal).
+    USAGE_ERROR = 2
 
     def __init__(self, env: dict[str, str], log_dir: Path | None = None) -> None:
         self.env = env
@@ -140,6 +148,8 @@ class Supervisor:
         while not stopping.wait(0.2):
             now = time.monotonic()
             for child in self.children.values():
+                if child.gave_up:
+                    continue
                 if child.restart_at is not None:
                     if now >= child.restart_at:
                         self.echo(f"restarting {child.name}", err=True)
@@ -153,6 +163,13 @@ class Supervisor:
         if ran_s >= self.STEADY_S:
             child.backoff_s = self.FIRST_BACKOFF_S
         log = self.log_path(child.name) if child.name in self._logs else None
+        if child.proc.returncode == self.USAGE_ERROR:
+            child.gave_up = True
+            self.echo(f"{child.name} refused its command line or configuration "
+                      f"({_exit_status(child.proc.returncode)}); not restarting it: fix "
+                      "that and start the farm again"
+                      + (f" (its log: {log})" if log else ""), err=True)
+            return
         self.echo(f"{child.name} exited ({_exit_status(child.proc.returncode)}) after "
                   f"{ran_s:.0f} s; restarting it in {child.backoff_s:g} s"
                   + (f" (its log: {log})" if log else ""), err=True)

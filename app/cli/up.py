@@ -141,6 +141,8 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
     try:
         if redis_server is not None:
             _start_embedded_redis(sup, redis_server, var_dir, settings)
+        if extra_args.get("flower") == ["--open-until-keys"]:
+            _refuse_flower_locked_out(settings.with_(redis_url=redis_url))
         sup.echo(f"starting the web and {len(pools)} worker pools"
                  + (" and Flower" if with_flower else "") + f"; their logs: {log_dir}/")
         for name, args in commands.items():
@@ -189,6 +191,28 @@ def _refuse_ports_in_use(host: str, port: int, metrics: dict[str, int],
         raise click.UsageError(f"in use on {host}: {', '.join(taken)}. Pick free ports, e.g. "
                                "`voxfarm up --port 8100 --metrics-port 9201` or "
                                "`PORT=8100 METRICS_PORT=9201 make run`")
+
+
+def _refuse_flower_locked_out(settings: Settings) -> None:
+    """Refuse `--flower` without credentials on a farm that has API keys, before any of the
+    farm's processes starts: Flower would refuse to open every tenant's tasks (exit status 2,
+    which the supervisor does not retry) while `up` announced it. Redis unreachable: Flower
+    itself decides once it starts."""
+    # loaded by the command that uses it: the CLI starts without it
+    import redis
+
+    from app.security.apikeys import ApiKeys
+
+    try:
+        client = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
+        keys_on = ApiKeys(client, settings.key_prefix).enabled()
+    except redis.RedisError:
+        return
+    if keys_on:
+        raise click.UsageError(
+            "--flower: the farm has API keys, so Flower (every tenant's tasks) needs "
+            "credentials: set VOXFARM_FLOWER_USER and VOXFARM_FLOWER_PASSWORD, or open it on "
+            "purpose with --flower-no-auth (loopback only)")
 
 
 def _args_up_adds(var: Path, web_workers: int, settings: Settings, host: str,
