@@ -1,6 +1,6 @@
 """A job's audio as a reader gets it: the chunks (a segment's windows, numbered across the
 job), where each segment starts on the job's timeline, and its words placed there. Pure: the
-job store (app/stores/jobs.py) reads Redis and hands these the figures.
+job store's reading side (app/stores/job_reader.py) reads Redis and hands these the figures.
 """
 
 from __future__ import annotations

@@ -16,15 +16,11 @@ frontend yields them, and the job is done once it is sealed and every window is 
 The admission ledger (`jobs.ledger`: what of each job waits on the queues, which every move to
 canceled or failed settles) is app/stores/ledger.py; the store's other Lua scripts are
 app/stores/job_scripts.py; placing chunks and words on the job's timeline, app/stores/job_audio.py.
+Reading a job back (its record, its chunks in order, opened from rest, and the long-poll on
+them) is app/stores/job_reader.py, which JobStore inherits: this module writes and moves jobs.
 
-At rest each chunk's PCM is sealed (app/security/sealing.py), bound to its hash's key name and its
-field, so a chunk copied to another place or another job fails to open. A chunk that fails
-to open is never played: a reader stops before it, as before a chunk not stored yet, and the
-job fails with the reason (from running or done alike: its audio cannot be delivered whole).
-A chunk sealed with a key this process lacks is not such a failure: the reader raises
-`KeyUnavailable` (the web's 503 names the key), the job keeps its state, and its audio reads
-again once the key is back. A chunk never sealed is read as it is when the job's record says
-it was made before the farm had keys (`sealed_by` empty), else refused like a tampered one.
+At rest each chunk's PCM is sealed (app/security/sealing.py), bound to its hash's key name and
+its field (`_chunk_context`), so a chunk copied to another place or another job fails to open.
 """
 
 from __future__ import annotations
@@ -33,13 +29,14 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, cast
 
 import redis
 
-from app.security.sealing import MAGIC, Sealer
-from app.stores.job_audio import Chunk, place_words, segment_starts, window_count, window_counts
+from app.security.sealing import Sealer
+from app.stores.job_audio import window_counts
+from app.stores.job_reader import JobReader
 from app.stores.job_scripts import (
     CLAIM_LAPSED,
     COUNT_CACHE,
@@ -50,19 +47,17 @@ from app.stores.job_scripts import (
 )
 from app.stores.keys import Keys
 from app.stores.ledger import ON_STOP, AdmissionLedger
-from app.stores.states import JOB_FINAL, JOB_LIVE, JobState, Transition
+from app.stores.states import JOB_LIVE, JobState, Transition
 from app.stores.wakeups import Wakeups
 
 UNPUBLISHED_ERROR = "the web process stopped before the job's segments were all queued"
 STALLED_ERROR = ("no progress for {s:.0f} s: its segments were lost (a broker failure?) and "
                  "nothing more will come")
-REFUSED_ERROR = ("chunk {name} of the job's audio failed to open at rest ({reason}: "
-                 "tampered, or sealed with a key no longer configured); it is never played")
 
 OPEN_TOTAL = -1  # a job's segment count while the web still segments its text
 
 
-class JobStore:
+class JobStore(JobReader):
     """Job records and chunks. `r` is a bytes-mode Redis client; `waiting` (default `r`) the
     one the job-stream readers block on, whose socket timeout outlasts one blocking read
     (app/stores/redis_conn.py, app/stores/wakeups.py)."""
@@ -294,25 +289,8 @@ class JobStore:
         return self.store_window(job_id, index, 0, pcm, (1, 0), words,
                                  segment_samples=len(pcm) // 2)
 
-    def _chunk_context(self, job_id: str, name: str) -> str:
-        """What a chunk is sealed to: its hash's key name and its field ("segment:window")."""
-        return f"{self.keys.chunks(job_id)}\x00{name}"
-
-    def _open_chunk(self, job_id: str, name: str, sealed: bytes | None) -> bytes | None:
-        """A stored chunk's PCM; None when it is missing or fails to open, which also fails
-        the job with the reason (a chunk that fails to open is never played). Raises
-        KeyUnavailable, changing nothing, when it was sealed with a key the ring lacks."""
-        if sealed is None:
-            return None
-        plaintext_ok = False
-        if self.sealer.enabled and not sealed.startswith(MAGIC):  # before keys, or forged?
-            exists, sealed_by = self.r.hmget(self.keys.job(job_id), "id", "sealed_by")
-            plaintext_ok = exists is not None and not sealed_by
-        pcm, reason = self.sealer.read(sealed, self._chunk_context(job_id, name), plaintext_ok)
-        if pcm is None:
-            self._move(job_id, (*JOB_LIVE, JobState.DONE), JobState.FAILED, "finished_at",
-                       REFUSED_ERROR.format(name=name, reason=reason))
-        return pcm
+    def _refused(self, job_id: str, error: str) -> None:
+        self._move(job_id, (*JOB_LIVE, JobState.DONE), JobState.FAILED, "finished_at", error)
 
     def count_cache(self, job_id: str, hit: bool) -> None:
         """One segment's feature-cache hit or miss, on the job and on its owner's figures."""
@@ -328,178 +306,3 @@ class JobStore:
         rate = round(hits / (hits + misses), 4) if hits + misses else None
         return {"mel_cache_hits": hits, "mel_cache_misses": misses, "mel_cache_hit_rate": rate}
 
-    # -- reading -----------------------------------------------------------------------------
-
-    def get(self, job_id: str) -> dict | None:
-        raw = self.r.hgetall(self.keys.job(job_id))
-        if not raw:
-            return None
-        rec: dict[str, Any] = {k.decode(): v.decode() for k, v in raw.items()}
-        stored = {int(k[len("audio_samples_"):]): int(v) for k, v in rec.items()
-                  if k.startswith("audio_samples_")}
-        lengths = {int(k[len("segment_samples_"):]): int(v) for k, v in rec.items()
-                   if k.startswith("segment_samples_")}
-        samples = sum(stored.values())
-        rec = {k: v for k, v in rec.items()
-               if not k.startswith(("audio_samples_", "segment_samples_"))}
-        # Each segment's length in samples, as far as known: declared by its first window,
-        # else what is stored of it so far (a writer from before lengths were declared).
-        rec["segment_samples"] = {**stored, **lengths}
-        for k in ("total", "done", "chars", "sample_rate", "cache_hits", "cache_misses",
-                  "resumes"):
-            rec[k] = int(rec.get(k, 0))
-        rec["speed"] = float(rec["speed"])
-        for k in ("created_at", "started_at", "finished_at"):
-            rec[k] = float(rec[k]) if rec.get(k) else None
-        rec["audio_seconds"] = round(samples / rec["sample_rate"], 3) if rec["sample_rate"] else 0
-        rec["error"] = rec.get("error") or None
-        return rec
-
-    def state(self, job_id: str) -> str | None:
-        s = self.r.hget(self.keys.job(job_id), "state")
-        return s.decode() if s else None
-
-    def _order(self, job_id: str, total: int) -> tuple[list[tuple[int, int, bool]], bool]:
-        """The job's chunks in order as (segment, window, segment's last window), as far as
-        window counts are known, and whether that is all of them (sealed, and every
-        segment's count known)."""
-        counts = window_counts(self.r.hgetall(self.keys.windows(job_id)))
-        order: list[tuple[int, int, bool]] = []
-        segment = 0
-        while segment in counts:
-            n = counts[segment]
-            order.extend((segment, w, w == n - 1) for w in range(n))
-            segment += 1
-        return order, total >= 0 and segment >= total
-
-    def chunk_count(self, job_id: str, total: int) -> int | None:
-        """How many chunks the job has, once every segment's window count is known."""
-        order, complete = self._order(job_id, total)
-        return len(order) if complete else None
-
-    def chunks_from(self, job_id: str, first: int, total: int, limit: int,
-                    job: dict | None = None) -> tuple[list[Chunk], int | None]:
-        """The consecutive run of stored chunks starting at chunk `first` (at most `limit`),
-        with their words on the job's timeline, and the job's chunk count (None while not
-        yet known). `job` is the job's record if the caller has just read it; a chunk that
-        fails to open ends the run and fails the job, and `job` is read again to say so."""
-        order, complete = self._order(job_id, total)
-        count = len(order) if complete else None
-        wanted = order[first:first + limit] if first >= 0 else []
-        if not wanted:
-            return [], count
-        fields = [f"{s}:{w}" for s, w, _ in wanted]
-        with self.r.pipeline(transaction=False) as p:
-            p.hmget(self.keys.chunks(job_id), fields)
-            p.hmget(self.keys.words(job_id), fields)
-            values, timings = p.execute()
-        job = job or self.get(job_id) or {}
-        rate = job.get("sample_rate", 0)
-        starts = segment_starts(job.get("segment_samples", {}), wanted[-1][0])
-        run = []
-        for i, ((s, w, end), v, t) in enumerate(zip(wanted, values, timings, strict=True)):
-            pcm = self._open_chunk(job_id, f"{s}:{w}", v)
-            if pcm is None:
-                if v is not None:  # it failed to open, and failed the job: say so
-                    job.update(self.get(job_id) or {})
-                break
-            start_s, words = place_words(json.loads(t) if t else None, starts.get(s), rate)
-            run.append(Chunk(first + i, pcm, s, w, end, start_s, words))
-        return run, count
-
-    def timed_words(self, job_id: str, job: dict, partial: bool = False) -> list[dict] | None:
-        """Every word of the job in order, on the job's timeline, each with its `segment`
-        (None when a chunk is missing: the job is not done, or its audio expired). With
-        `partial`, the words of the chunks stored so far, up to the first one missing."""
-        order, complete = self._order(job_id, job["total"])
-        if not complete and not partial:
-            return None
-        fields = [f"{s}:{w}" for s, w, _ in order]
-        timings = self.r.hmget(self.keys.words(job_id), fields) if fields else []
-        starts = segment_starts(job.get("segment_samples", {}), order[-1][0] if order else 0)
-        words: list[dict] = []
-        for (s, _, _), t in zip(order, timings, strict=True):
-            if t is None and partial:
-                break  # a chunk still rendering (timings are stored with their chunk)
-            _, placed = place_words(json.loads(t) if t else None, starts.get(s),
-                                    job["sample_rate"])
-            words.extend({**w, "segment": s} for w in placed)
-        return words
-
-    def all_chunks(self, job_id: str, total: int) -> list[bytes | None]:
-        """Every chunk of the job in order (None where one is missing or expired, or fails
-        to open: the job is then failed, with the reason)."""
-        order, complete = self._order(job_id, total)
-        if not complete:
-            return [None]
-        fields = [f"{s}:{w}" for s, w, _ in order]
-        sealed = self.r.hmget(self.keys.chunks(job_id), fields) if order else []
-        chunks: list[bytes | None] = []
-        for name, blob in zip(fields, sealed, strict=True):
-            chunks.append(self._open_chunk(job_id, name, blob))
-            if blob is not None and chunks[-1] is None:
-                break  # the job failed: nothing after it is wanted
-        return chunks + [None] * (len(fields) - len(chunks))
-
-    def segment_pcm(self, job_id: str, segment: int) -> bytes | None:
-        """Segment `segment`'s whole audio (its windows joined, its pause included), or None
-        while a window is missing (or expired, or fails to open). For the voice canary's
-        quality pool (tasks/quality.py), which scores what a listener got."""
-        raw = self.r.hget(self.keys.windows(job_id), segment)
-        if raw is None:
-            return None
-        names = [f"{segment}:{w}" for w in range(window_count(raw))]
-        pieces = []
-        for name, sealed in zip(names, self.r.hmget(self.keys.chunks(job_id), names),
-                                strict=True):
-            pcm = self._open_chunk(job_id, name, sealed)
-            if pcm is None:
-                return None
-            pieces.append(pcm)
-        return b"".join(pieces)
-
-    def last_event_id(self, job_id: str) -> bytes:
-        last = self.r.xrevrange(self.keys.events(job_id), count=1)
-        return cast(bytes, last[0][0]) if last else b"0-0"
-
-    def wait_event(self, job_id: str, after_id: bytes, timeout_s: float,
-                   gone: Callable[[], bool] | None = None) -> bool:
-        """Wait until an event newer than `after_id` exists (or a read of the event stream
-        failed: look again), the timeout passes, or `gone()` says the client left. The wait
-        holds no Redis connection (app/stores/wakeups.py)."""
-        return self.wakeups.wait(self.keys.events(job_id), after_id, timeout_s, gone)
-
-    def wait_for_chunks(self, job_id: str, after: int, wait_s: float, limit: int,
-                        gone: Callable[[], bool] | None = None,
-                        on_wait: Callable[[], object] | None = None,
-                        ) -> tuple[dict | None, list[Chunk]]:
-        """Long-poll: the chunks after cursor `after` as soon as the next one exists.
-
-        Returns `(job, chunks)`: chunks is the consecutive run after the cursor (empty when
-        the wait ran out, when `gone()` said the client left, or when the job ended without
-        them); `job["chunks"]` is the job's chunk count, None while not yet known. The
-        event-stream mark is taken before the chunks are read, so a chunk stored in between
-        still wakes the wait. `on_wait()` runs once, before the first time it would wait (a
-        poll answered at once never calls it): the web takes the client's place among its
-        waits there, and a refusal it raises ends the poll.
-        """
-        deadline = time.monotonic() + wait_s
-        waited = False
-        while True:
-            mark = self.last_event_id(job_id)
-            job = self.get(job_id)
-            if job is None:
-                return None, []
-            chunks, job["chunks"] = self.chunks_from(job_id, after + 1, job["total"], limit,
-                                                     job)
-            if chunks or job["state"] in JOB_FINAL:
-                return job, chunks
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return job, []
-            if not waited and on_wait is not None:
-                on_wait()
-            waited = True
-            woken = self.wait_event(job_id, mark, remaining, gone)
-            if not woken and gone is not None and gone():
-                return job, []  # nobody to answer
