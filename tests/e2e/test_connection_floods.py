@@ -230,7 +230,7 @@ SMALL_CAP = 2
 def web_behind_proxy(farm, tmp_path_factory) -> Iterator[tuple[str, str]]:
     """One worker, two connections an address, PROXY trusted, the probes on a port of their
     own: (the web's URL, the probe listener's URL)."""
-    from app.local.embedded_redis import free_port
+    from tests.helpers import free_port
 
     health_port = free_port()
     env = {**farm.env, "VOXFARM_WEB_MAX_CONNS_PER_ADDRESS": str(SMALL_CAP),

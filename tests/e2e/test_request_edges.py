@@ -29,10 +29,9 @@ import pytest
 import redis
 import requests
 
-from app.local.embedded_redis import free_port
 from app.settings import Settings
 from tests import wsclient
-from tests.helpers import ROOT, Deadline, gunicorn_server, wait_http_ok, wait_until
+from tests.helpers import ROOT, Deadline, free_port, gunicorn_server, wait_http_ok, wait_until
 
 pytestmark = pytest.mark.e2e
 
