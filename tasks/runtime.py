@@ -2,8 +2,8 @@
 
 Models load lazily, once per process, after the fork (CUDA is not fork-safe, and the parent
 of a prefork pool never runs a task). `workers/` sets the device and, for the acoustic and
-vocoder pools, preloads on `worker_process_init` (the book pool runs no model: it only needs
-the farm); a task that runs first simply loads on first use.
+vocoder pools, preloads on `worker_process_init`; the book pool runs no model but warms its
+text frontend at start (`warm_frontend`); a task that runs first simply loads on first use.
 
 It also holds the GPU memory rule's probe (`short_of_memory`): the segment tasks ask it before
 each forward pass, and `workers/` asks it every few seconds from each pool process, after the
@@ -215,6 +215,41 @@ def warm_up(queue: str) -> None:
                 decoder.vocode([torch.zeros(decoder.mel_config.n_mels, 8)])
         except Exception as exc:  # a broken voice file must not stop the others
             log.error("voice %s cannot be loaded: %s", voice.name, exc)
+    # after multiproc.prepare(): prometheus_client picks its mode when first imported
+    from app.obs import metrics
+
+    metrics.MODELS_WARM.set(1)
+
+
+# A sentence through the whole text frontend (normaliser, segmenter, the voice's G2P).
+_FRONTEND_WARM_TEXT = "Hello, this sentence warms the text frontend up."
+
+
+def warm_frontend(voice: str) -> None:
+    """Load what a book's first `prepare` would, in the book pool: the text frontend (the
+    normaliser, libespeak-ng, the segmenter) and `voice`'s G2P (hibari's lexicon and model),
+    by planning one sentence in the frontend thread that plans books (app/offload.py). At a
+    farm's start, beside the model pools loading theirs, that took a first book 16 s of
+    `preparing`. A voice that cannot be planned is logged and skipped: its books fail with
+    the reason. Once done (or skipped), this process counts in
+    `voxfarm_model_processes_warm`."""
+    # the frontend loads here, in the book pool, never in the CLI or the web's import
+    import time
+
+    from app.offload import offload
+    from models.text.frontend import iter_segments
+
+    log = logging.getLogger("voxfarm.workers")
+    started = time.monotonic()
+    try:
+        # No bound: nothing waits on it but the pool's own first plan, which would pay it.
+        offload("frontend", lambda: list(iter_segments(_FRONTEND_WARM_TEXT, voice)),
+                timeout_s=None)
+    except Exception as exc:  # a broken voice must not stop the pool
+        log.error("text frontend for voice %s cannot be loaded: %s", voice, exc)
+    else:
+        log.info("text frontend warm for voice %s in %.1f s", voice,
+                 time.monotonic() - started)
     # after multiproc.prepare(): prometheus_client picks its mode when first imported
     from app.obs import metrics
 

@@ -4,7 +4,8 @@ A pool is a Celery worker consuming one stage's queues: acoustic and vocoder run
 (prefork, one process per core or GPU; with dynamic batching on, one process of threads whose
 forward passes go in batches, tasks/batching.py), each on its interactive queue, its batch
 (book) queue or both; book runs the books' orchestration (prepare, feed, assemble:
-tasks/books.py) on a gevent pool and loads no model. Models load after the fork, once per
+tasks/books.py) on a gevent pool and loads no model, only the text frontend its plans run on
+(warmed at start, as the model pools warm their models). Models load after the fork, once per
 process, on the device the pool was started for; each worker heartbeats into Redis so /readyz
 knows which pools have someone alive.
 
@@ -285,13 +286,16 @@ def run_worker(queue: str, device: str = "cpu", concurrency: int = 1, pool: str 
     # A prefork pool runs `concurrency` segments at once, a batching pool `batch` to a
     # forward pass: the admission's wait estimate counts each (Backlog.expected_wait_s).
     runs_model = queue not in (BOOK_QUEUE, QUALITY_QUEUE)  # these pools run no voice model
+    # The book pool runs no model but warms the text frontend its plans run on.
+    frontend_voice = settings.default_voice if queue == BOOK_QUEUE else ""
+    warms = runs_model or bool(frontend_voice)
     # Warmed once per child of a prefork pool, once in the only process otherwise.
-    warm = WarmCount(concurrency if pool == "prefork" and runs_model else int(runs_model))
+    warm = WarmCount(concurrency if pool == "prefork" and warms else int(warms))
     heartbeat = Heartbeat(celery, queues, hostname, redelivery,
                           slots=concurrency if pool == "prefork" else batch, warm=warm)
 
-    _preload_in_each_process(queue, hostname, warm if runs_model else None, memory_ruled,
-                             in_main)
+    _preload_in_each_process(queue, hostname, warm if warms else None, memory_ruled,
+                             in_main or pool == "gevent", frontend_voice)
     _note_deliveries(redelivery, hostname)
     signals.worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
     signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
@@ -346,14 +350,25 @@ def worker_name(queue: str, work: str, device: str) -> str:
 
 
 def _preload_in_each_process(queue: str, hostname: str, warm: WarmCount | None,
-                             memory_ruled: bool, in_main: bool) -> None:
-    """After the fork (prefork) or in the only process (solo, threads): load the model this
-    pool runs and run it once, so the first segment pays for neither (the first torch call
-    of a process allocates its thread pool and caches, ~100x a warm call), and start the
-    memory probe of a pool under the GPU memory rule. `warm`: None for a pool that runs no
-    voice model."""
-    def preload(**_: object) -> None:
+                             memory_ruled: bool, in_main: bool, frontend_voice: str = "") -> None:
+    """After the fork (prefork) or in the only process (solo, threads, gevent): load the
+    model this pool runs and run it once, so the first segment pays for neither (the first
+    torch call of a process allocates its thread pool and caches, ~100x a warm call), and
+    start the memory probe of a pool under the GPU memory rule. `warm`: None for a pool that
+    warms nothing. `frontend_voice`: the book pool's, whose text frontend (that voice's G2P)
+    loads instead, beside the worker's start so resumed books' feeds and assemblies go on
+    meanwhile; the heartbeat, as for a model pool, waits for it."""
+    def warm_frontend() -> None:
+        runtime.warm_frontend(frontend_voice)
         if warm is not None:
+            warm.one_more()
+
+    def preload(**_: object) -> None:
+        if frontend_voice:
+            # A greenlet in the gevent pool (threading is patched): its offload parks it only.
+            threading.Thread(target=warm_frontend, name="voxfarm-frontend-warm",
+                             daemon=True).start()
+        elif warm is not None:
             runtime.warm_up(queue)
             warm.one_more()
         if memory_ruled:
