@@ -168,6 +168,12 @@ class AdmissionSettings(_Group):
     max_job_segments: Positive = 500
     retry_after_s: Count = 5
     max_wait_s: Count = 60
+    # Audio bytes (stored PCM) one chunks long-poll answer carries, besides its `max` count;
+    # always at least one chunk, and the client goes on from `next_after`. 32 chunks of a
+    # long job are about 2.2 MB (2.9 MB of JSON): a burst of 300 such answers read, wrapped
+    # and base64-encoded held each web worker's loop for 15 s. 1 MiB is about 22 s of 24 kHz
+    # speech, far ahead of any player; 0 turns it off.
+    max_chunk_bytes_per_answer: Count = 1024 * 1024
     # Largest book upload (file or JSON chapters); past it the API answers 413.
     max_book_bytes: Positive = 50 * 1024 * 1024
     # A book's caps, decided while it is read (413 naming the cap; docs/books.md, "Limits").

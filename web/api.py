@@ -6,6 +6,7 @@ Thin on purpose: validate, call one function of the farm or the frontend, shape 
 from __future__ import annotations
 
 import base64
+import time
 from typing import cast
 
 import numpy as np
@@ -13,6 +14,7 @@ from flask import Blueprint, Response, g, jsonify, request, url_for
 
 from app.broker.celery_app import QUEUE_POOLS
 from app.offload import offload
+from app.stores.job_audio import Chunk
 from app.stores.states import JobState
 from models.audio.encode import CONTENT_TYPES, encode, wav_bytes
 from models.errors import BreakTooLong, NoSpeakableText
@@ -184,8 +186,9 @@ def get_chunks(job_id: str):
     # The wait holds a place among the client's waits (429 past its cap) from when it starts
     # waiting until it answers or its client leaves (`client_gone`, looked at as it waits).
     with LazyPlace() as place:
-        found, chunks = farm().jobs.wait_for_chunks(job_id, after, query.wait, query.max,
-                                                    gone=client_gone(), on_wait=place.take)
+        found, chunks = farm().jobs.wait_for_chunks(
+            job_id, after, query.wait, query.max, gone=client_gone(), on_wait=place.take,
+            max_bytes=farm().settings.max_chunk_bytes_per_answer)
     if found is None:
         raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
     job = found
@@ -204,21 +207,30 @@ def get_chunks(job_id: str):
         "state": job["state"],
         "total": job["chunks"],
         "segments": job["total"],
-        "chunks": [{
-            "index": c.index,
-            "segment": c.segment,
-            "window": c.window,
-            "segment_end": c.segment_end,
-            "format": "wav",
-            "sample_rate": rate,
-            "duration_s": round(len(c.pcm) / 2 / rate, 3),
-            "start_s": c.start_s,
-            "words": c.words,
-            "audio": base64.b64encode(_chunk_wav(c.pcm, rate)).decode(),
-        } for c in chunks],
+        "chunks": [_chunk_view(c, rate) for c in chunks],
         "next_after": cursor,
         "end": end,
     })
+
+
+def _chunk_view(c: Chunk, rate: int) -> dict:
+    """One chunk of a long-poll answer, its audio a base64 WAV. Wrapping and encoding are
+    CPU work on the gevent hub: it is let go first (time.sleep(0) is gevent's yield under
+    the monkey-patching), so a burst of large answers takes turns with every other request
+    of the worker instead of holding it until they are all built."""
+    time.sleep(0)
+    return {
+        "index": c.index,
+        "segment": c.segment,
+        "window": c.window,
+        "segment_end": c.segment_end,
+        "format": "wav",
+        "sample_rate": rate,
+        "duration_s": round(len(c.pcm) / 2 / rate, 3),
+        "start_s": c.start_s,
+        "words": c.words,
+        "audio": base64.b64encode(_chunk_wav(c.pcm, rate)).decode(),
+    }
 
 
 @api.get("/v1/jobs/<job_id>/audio")

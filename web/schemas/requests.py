@@ -102,7 +102,9 @@ class ChunksQuery(RequestModel):
     wait: Annotated[QueryInt, Range(0, "max_wait_s"),
                     Field(description="seconds to wait for a chunk")] = 0
     max: Annotated[QueryInt, Range(1, MAX_CHUNKS_PER_POLL),
-                   Field(description="chunks per answer, at most")] = MAX_CHUNKS_PER_POLL
+                   Field(description="chunks per answer, at most (fewer past the farm's bound on "
+                                     "an answer's audio bytes, MAX_CHUNK_BYTES_PER_ANSWER; "
+                                     "never none)")] = MAX_CHUNKS_PER_POLL
 
 
 class AudioQuery(RequestModel):
