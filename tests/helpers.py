@@ -444,12 +444,20 @@ def gunicorn_server(env: dict, log: Path, workers: int = 1, procs: list | None =
         wait_http_ok(f"{base}/healthz", proc, log)
         yield base
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 15) -> None:
+    """Stop a process started in a session of its own, and everything in its group: SIGTERM,
+    then SIGKILL past `grace_s`."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 # -- audio ---------------------------------------------------------------------------------

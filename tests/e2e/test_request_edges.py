@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import signal
 import subprocess
 import sys
 import uuid
@@ -31,7 +29,8 @@ import requests
 
 from app.settings import Settings
 from tests import wsclient
-from tests.helpers import ROOT, Deadline, free_port, gunicorn_server, wait_http_ok, wait_until
+from tests.e2e.test_streaming import events_until
+from tests.helpers import ROOT, free_port, gunicorn_server, stop_group, wait_http_ok, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -102,21 +101,6 @@ def web(farm, tmp_path_factory):
 def no_tracebacks(log: Path) -> None:
     text = log.read_text(errors="replace")
     assert "Traceback" not in text and "internal_error" not in text, text[-3000:]
-
-
-def events_until(ws, kind: str, timeout_s: float = 60) -> list:
-    """Messages (dicts for JSON events, bytes for audio) up to and including `kind`."""
-    out: list = []
-    deadline = Deadline(timeout_s)
-    while not deadline.passed():
-        raw = ws.receive(timeout=max(0.1, deadline.left()))
-        if raw is None:
-            break
-        msg = raw if isinstance(raw, bytes) else json.loads(raw)
-        out.append(msg)
-        if isinstance(msg, dict) and msg["type"] == kind:
-            return out
-    raise AssertionError(f"no {kind!r} event within {deadline}; got {out[-5:]}")
 
 
 def test_deep_json_on_the_websocket_is_an_error_event_and_the_socket_stays(web):
@@ -296,12 +280,6 @@ def test_flower_started_open_refuses_once_the_farm_has_keys(farm, tmp_path):
         assert out.returncode != 0 and "VOXFARM_FLOWER_USER" in out.stderr, out.stderr
         assert "--no-auth" in out.stderr
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc)
         for name in keys.r.scan_iter(f"{prefix}:*"):
             keys.r.delete(name)

@@ -219,7 +219,7 @@ def ws_url(server: str) -> str:
 
 def events_until(ws, kind: str, timeout_s: float = 60) -> list:
     """Messages (dicts for JSON events, bytes for audio) up to and including `kind`."""
-    out = []
+    out: list = []
     deadline = Deadline(timeout_s)
     while not deadline.passed():
         raw = ws.receive(timeout=max(0.1, deadline.left()))
@@ -229,7 +229,7 @@ def events_until(ws, kind: str, timeout_s: float = 60) -> list:
         out.append(msg)
         if isinstance(msg, dict) and msg["type"] == kind:
             return out
-    raise AssertionError(f"no {kind!r} event; got {out[-5:]}")
+    raise AssertionError(f"no {kind!r} event within {deadline}; got {out[-5:]}")
 
 
 def test_websocket_text_in_audio_out(server):
