@@ -232,6 +232,10 @@ def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
         raise Ignore()
     blob = farm.mel_cache.get(mel_key)
     if blob is None:
+        # Gone before this stage read it (expired, or a book twin's release dropped it between
+        # this segment's hit and its hold): let go of this stage's hold, as the stage run
+        # again holds afresh, or the count never comes back to nought and the entry stays.
+        farm.mel_cache.release(mel_key, drop="book_id" in spec)
         if regenerations >= MAX_REGENERATIONS:
             raise SpeechError("the mel expired from the cache before the vocoder ran")
         publish_again(farm.celery, spec, regenerations)
