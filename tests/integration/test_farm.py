@@ -333,3 +333,27 @@ def test_a_farm_too_slow_for_its_backlog_says_503_with_when_to_come_back(redis_u
             tf.farm.backlog.record_run("vocoder", 0.1)
         assert tf.farm.backlog.expected_wait_s() < 5
         assert client.post("/v1/jobs", json={"text": "Now it fits."}).status_code == 202
+
+
+def test_a_vocoder_that_finds_its_features_gone_lets_go_of_its_hold(redis_url, tmp_path):
+    """A segment whose features were dropped between its cache hit and its hold (a book
+    twin's release) finds them gone at the vocoder and runs again; the run again holds
+    afresh, so this stage must let go of its own hold first, or the entry's count never
+    comes back to nought and the entry stays in the cache for good."""
+    from celery.exceptions import Ignore
+
+    from tasks.segments import _render
+
+    with running_farm(redis_url, 3, tmp_path, workers=False) as tf:
+        segment = SimpleNamespace(index=0, phonemes="hˈɛloʊ.", pause_ms=0)
+        job = tf.farm.submit([segment], voice="en-us", speed=1.0, fmt="wav", chars=6,
+                             sample_rate=22050)
+        spec = {"job_id": job["id"], "index": 0, "phonemes": "hˈɛloʊ.", "voice": "en-us",
+                "speed": 1.0, "pause_ms": 0, "words": []}
+        digest = "gone" + job["id"]
+        tf.farm.mel_cache.hold(digest)  # the acoustic stage's hold, the features gone since
+        refs = tf.farm.keys.mel_refs(digest)
+        assert tf.farm.cache_redis.exists(refs)
+        with pytest.raises(Ignore):
+            _render(SimpleNamespace(farm=tf.farm), digest, spec, 0, 0, 0, 0.0)
+        assert not tf.farm.cache_redis.exists(refs)  # its hold let go; the run again holds
