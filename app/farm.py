@@ -5,7 +5,7 @@ and readiness.
 each hold one. It composes the services (app/services/): `admission`, `backlog` (the queues'
 depths and run times), `liveness` (heartbeats and the GPU memory rule) and `sweeps`.
 Submission takes already-prepared segments (the web runs the text frontend), has admission
-take the job or refuse it (Overloaded), and hands it to app/broker/queueing.py, which writes the
+take the job or refuse it (Overloaded), and hands it to app/submission.py, which writes the
 job record and enqueues one `acoustic -> vocoder` chain per segment.
 """
 
@@ -17,7 +17,6 @@ from contextlib import AbstractContextManager, nullcontext
 
 from celery import Celery
 
-from app.broker import queueing
 from app.broker.celery_app import (
     ALL_QUEUES,
     INTERACTIVE_QUEUES,
@@ -45,6 +44,7 @@ from app.stores.melcache import MelCache
 from app.stores.redis_conn import blocking_client, redis_client
 from app.stores.states import BOOK_ACTIVE, JOB_FINAL
 from app.stores.waits import WaitPlaces
+from app.submission import TooManySegments, submit
 
 
 class Farm:
@@ -100,13 +100,13 @@ class Farm:
         self.admission = Admission(settings, self.redis, self.keys, self.broker,
                                    self.store_contact, self.liveness, self.backlog, self.sweeps)
 
-    # -- submission (the publishing itself is app/broker/queueing.py's) ------------------------
+    # -- submission (the record and publishing are app/submission.py's) -----------------------
 
     def submit(self, segments: Iterable, *, voice: str, speed: float, fmt: str, chars: int,
                sample_rate: int, request_id: str = "", key: ApiKey | None = None,
                listened: bool = False) -> dict:
         """Create the job and enqueue its segments as `segments` yields them
-        (`queueing.submit`), once the farm admits it. Raises TooManySegments past
+        (`app.submission.submit`), once the farm admits it. Raises TooManySegments past
         `max_job_segments` (nothing written when `segments` has a length; a lazy one is
         found out as it goes, and the job is failed), Overloaded when the farm is full
         (nothing written), Unavailable when the broker could not take a segment, and
@@ -119,19 +119,19 @@ class Farm:
         cap = self.settings.max_job_segments
         count = len(segments) if isinstance(segments, Sized) else 1
         if count > cap:
-            raise queueing.TooManySegments(cap)
+            raise TooManySegments(cap)
         with self.work_slot(key) as slot:
             tickets: list[str] = []
             published: list[float] = []  # when each segment's publish returned
             try:
-                job = queueing.submit(self.celery, self.jobs, segments,
-                                      admit=lambda: tickets.append(self.admission.admit(count)),
-                                      published=lambda: published.append(time.time()),
-                                      voice=voice, speed=speed, fmt=fmt, chars=chars,
-                                      sample_rate=sample_rate, request_id=request_id,
-                                      owner=key.id if key else "",
-                                      version_for=self.canary.version_for, max_segments=cap,
-                                      lease_s=self.settings.stream_lease_s if listened else 0.0)
+                job = submit(self.celery, self.jobs, segments,
+                             admit=lambda: tickets.append(self.admission.admit(count)),
+                             published=lambda: published.append(time.time()),
+                             voice=voice, speed=speed, fmt=fmt, chars=chars,
+                             sample_rate=sample_rate, request_id=request_id,
+                             owner=key.id if key else "",
+                             version_for=self.canary.version_for, max_segments=cap,
+                             lease_s=self.settings.stream_lease_s if listened else 0.0)
             finally:
                 for ticket in tickets:
                     self.admission.admitted(ticket, published[-1] if published else None)

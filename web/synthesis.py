@@ -17,7 +17,6 @@ from collections.abc import Callable, Generator, Iterator
 
 import redis
 
-from app.broker.queueing import TooManySegments
 from app.errors import FarmError
 from app.farm import Farm
 from app.obs import metrics
@@ -25,6 +24,7 @@ from app.offload import offload
 from app.security.sealing import KeyUnavailable
 from app.stores.job_audio import Chunk
 from app.stores.states import JOB_FINAL, JobState
+from app.submission import TooManySegments
 from models.errors import BreakTooLong, NoSpeakableText
 from models.text.frontend import iter_run_segments, iter_segments
 from models.text.runs import Segment, TextRun

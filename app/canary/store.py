@@ -7,7 +7,7 @@ settings (noise_scale, length_scale, noise_w). One version is live; one may be a
 
 * The split (`Canary.version_for`): a share of interactive jobs (`canary_share`, 5%) goes to
   the candidate, by a stable hash of the job id, and the job's every segment carries the
-  version it was given (app/broker/queueing.py memoizes it per job), so one job never mixes voices.
+  version it was given (app/submission.py memoizes it per job), so one job never mixes voices.
   Books take the live version (tasks/books.py), whatever the split.
 * What a version renders: the segment tasks resolve a spec's version to a `Voice` with the
   version's file and inference overrides (`voice_for`); the acoustic model id names the file's

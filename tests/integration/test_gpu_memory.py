@@ -16,7 +16,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.broker import queueing
+from app import submission
 from app.services.admission import GpuMemoryExhausted
 from tests.helpers import (
     WorkerProc,
@@ -163,9 +163,9 @@ def test_with_only_short_workers_new_jobs_get_507_and_queued_ones_fail(redis_url
             "its overflow: new jobs are refused (507)" for q in STAGES]
 
         # A job queued before every worker went short fails with the reason, at once.
-        job = queueing.submit(tf.farm.celery, tf.farm.jobs, [segment], admit=lambda: None,
-                              voice="en_us-joe-medium", speed=1.0, fmt="wav", chars=6,
-                              sample_rate=22050)
+        job = submission.submit(tf.farm.celery, tf.farm.jobs, [segment], admit=lambda: None,
+                                voice="en_us-joe-medium", speed=1.0, fmt="wav", chars=6,
+                                sample_rate=22050)
         failed = wait_until(lambda: (j := tf.farm.jobs.get(job["id"]))["state"] == "failed"
                             and j, 60, "the job never failed")
         assert "NoRoom" in failed["error"] and "GPU memory" in failed["error"]

@@ -1,0 +1,119 @@
+"""Submitting a job: its record, then one acoustic -> vocoder chain per segment.
+
+`submit` drives the segments as the frontend yields them (the web's generator): the first
+is published while the frontend still works on the rest, and the job's segment count is
+sealed at the end. The publishing itself is app/broker/queueing.py's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, cast
+
+import redis
+
+from app.broker.queueing import SegmentSpec, Unavailable, publish_segments
+from app.broker.stages import Stage
+
+if TYPE_CHECKING:  # the stores import nothing of this module
+    from celery import Celery
+
+    from app.stores.jobs import JobStore
+
+
+class TooManySegments(Exception):
+    """The job has more segments than one job may (`max_job_segments`): a long text is what
+    books are for. Raised before anything is written when the count is known up front; a
+    job whose text turns out longer as it is segmented is failed with the reason first, and
+    its segments already queued are dead (skipped, and not counted by admission)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the job has more than {limit} segments, the most one job may have")
+        self.limit = limit
+
+
+def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callable[[], None],
+           voice: str, speed: float, fmt: str, chars: int, sample_rate: int,
+           request_id: str = "", owner: str = "",
+           version_for: Callable[[str, str], str] | None = None,
+           max_segments: int | None = None, lease_s: float = 0.0,
+           published: Callable[[], None] | None = None) -> dict:
+    """Create the job and enqueue its segments as `segments` yields them.
+
+    Publish as you go: segment 0 is on the acoustic queue while the frontend still works
+    on the rest of the text, and the job's segment count is sealed at the end (the job
+    cannot finish before). The record is written when the first segment exists, so text
+    with nothing speakable leaves nothing behind. `admit` raises when the farm cannot take
+    the job now (it runs after the first segment: a request the frontend refuses, nothing
+    speakable or a break over the cap, is a 4xx whatever the load).
+
+    Raises what `admit` raises (nothing written), Unavailable when the broker could not take
+    a segment in time (the job is marked failed with the reason). Anything `segments` raises
+    before its first segment propagates with nothing written; after it, the job is failed
+    first. A web process killed mid-way leaves the job in the unpublished set, where
+    `JobStore.sweep_unpublished` finds it. `version_for(voice, job_id)` names the voice
+    version each segment is rendered with (the canary's split); asked once per job and voice,
+    so one job never mixes versions of a voice. Past `max_segments` segments the job is
+    failed and TooManySegments raised. `lease_s`: the job is a stream's (app/stores/listeners.py).
+    Each segment is marked in the admission ledger once it is on the queue
+    (`JobStore.mark_queued`), and `published()` is called the moment its publish returns
+    (admission tells by when a job was published whether the queues' depth holds it).
+    """
+    segments = iter(segments)
+    first = next(segments, None)
+    if first is None:
+        raise ValueError("no segments to submit")
+    admit()
+    job_id: str | None = None
+    count = 0
+    versions: dict[str, str] = {}  # voice -> the version this job renders it with
+    try:
+        for seg in itertools.chain([first], segments):
+            if max_segments is not None and count >= max_segments:
+                raise TooManySegments(max_segments)
+            if job_id is None:
+                job_id = jobs.create(voice=voice, speed=speed, fmt=fmt, chars=chars,
+                                     sample_rate=sample_rate, request_id=request_id,
+                                     owner=owner, lease_s=lease_s)["id"]
+            # SSML may give a segment its own voice and rate (models.text.ssml).
+            seg_voice = getattr(seg, "voice", None) or voice
+            if version_for is not None and seg_voice not in versions:
+                versions[seg_voice] = version_for(seg_voice, job_id)
+            spec = SegmentSpec(job_id, seg.index, seg.phonemes, seg_voice,
+                               round(speed * getattr(seg, "rate", 1.0), 4), seg.pause_ms,
+                               [w.to_list() for w in getattr(seg, "words", ())],
+                               versions.get(seg_voice, ""))
+            # Its fields as they are: asdict() copies each word's list again, 0.8 ms a
+            # segment of fifty words on a busy two-core box (a long digit run is 160 such).
+            body = dict(vars(spec))
+            # Kept first: a message the broker loses in a restart is published again from
+            # it (`Sweeps.resume_lost_jobs`).
+            jobs.note_spec(job_id, body)
+            try:
+                publish_segments(celery, [body])
+            except Exception as exc:  # broker down, pool exhausted, publish timed out
+                raise Unavailable(str(exc)) from exc
+            if published is not None:
+                published()
+            # After the publish: a worker that took it first has marked it taken already.
+            jobs.ledger.mark_queued(job_id, Stage.ACOUSTIC, seg.index)
+            count += 1
+    except BaseException as exc:  # a failed publish, the frontend, the client leaving
+        if job_id is not None:
+            _abandon(jobs, job_id, exc)
+        raise
+    assert job_id is not None  # the first segment made it
+    jobs.seal(job_id, count)
+    jobs.mark_published(job_id)
+    return cast(dict, jobs.get(job_id))  # made above
+
+
+def _abandon(jobs: JobStore, job_id: str, exc: BaseException) -> None:
+    """Fail a job whose submission broke off; if Redis is gone too, the sweeper will."""
+    try:
+        reason = f"{exc.__class__.__name__}: {exc}"[:300]
+        jobs.fail(job_id, f"the job could not be queued: {reason}")
+        jobs.mark_published(job_id)
+    except redis.RedisError:
+        pass
