@@ -73,6 +73,7 @@ class Piper:
     """Piper's own server in its own venv."""
 
     name = "piper"
+    rate = RATE
 
     def __init__(self, python: str, model: Path, log: Path) -> None:
         self.port = free_port()
@@ -105,9 +106,11 @@ class Piper:
 
 
 class Farm:
-    """`voxfarm up` in a folder of its own."""
+    """`voxfarm up` in a folder of its own, asked for ``voice`` (``rate`` Hz)."""
 
     name = "farm"
+    voice = VOICE
+    rate = RATE
 
     def __init__(self, var: Path, engine_cache: Path, log: Path) -> None:
         self.port = free_port()
@@ -150,7 +153,7 @@ class Farm:
         """(first audio s, full s, bytes) through the chunked HTTP stream."""
         t0 = time.perf_counter()
         # The voice named: the farm's default is another (hibari), Piper serves only this one.
-        resp = requests.post(f"{self.base}/v1/jobs", json={"text": text, "voice": VOICE},
+        resp = requests.post(f"{self.base}/v1/jobs", json={"text": text, "voice": self.voice},
                              timeout=60)
         resp.raise_for_status()
         job = resp.json()
@@ -196,7 +199,7 @@ def burst(system, texts: list[str]) -> dict:
     return {"first p50": pct(firsts, .5), "first p99": pct(firsts, .99),
             "full p50": pct(fulls, .5), "full p99": pct(fulls, .99),
             "errors": float(len(errors)), "wall": wall,
-            "audio s": sum(r[2] for r in ok) / 2 / RATE}
+            "audio s": sum(r[2] for r in ok) / 2 / system.rate}
 
 
 def scenarios(system, tag: str) -> dict[str, float]:
