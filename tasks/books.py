@@ -43,6 +43,7 @@ from app.broker.celery_app import (
     BOOK_PREPARE_TASK,
     VOCODER_BATCH_QUEUE,
 )
+from app.broker.messages import BookOwner, Segment
 from app.broker.queueing import publish_segments, send_assemble, start_feed
 from app.obs import metrics
 from app.offload import offload
@@ -126,7 +127,7 @@ def prepare(self: BookTask, book_id: str, **_: object) -> str:
 
 
 class _Plans:
-    """Segment specs by book-wide ordinal, reading each chapter's plan file once."""
+    """Segments by book-wide ordinal, reading each chapter's plan file once."""
 
     def __init__(self, farm, rec: dict) -> None:
         self.farm, self.rec = farm, rec
@@ -136,7 +137,7 @@ class _Plans:
         # interactive jobs), read once per feed.
         self.live: dict[str, str] = {}
 
-    def spec(self, seq: int) -> dict:
+    def segment(self, seq: int) -> Segment:
         chapter = bisect_right(self.offsets, seq) - 1
         if chapter not in self.cache:
             self.cache = {chapter: json.loads(self.farm.store.get(
@@ -145,11 +146,11 @@ class _Plans:
         voice = seg.get("voice") or self.rec["voice"]
         if voice not in self.live:
             self.live[voice] = self.farm.canary.live_version(voice)
-        return {"book_id": self.rec["id"], "seq": seq, "chapter": chapter,
-                "index": seg["index"], "phonemes": seg["phonemes"], "text": seg["text"],
-                "voice": voice, "speed": round(self.rec["speed"] * seg.get("rate", 1.0), 4),
-                "pause_ms": seg["pause_ms"], "words": seg.get("words", []),
-                **({"version": self.live[voice]} if self.live[voice] else {})}
+        return Segment.at_rate(BookOwner(self.rec["id"], seq, chapter), seg["index"],
+                               seg["phonemes"], voice, base_speed=self.rec["speed"],
+                               rate=seg.get("rate", 1.0), pause_ms=seg["pause_ms"],
+                               words=seg.get("words", []), version=self.live[voice] or "",
+                               text=seg["text"])
 
 
 @shared_task(name=BOOK_FEED_TASK, base=BookTask, bind=True)
@@ -171,7 +172,7 @@ def feed(self: BookTask, book_id: str, gen: int, **_: object) -> str:
             continue
         seqs = range(rec["cursor"], min(rec["total"], rec["cursor"] + room))
         done_bits = books.done_bits(book_id, seqs)
-        publish_segments(farm.celery, (plans.spec(seq) for seq, done
+        publish_segments(farm.celery, (plans.segment(seq).to_message() for seq, done
                                        in zip(seqs, done_bits, strict=True) if not done))
         books.set_cursor(book_id, seqs.stop)
     # Hand over to a fresh message: no task runs for hours, and a lost worker loses a slice.
@@ -183,32 +184,41 @@ def feed(self: BookTask, book_id: str, gen: int, **_: object) -> str:
 # -- the book side of the segment tasks (called from tasks/segments.py) ----------------------
 
 
-def segment_wanted(farm, spec: dict) -> bool:
+def segment_wanted(farm, segment: Segment) -> bool:
     """False when the book is canceled, failed or gone, or this segment is stored already."""
-    return (farm.books.state(spec["book_id"]) == BookState.RENDERING
-            and not farm.books.is_done(spec["book_id"], spec["seq"]))
+    book = _book_of(segment)
+    return (farm.books.state(book.book_id) == BookState.RENDERING
+            and not farm.books.is_done(book.book_id, book.seq))
 
 
-def store_segment(farm, spec: dict, pcm: bytes, sample_rate: int,
+def store_segment(farm, segment: Segment, pcm: bytes, sample_rate: int,
                   words: list[dict] | None = None) -> None:
     """Store a book segment's audio (16-bit PCM at `sample_rate`), count it where a job's
     segment counts (the batch vocoder pool's figures are the farm's as much as the
     interactive one's: a redelivered segment counts again, as a job's does, being work
     done), and assemble the book after its last."""
-    done, state = farm.books.store_segment(spec["book_id"], spec["seq"], spec["chapter"],
-                                           spec["index"], pcm, words)
+    book = _book_of(segment)
+    done, state = farm.books.store_segment(book.book_id, book.seq, book.chapter,
+                                           segment.index, pcm, words)
     if done >= 0:
         metrics.SEGMENTS.inc()
         metrics.AUDIO_SECONDS.inc(len(pcm) / 2 / sample_rate)
     if done >= 0 and state == BookState.ASSEMBLING:
-        send_assemble(farm.celery, spec["book_id"])
+        send_assemble(farm.celery, book.book_id)
 
 
-def segment_failed(farm, spec: dict, exc: BaseException) -> None:
-    message = (f"chapter {spec['chapter']}, segment {spec['index']}: "
+def segment_failed(farm, segment: Segment, exc: BaseException) -> None:
+    book = _book_of(segment)
+    message = (f"chapter {book.chapter}, segment {segment.index}: "
                f"{exc.__class__.__name__}: {exc}")
-    if farm.books.fail(spec["book_id"], spec["chapter"], spec.get("text", ""), message):
-        log.error("book %s failed at %s", spec["book_id"], message)
+    if farm.books.fail(book.book_id, book.chapter, segment.text, message):
+        log.error("book %s failed at %s", book.book_id, message)
+
+
+def _book_of(segment: Segment) -> BookOwner:
+    if not isinstance(segment.owner, BookOwner):
+        raise TypeError(f"segment {segment.describe()} is not a book's")
+    return segment.owner
 
 
 # -- assemble --------------------------------------------------------------------------------

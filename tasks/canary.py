@@ -1,6 +1,6 @@
 """The voice canary in the segment workers (app/canary/ holds the store and the rule).
 
-* `voice_for(farm, spec)`: the voice a segment spec renders with, its version's file and
+* `voice_for(farm, segment)`: the voice a segment renders with, its version's file and
   inference overrides applied (both stages call it, so they agree).
 * `install()` connects two task signals in every worker process: around each segment stage
   of a versioned voice it counts the version's segments and failures and keeps its run times
@@ -23,6 +23,7 @@ from dataclasses import replace
 from celery import signals
 
 from app.broker import queueing
+from app.broker.messages import Segment, segment_in
 from app.broker.stages import STAGE_OF_TASK, Stage
 from app.canary.rule import voice_key
 from app.obs import metrics
@@ -34,12 +35,13 @@ log = logging.getLogger("voxfarm.canary")
 _started: dict[str, float] = {}  # task id -> perf_counter at its start
 
 
-def voice_for(farm, spec: dict) -> Voice:
-    """The voice `spec` names, rendered by the version it carries: the version's file (if it
-    has one) and inference overrides. A spec without a version (a voice without versions,
-    a message from before them) is the voice as offered; an unknown version too, logged."""
-    voice = get_voice(spec["voice"])
-    version_id = spec.get("version")
+def voice_for(farm, segment: Segment) -> Voice:
+    """The voice `segment` names, rendered by the version it carries: the version's file (if
+    it has one) and inference overrides. A segment without a version (a voice without
+    versions, a message from before them) is the voice as offered; an unknown version too,
+    logged."""
+    voice = get_voice(segment.voice)
+    version_id = segment.version
     if not version_id or voice.engine != PIPER:
         return voice
     version = farm.canary.version(voice.voice_name, version_id)
@@ -51,9 +53,15 @@ def voice_for(farm, spec: dict) -> Voice:
                    inference=version.inference)
 
 
-def _spec(args) -> dict | None:
-    spec = next((a for a in args or () if isinstance(a, dict) and "voice" in a), None)
-    return spec if spec and spec.get("version") else None
+def _spec(args) -> Segment | None:
+    """The segment of a stage's arguments, if its voice has versions."""
+    message = segment_in(args or ())
+    if message is None or not message.get("version"):
+        return None
+    try:
+        return Segment.from_message(message)
+    except ValueError:  # a message no stage could read: nothing to count
+        return None
 
 
 def _prerun(task_id: str, task, args=None, **_: object) -> None:
@@ -82,10 +90,10 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
         log.warning("canary bookkeeping failed", exc_info=True)
 
 
-def observe(celery, stage: str, spec: dict, ok: bool, run_s: float | None) -> None:
+def observe(celery, stage: str, spec: Segment, ok: bool, run_s: float | None) -> None:
     """A segment stage of a versioned voice finished (`ok`) or failed for good."""
     farm = runtime.farm(celery)
-    voice, version = voice_key(spec["voice"]), spec["version"]
+    voice, version = voice_key(spec.voice), spec.version
     farm.canary.record_segment(voice, version, stage, ok, run_s)
     if not ok or stage == Stage.VOCODER:
         metrics.CANARY_SEGMENTS.labels(voice, version, "ok" if ok else "failed").inc()
@@ -94,10 +102,10 @@ def observe(celery, stage: str, spec: dict, ok: bool, run_s: float | None) -> No
         return
     if not ok and version == candidate:
         farm.canary.judge(voice)  # the failure ratio rolls it back at once
-    elif ok and stage == Stage.VOCODER and "job_id" in spec and version in (live, candidate) \
-            and spec.get("words") and random.random() < farm.settings.canary_sample_share:
-        text = " ".join(str(word[0]) for word in spec["words"])
-        queueing.send_score(celery, voice, version, spec["job_id"], spec["index"], text)
+    elif ok and stage == Stage.VOCODER and spec.job_id and version in (live, candidate) \
+            and spec.words and random.random() < farm.settings.canary_sample_share:
+        text = " ".join(str(word[0]) for word in spec.words)
+        queueing.send_score(celery, voice, version, spec.job_id, spec.index, text)
 
 
 def install() -> None:

@@ -1,8 +1,10 @@
 """The two stages of a segment: acoustic (phonemes -> cached mel) and vocoder (mel -> chunk).
 
-Both are thin: they take the small segment spec, call `models/` and the stores, and return a
-key or an index. Both are idempotent, so at-least-once delivery never loses or duplicates a
-segment: the mel cache is keyed by content, and a chunk is stored by its index.
+Both are thin: they take the small segment message (app/broker/messages.py, read once at
+the task's entry), call `models/` and the stores, and return a key or an index. What differs
+between a job's segment and a book's is the owner's to do (tasks/owners.py).
+Both are idempotent, so at-least-once delivery never loses or duplicates a segment: the mel
+cache is keyed by content, and a chunk is stored by its index.
 
 Both obey the GPU memory rule before their forward pass (`_run_here_or_hand_over`): a worker
 short of device memory hands the stage to a pool with room instead of running it.
@@ -31,25 +33,30 @@ from app.broker.celery_app import (
     VOCODER_REST_QUEUE,
     VOCODER_TASK,
 )
+from app.broker.messages import JobOwner, Segment, owner_of, segment_in
 from app.broker.queueing import continue_segment, hand_over, publish_again
 from app.broker.stages import Stage
 from app.obs import metrics
-from app.stores.melcache import mel_cache_key, scoped_key
-from app.stores.states import JobState
+from app.stores.features import (
+    cache_owner,
+    features_seed,
+    mel_cache_key,
+    mel_from_bytes,
+    mel_to_bytes,
+    noise_seed,
+    scoped_key,
+)
 from models.errors import SpeechError
 from models.voices import HIBARI, NEURAL, PIPER
-from tasks import batching, books, canary, runtime
+from tasks import batching, canary, runtime
 from tasks.base import FarmTask, NoRoom
+from tasks.owners import side_of
 
 log = logging.getLogger("voxfarm.tasks")
 
 # A mel that expired between the stages is recomputed by re-running the segment's chain;
 # past this many regenerations the cache TTL is too short for the queue and the job fails.
 MAX_REGENERATIONS = 3
-
-# A job in one of these states (or gone: None) wants no more of its segments rendered.
-_STOPPED = (None, JobState.CANCELED, JobState.FAILED)
-
 
 # The queues admission counts (a stage's interactive queues): what a worker publishes there
 # is marked in the ledger. The overflow queues and the books' batch queues are not counted.
@@ -73,10 +80,11 @@ def _published(sender=None, body=None, routing_key=None, **_: object) -> None:
             args, kwargs = body.get("args") or (), body.get("kwargs") or {}
         else:  # protocol 2: (args, kwargs, embed)
             args, kwargs = body[0], body[1]
-        spec = next((a for a in args if isinstance(a, dict) and "job_id" in a), None)
-        if spec is not None:
-            runtime.farm().jobs.ledger.mark_queued(spec["job_id"], ledger_kind(sender, kwargs),
-                                            spec["index"])
+        message = segment_in(args)
+        if message is not None and isinstance(owner_of(message), JobOwner):
+            seg = Segment.from_message(message)
+            runtime.farm().jobs.ledger.mark_queued(seg.owner_id, ledger_kind(sender, kwargs),
+                                                   seg.index)
     except Exception:  # noqa: BLE001  (the publish happened; the ledger is a count)
         log.warning("a published segment was not marked in the admission ledger",
                     exc_info=True)
@@ -88,41 +96,24 @@ def install() -> None:
                                        dispatch_uid="voxfarm-admission-ledger")
 
 
-def noise_seed(digest: str) -> int:
-    """A segment's noise seed, from its content's digest (hex): 60 bits, as torch seeds
-    take. The same request renders the same audio whoever asks."""
-    return int(digest[:15], 16)
-
-
-def cache_owner(farm, spec: dict) -> str:
-    """Whose features a segment may share (app/stores/melcache.py, `scoped_key`): the API key that
-    made its job or book; "" for everyone's when there is none or the operator shares the
-    cache. Work that is gone shares nothing."""
-    if farm.settings.share_feature_cache:
-        return ""
-    if "book_id" in spec:
-        owner = farm.books.owner(spec["book_id"])
-    else:
-        owner = farm.jobs.owner(spec["job_id"])
-    return owner if owner is not None else f"gone:{spec.get('book_id') or spec['job_id']}"
-
-
 class SegmentTask(FarmTask):
     """A segment stage: a failure that outlived its retries fails the job (or the book)."""
 
     abstract = True
 
     def on_failure(self, exc, task_id, args, kwargs, einfo) -> None:
-        spec = args[-1] if args else kwargs.get("spec")
-        if isinstance(spec, dict) and "book_id" in spec:
-            books.segment_failed(self.farm, spec, exc)
-        elif isinstance(spec, dict) and "job_id" in spec:
-            message = f"segment {spec['index']}: {exc.__class__.__name__}: {exc}"
-            self.farm.jobs.fail(spec["job_id"], message)
-            log.error("job %s failed at %s", spec["job_id"], message)
+        message = args[-1] if args else kwargs.get("spec")
+        if owner_of(message) is None:
+            return
+        try:
+            seg = Segment.from_message(message)
+        except ValueError:
+            log.error("a segment task failed with a message it could not read: %s", exc)
+            return
+        side_of(seg).failed(self.farm, seg, exc)
 
 
-def _run_here_or_hand_over(task: SegmentTask, stage: str, spec: dict, args: tuple,
+def _run_here_or_hand_over(task: SegmentTask, stage: str, seg: Segment, args: tuple,
                            kwargs: dict, reroutes: int) -> None:
     """The GPU memory rule, before a forward pass of `stage`: a worker short of device memory
     neither runs it nor falls back to its own CPU. It publishes the stage again as it came
@@ -135,7 +126,7 @@ def _run_here_or_hand_over(task: SegmentTask, stage: str, spec: dict, args: tupl
         return
     farm = task.farm
     limit = farm.settings.max_reroutes
-    queue = farm.liveness.room_for(stage, "book_id" in spec, worker) if reroutes < limit else None
+    queue = farm.liveness.room_for(stage, seg.is_book, worker) if reroutes < limit else None
     if queue is None:
         metrics.SEGMENTS_REROUTED.labels(stage, "gpu_memory", "none").inc()
         if reroutes < limit:
@@ -145,8 +136,8 @@ def _run_here_or_hand_over(task: SegmentTask, stage: str, spec: dict, args: tupl
               chain=list(task.request.chain or ()))
     to = "cpu" if queue in OVERFLOW_QUEUES.values() else "gpu"
     metrics.SEGMENTS_REROUTED.labels(stage, "gpu_memory", to).inc()
-    log.warning("segment %s of %s: %s is short of GPU memory; its %s stage went to %s",
-                spec["index"], spec.get("job_id") or spec.get("book_id"), worker, stage, queue)
+    log.warning("segment %s: %s is short of GPU memory; its %s stage went to %s",
+                seg.describe(), worker, stage, queue)
     raise Ignore()  # handed on: the rest of the chain travels with the new message
 
 
@@ -155,51 +146,46 @@ def synthesize(self: SegmentTask, spec: dict, reroutes: int = 0, **_: object) ->
     """Phonemes -> mel in the cache. Returns the cache key for the vocoder. `reroutes`: how
     often workers short of GPU memory handed this stage on already."""
     with batching.working(Stage.ACOUSTIC):
-        return _synthesize(self, spec, reroutes)
+        return _synthesize(self, Segment.from_message(spec), reroutes)
 
 
-def _synthesize(task: SegmentTask, spec: dict, reroutes: int) -> str:
+def _synthesize(task: SegmentTask, seg: Segment, reroutes: int) -> str:
     farm = task.farm
-    if "book_id" in spec:  # a book's segment: skip it if the book stopped or has it already
-        if not books.segment_wanted(farm, spec):
-            raise Ignore()
-    elif farm.jobs.ledger.take(spec["job_id"], Stage.ACOUSTIC, spec["index"], run=True) in _STOPPED:
-        raise Ignore()  # canceled, failed or expired: the rest of the chain never runs
-    # UnknownVoice is a SpeechError: the job fails at once. The spec's voice version (the
+    side = side_of(seg)
+    if not side.wanted(farm, seg, Stage.ACOUSTIC, run=True):
+        # A job canceled, failed or expired, a book stopped or with the segment stored
+        # already: the rest of the chain never runs.
+        raise Ignore()
+    # UnknownVoice is a SpeechError: the job fails at once. The segment's voice version (the
     # canary's) picks the file and inference settings.
-    voice = canary.voice_for(farm, spec)
+    voice = canary.voice_for(farm, seg)
     model = runtime.acoustic_for(voice)
     # The key names the model, so a hit is always this model's features; the speaker is part
     # of the voice name ("NAME:SPEAKER"). With API keys on it is the owner's alone.
-    content = mel_cache_key(model.model_id, spec["phonemes"], spec["voice"], spec["speed"])
-    digest = scoped_key(content, cache_owner(farm, spec))
+    content = mel_cache_key(model.model_id, seg.phonemes, seg.voice, seg.speed)
+    digest = scoped_key(content, cache_owner(farm, seg))
     # The entry holds the timing beside the features, which the vocoder stage turns into word
     # timestamps, hit or miss: a neural voice's frames per phoneme id, eSpeak's word starts.
     timed = voice.engine in NEURAL or hasattr(model, "synthesize_timed")
     hit = farm.mel_cache.touch(digest, durations=timed)
     task.request.mel_cache_hit = hit  # the canary times a version's model on misses only
     if not hit:
-        _run_here_or_hand_over(task, Stage.ACOUSTIC, spec, (spec,), {}, reroutes)
-        # torch loads on first use: the book and quality pools import this too
-        from models.classic.mel import mel_to_bytes
-
+        _run_here_or_hand_over(task, Stage.ACOUSTIC, seg, (seg.to_message(),), {}, reroutes)
         durations = None
         if voice.engine == PIPER:
             # The noise of the VITS prior and duration predictor comes from a generator
             # seeded by the key: the same request renders the same audio, hit or miss.
-            features, durations = _acoustic_piper(model, voice, spec, noise_seed(content))
+            features, durations = _acoustic_piper(model, voice, seg, noise_seed(content))
         elif voice.engine == HIBARI:
-            features, durations = _acoustic_hibari(model, spec)
+            features, durations = _acoustic_hibari(model, seg)
         elif timed:
-            features, durations = model.synthesize_timed(spec["phonemes"], spec["voice"],
-                                                         spec["speed"])
+            features, durations = model.synthesize_timed(seg.phonemes, seg.voice, seg.speed)
         else:
-            features = model.synthesize(spec["phonemes"], spec["voice"], spec["speed"])
+            features = model.synthesize(seg.phonemes, seg.voice, seg.speed)
         farm.mel_cache.put(digest, mel_to_bytes(features), durations)
     farm.mel_cache.hold(digest)  # the vocoder stage releases it
     farm.mel_cache.count(hit)
-    if "job_id" in spec:
-        farm.jobs.count_cache(spec["job_id"], hit)
+    side.counted(farm, seg, hit)
     return digest
 
 
@@ -213,74 +199,62 @@ def render(self: SegmentTask, mel_key: str, spec: dict, regenerations: int = 0,
     listeners carries on (its windows before are stored); `spent_s`: how long its stage ran
     before it gave way (the run time admission estimates from is a whole segment's)."""
     with batching.working(Stage.VOCODER):
-        return _render(self, mel_key, spec, regenerations, reroutes, from_window, spent_s)
+        return _render(self, mel_key, Segment.from_message(spec), regenerations, reroutes,
+                       from_window, spent_s)
 
 
-def _render(task: SegmentTask, mel_key: str, spec: dict, regenerations: int,
+def _render(task: SegmentTask, mel_key: str, seg: Segment, regenerations: int,
             reroutes: int, from_window: int, spent_s: float) -> int:
     started = time.perf_counter()
     farm = task.farm
-    if "book_id" in spec:
-        wanted = books.segment_wanted(farm, spec)
-    else:
-        kind = Stage.REST if from_window else Stage.VOCODER
-        wanted = farm.jobs.ledger.take(spec["job_id"], kind, spec["index"]) not in _STOPPED
-    if not wanted:
+    side = side_of(seg)
+    if not side.wanted(farm, seg, Stage.REST if from_window else Stage.VOCODER):
         # Stored already (a twin publish of the feeder) or canceled: the acoustic stage
         # held the features for this stage, so let go of them here too.
-        farm.mel_cache.release(mel_key, drop="book_id" in spec)
+        farm.mel_cache.release(mel_key, seg)
         raise Ignore()
     blob = farm.mel_cache.get(mel_key)
     if blob is None:
         # Gone before this stage read it (expired, or a book twin's release dropped it between
         # this segment's hit and its hold): let go of this stage's hold, as the stage run
         # again holds afresh, or the count never comes back to nought and the entry stays.
-        farm.mel_cache.release(mel_key, drop="book_id" in spec)
+        farm.mel_cache.release(mel_key, seg)
         if regenerations >= MAX_REGENERATIONS:
             raise SpeechError("the mel expired from the cache before the vocoder ran")
-        publish_again(farm.celery, spec, regenerations)
+        publish_again(farm.celery, seg.to_message(), regenerations)
         raise Ignore()
-    _run_here_or_hand_over(task, Stage.VOCODER, spec, (mel_key, spec),
+    _run_here_or_hand_over(task, Stage.VOCODER, seg, (mel_key, seg.to_message()),
                            {"regenerations": regenerations, "from_window": from_window,
                             "spent_s": spent_s}, reroutes)
-    # torch loads on first use: the book and quality pools import this too
-    from models.classic.mel import mel_from_bytes
-
-    voice = canary.voice_for(farm, spec)
+    voice = canary.voice_for(farm, seg)
     vocoder = runtime.vocoder_for(voice)
     features = mel_from_bytes(blob).to(vocoder.device)
     # hibari's decoder adds seeded noise (the source-filter's noise part); its seed comes
-    # from the cached features, which the segment's content names (models/hibari/stage.py).
-    seed = 0
-    if voice.engine == HIBARI:
-        # torch loads only in the pools that run the voice
-        from models.hibari.stage import seed_of
-
-        seed = seed_of(blob)
-    pause = np.zeros(int(vocoder.sample_rate * spec["pause_ms"] / 1000), dtype=np.float32)
-    if "book_id" in spec:  # book audio goes to the artifact store, not Redis
-        audio = _vocode_piece(vocoder, voice, features, seed=seed)
-        words = _word_times(farm, vocoder, voice, mel_key, spec, len(audio))
-        books.store_segment(farm, spec, _pcm(audio, pause), vocoder.sample_rate, words)
-    elif voice.engine in NEURAL and (from_window or farm.settings.vocoder_window_frames):
-        words = _word_times(farm, vocoder, voice, mel_key, spec)
-        rest = _stream_windows(farm, vocoder, voice, features, spec, pause, words, from_window,
+    # from the cached features, which the segment's content names (app/stores/features.py).
+    seed = features_seed(blob) if voice.engine == HIBARI else 0
+    pause = np.zeros(int(vocoder.sample_rate * seg.pause_ms / 1000), dtype=np.float32)
+    # A job's audio may stream window by window; a book's goes to the artifact store whole.
+    if side.streams and voice.engine in NEURAL and (
+            from_window or farm.settings.vocoder_window_frames):
+        words = _word_times(farm, vocoder, voice, mel_key, seg)
+        rest = _stream_windows(farm, vocoder, voice, features, seg, pause, words, from_window,
                                seed)
         if rest is not None:  # it gave way: the rest reads the features this stage holds
-            continue_segment(farm.celery, mel_key, spec, rest, queue=_rest_queue(farm.settings),
+            continue_segment(farm.celery, mel_key, seg.to_message(), rest,
+                             queue=_rest_queue(farm.settings),
                              regenerations=regenerations,
                              spent_s=spent_s + time.perf_counter() - started)
             metrics.VOCODER_YIELDS.inc()
             # The segment is not done: the hooks count it when its rest is (observability,
             # canary).
             task.request.gave_way = True
-            return spec["index"]
+            return seg.index
     else:
         audio = _vocode_piece(vocoder, voice, features, seed=seed)
-        words = _word_times(farm, vocoder, voice, mel_key, spec, len(audio))
-        farm.jobs.store_chunk(spec["job_id"], spec["index"], _pcm(audio, pause), words)
-    farm.mel_cache.release(mel_key, drop="book_id" in spec)
-    return spec["index"]
+        words = _word_times(farm, vocoder, voice, mel_key, seg, len(audio))
+        side.store(farm, seg, _pcm(audio, pause), vocoder.sample_rate, words)
+    farm.mel_cache.release(mel_key, seg)
+    return seg.index
 
 
 def _pcm(audio: np.ndarray, pause: np.ndarray | None = None) -> bytes:
@@ -292,28 +266,28 @@ def _pcm(audio: np.ndarray, pause: np.ndarray | None = None) -> bytes:
     return pcm16(audio).tobytes()
 
 
-def _acoustic_piper(model, voice, spec: dict, seed: int) -> tuple:
+def _acoustic_piper(model, voice, seg: Segment, seed: int) -> tuple:
     """A neural voice's latent and durations, in a batch with other segments of the same
     model, speed and speaker where the pool batches (tasks/batching.py)."""
-    speed, speaker = spec["speed"], voice.speaker
+    speed, speaker = seg.speed, voice.speaker
 
     def run(items: list[tuple[str, int]]) -> list:
         return model.synthesize_timed_batch([p for p, _ in items], [s for _, s in items],
                                             speed, speaker, max_batch=len(items))
 
     return batching.run(Stage.ACOUSTIC, (model.model_id, speed, speaker), run,
-                        (spec["phonemes"], seed))
+                        (seg.phonemes, seed))
 
 
-def _acoustic_hibari(model, spec: dict) -> tuple:
+def _acoustic_hibari(model, seg: Segment) -> tuple:
     """hibari's frames and durations, in a batch with other segments of the same speed where
     the pool batches. Its acoustic half draws no noise: nothing to seed here."""
-    speed = spec["speed"]
+    speed = seg.speed
 
     def run(items: list[str]) -> list:
         return model.synthesize_timed_batch(items, speed)
 
-    return batching.run(Stage.ACOUSTIC, (model.model_id, speed), run, spec["phonemes"])
+    return batching.run(Stage.ACOUSTIC, (model.model_id, speed), run, seg.phonemes)
 
 
 def _vocode_piece(vocoder, voice, features, piece=None, seed: int = 0) -> np.ndarray:
@@ -348,19 +322,18 @@ def _vocode_piece(vocoder, voice, features, piece=None, seed: int = 0) -> np.nda
     return audio.float().cpu().numpy()
 
 
-def _word_times(farm, vocoder, voice, mel_key: str, spec: dict,
+def _word_times(farm, vocoder, voice, mel_key: str, seg: Segment,
                 samples: int = 0) -> list[dict]:
     """The segment's words with their start and end in seconds of its audio (`samples`
     long, pause excluded): for a neural voice, the model's durations (cached with the
-    features) summed over each word's phonemes, which the frontend found (`spec["words"]`,
-    see models/text/words.py); for eSpeak, its own word starts. Empty for a spec from before word
-    timestamps."""
-    if not spec.get("words"):
+    features) summed over each word's phonemes, which the frontend found (`seg.words`,
+    see models/text/words.py); for eSpeak, its own word starts. Empty for a message from
+    before word timestamps."""
+    if not seg.words:
         return []
     durations = farm.mel_cache.get_durations(mel_key)
     if durations is None:
-        log.warning("segment %s of %s: no timing cached; no word timestamps",
-                    spec["index"], spec.get("job_id"))
+        log.warning("segment %s: no timing cached; no word timestamps", seg.describe())
         return []
     # torch loads on first use: the book and quality pools import this too
     from models.neural.voice_file import ids_and_positions
@@ -370,21 +343,21 @@ def _word_times(farm, vocoder, voice, mel_key: str, spec: dict,
         # Frames per id, as for a Piper voice; one frame is 300 samples at 24 kHz.
         from models.hibari.stage import word_positions
 
-        spans = [WordSpan.from_list(item) for item in spec["words"]]
-        return word_times(spans, spec["phonemes"], word_positions(spec["phonemes"], durations),
+        spans = [WordSpan.from_list(item) for item in seg.words]
+        return word_times(spans, seg.phonemes, word_positions(seg.phonemes, durations),
                           durations, vocoder.hop_length / vocoder.sample_rate)
     if voice.engine != PIPER:
-        spans = [WordSpan.from_list(item) for item in spec["words"]]
-        return espeak_word_times(spans, durations, len(spec["phonemes"]),
+        spans = [WordSpan.from_list(item) for item in seg.words]
+        return espeak_word_times(spans, durations, len(seg.phonemes),
                                  samples / vocoder.sample_rate)
     config = vocoder.voice.config
-    _, positions = ids_and_positions(spec["phonemes"], config)
-    spans = [WordSpan.from_list(item) for item in spec["words"]]
-    return word_times(spans, spec["phonemes"], positions, durations,
+    _, positions = ids_and_positions(seg.phonemes, config)
+    spans = [WordSpan.from_list(item) for item in seg.words]
+    return word_times(spans, seg.phonemes, positions, durations,
                       vocoder.voice.hop_length / config.sample_rate)
 
 
-def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarray,
+def _stream_windows(farm, vocoder, voice, features, seg: Segment, pause: np.ndarray,
                     words: list[dict], start: int = 0, seed: int = 0) -> int | None:
     """Vocode the segment window by window from window `start`, storing each as a chunk the
     moment it exists. Returns None when its last window is stored, or the window it stopped
@@ -401,7 +374,7 @@ def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarra
     frames = int(features.shape[-1])
     window = farm.settings.vocoder_window_frames or frames  # a plan set before stands
     plan = (len(vocoder.windows(frames, window)), window)
-    _, window = farm.jobs.window_plan(spec["job_id"], spec["index"], plan)
+    _, window = farm.jobs.window_plan(seg.owner_id, seg.index, plan)
     cut = vocoder.windows(frames, window)
     hop, rate = vocoder.hop_length, vocoder.sample_rate
     segment_samples = frames * hop + len(pause)
@@ -413,7 +386,7 @@ def _stream_windows(farm, vocoder, voice, features, spec: dict, pause: np.ndarra
         mine = [word for word in words
                 if (w == 0 or word["start"] * rate >= piece.start * hop)
                 and (last or word["start"] * rate < piece.end * hop)]
-        stored = farm.jobs.store_window(spec["job_id"], spec["index"], w,
+        stored = farm.jobs.store_window(seg.owner_id, seg.index, w,
                                         _pcm(audio, pause if last else None),
                                         (len(cut), window), mine, piece.start * hop,
                                         segment_samples)

@@ -1,11 +1,14 @@
 """The mel cache: mel spectrograms by (model, phonemes, voice, speed), with a TTL.
 
+This is its Redis side; what an entry is called, whose it is, its bytes and the seeds that
+come from it are app/stores/features.py.
+
 The acoustic task writes here and hands the vocoder the key, so a mel never travels through
 the broker. Hit and miss counts are farm-wide counters in the stats hash.
 
 With API keys on, an entry belongs to one key: the cache key is the content's digest bound
-to the owner of the work (`scoped_key`), so a key's segment never finds features another key
-made, and no hit, per-job count or timing tells one key what another said. Whatever is
+to the owner of the work (`features.scoped_key`), so a key's segment never finds features
+another key made, and no hit, per-job count or timing tells one key what another said. Whatever is
 keyed by the cache key (the hold count below, and any de-duplication of identical segments
 in flight) is scoped with it, so it cannot couple two keys either. The operator may share
 the cache farm-wide for public content (`VOXFARM_SHARE_FEATURE_CACHE`).
@@ -28,30 +31,13 @@ re-runs the chain, whose acoustic stage then finds nothing and recomputes.
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import redis
 
+from app.broker.messages import Segment
 from app.obs.metrics import MEL_CACHE
 from app.security.sealing import Sealer
 from app.stores.keys import Keys
-
-
-def mel_cache_key(model_id: str, phonemes: str, voice: str, speed: float) -> str:
-    """Stable digest of everything that decides the mel (speed rounded to what users send)."""
-    material = "\x1f".join((model_id, voice, f"{speed:.3f}", phonemes))
-    return hashlib.sha256(material.encode()).hexdigest()[:40]
-
-
-def scoped_key(digest: str, owner: str) -> str:
-    """The cache key of content `digest` for work of the API key `owner`: the digest itself
-    for work without an owner (the farm open, or the cache shared), else one that only this
-    owner's segments form."""
-    if not owner:
-        return digest
-    return hashlib.sha256(f"{owner}\x1f{digest}".encode()).hexdigest()[:40]
-
 
 _HOLD = """
 local ttl = ARGV[1]
@@ -97,8 +83,11 @@ class MelCache:
         """One more segment will read this mel; returns how many will."""
         return int(self._hold(keys=[self.keys.mel_refs(digest)], args=[self.ttl_s]))
 
-    def release(self, digest: str, drop: bool) -> int:
-        """A segment has read its mel. With `drop`, the entry goes once nobody needs it."""
+    def release(self, digest: str, segment: Segment) -> int:
+        """`segment` has read its mel, or will not: the one way a stage lets go of what its
+        acoustic stage held. A book's entry goes once nobody needs it (a book's mel is
+        rarely wanted again); a job's stays its TTL, for the next identical request."""
+        drop = segment.is_book
         return int(self._release(keys=[self.keys.mel(digest), self.keys.mel_refs(digest),
                                        self.keys.mel_durations(digest)],
                                  args=["1" if drop else "0"]))

@@ -1,5 +1,7 @@
 """Log-mel spectrograms: the one representation the acoustic models and vocoders exchange.
 
+(Their byte format in the feature cache is app/stores/features.py.)
+
 The numbers follow the common TTS recipe (LJSpeech / HiFi-GAN settings: 22,050 Hz, n_fft 1024,
 hop 256, 80 Slaney mel bins up to 8 kHz, natural log), so a neural model trained on that recipe
 can later drop in behind the same cache. The filterbank equals ``librosa.filters.mel`` with its
@@ -11,10 +13,8 @@ from __future__ import annotations
 
 import functools
 import math
-import struct
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -164,53 +164,3 @@ def log_mel(audio: torch.Tensor, cfg: MelConfig = MelConfig()) -> torch.Tensor:
     mel = torch.matmul(mel_filterbank(cfg, audio.device), magnitude)  # (B, n_mels, frames)
     mel = torch.log(torch.clamp(mel, min=cfg.log_floor))
     return mel if batched else mel.squeeze(0)
-
-
-# Cache format: magic, version, ndim, then ndim little-endian uint32 sizes, then float16 data.
-_MAGIC = b"VXML"
-_VERSION = 1
-_HEAD = struct.Struct("<4sBB")
-_MAX_NDIM = 3
-
-
-class MelFormatError(ValueError):
-    """Bytes that are not a mel written by :func:`mel_to_bytes` (or were truncated)."""
-
-
-def mel_to_bytes(mel: torch.Tensor) -> bytes:
-    """Serialise a mel ``(n_mels, frames)`` (or any ≤3-d tensor) as float16 with a shape header.
-
-    float16 keeps log-mel values (about -11.5 ... +5) to within ~0.004, far below what the
-    vocoder can hear, and halves the Redis footprint.
-    """
-    if mel.dim() > _MAX_NDIM:
-        raise ValueError(f"mel has {mel.dim()} dimensions; at most {_MAX_NDIM} are stored")
-    data = mel.detach().to("cpu", torch.float16).contiguous().numpy().astype("<f2", copy=False)
-    header = _HEAD.pack(_MAGIC, _VERSION, mel.dim()) + struct.pack(f"<{mel.dim()}I", *mel.shape)
-    return header + data.tobytes()
-
-
-def mel_from_bytes(data: bytes) -> torch.Tensor:
-    """Inverse of :func:`mel_to_bytes`; returns a float32 CPU tensor.
-
-    Raises:
-        MelFormatError: wrong magic or version, or a payload that does not match the shape.
-    """
-    if len(data) < _HEAD.size:
-        raise MelFormatError(f"{len(data)} bytes is too short for a mel header")
-    magic, version, ndim = _HEAD.unpack_from(data)
-    if magic != _MAGIC or version != _VERSION:
-        raise MelFormatError(f"not a mel blob (magic {magic!r}, version {version})")
-    if ndim > _MAX_NDIM:
-        raise MelFormatError(f"mel header claims {ndim} dimensions")
-    shape_end = _HEAD.size + 4 * ndim
-    if len(data) < shape_end:
-        raise MelFormatError("mel header is truncated")
-    shape = struct.unpack_from(f"<{ndim}I", data, _HEAD.size)
-    expected = 2 * math.prod(shape)
-    if len(data) - shape_end != expected:
-        raise MelFormatError(
-            f"mel payload is {len(data) - shape_end} bytes, shape {shape} needs {expected}"
-        )
-    values = np.frombuffer(data, dtype="<f2", offset=shape_end).astype(np.float32)
-    return torch.from_numpy(values.reshape(shape))

@@ -13,24 +13,29 @@ voice is loaded once per process and shared by both halves where one process run
 
 Engines: given the pool's ``EngineConfig`` (tasks/runtime.py), each half hands its torch module
 to ``models.engine.accelerate``, as the Piper halves do: on CPU the decoder runs as one compiled
-OpenVINO graph (any length; the DSP and its seeded noise stay in torch), and the acoustic half
-stays eager with one log line (its int8 products have no OpenVINO conversion).
+OpenVINO graph (any length; the DSP and its seeded noise stay in torch) at the vocoder's
+precision (int8 with static scales calibrated on the voice's own frames,
+models/hibari/calibration.py), and the acoustic half stays eager with one log line (its int8
+products have no OpenVINO conversion).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
+from app.stores.features import features_seed
 from models.classic.acoustic import AcousticModel
 from models.classic.mel import MelConfig
 from models.classic.vocoder import Vocoder
 from models.engine import EngineConfig, accelerate
+from models.hibari.calibration import decoder_calibration
 from models.hibari.vocab import HOP, SAMPLE_RATE, ids_and_positions, model_path
 from models.neural.hifigan import Window, stream_windows
 
@@ -51,13 +56,9 @@ def _file_digest(path: Path) -> str:
 
 
 def seed_of(features_blob: bytes) -> int:
-    """The decoder noise's seed for a segment: 60 bits of its cached features' hash.
-
-    The features are the cache entry itself, named by the segment's content (model, phonemes,
-    voice, speed) and the same bytes on a hit or a miss, so the same request renders the same
-    audio whoever asks and whichever worker renders it, without carrying a seed through the
-    broker."""
-    return int(hashlib.sha256(features_blob).hexdigest()[:15], 16)
+    """The decoder noise's seed for a segment, from its cached features: defined with the
+    feature cache's format (app/stores/features.py, `features_seed`)."""
+    return features_seed(features_blob)
 
 
 class _HibariHalf:
@@ -90,13 +91,18 @@ class _HibariHalf:
         # without a config, eager torch. The shared voice's other half is left as it is.
         self.engine = "torch"
         if engine is not None:
-            self.engine = accelerate(self._model(), self.model_id, engine, self.device)
+            self.engine = accelerate(self._model(), self.model_id, engine, self.device,
+                                     self._calibration())
         log.info("hibari %s loaded on %s (%s, %s)", self.model_prefix, self.device,
                  self.model_id, self.engine)
 
     def _model(self) -> torch.nn.Module:
         """The torch module of the half this class runs."""
         raise NotImplementedError
+
+    def _calibration(self) -> Callable[[], list[torch.Tensor]] | None:
+        """What fixes the half's static int8 scales (models/engine.py), if it has any."""
+        return None
 
 
 class HibariAcoustic(_HibariHalf, AcousticModel):
@@ -130,6 +136,9 @@ class HibariVocoder(_HibariHalf, Vocoder):
 
     def _model(self) -> torch.nn.Module:
         return self.voice.decoder
+
+    def _calibration(self) -> Callable[[], list[torch.Tensor]] | None:
+        return functools.partial(decoder_calibration, self.voice)
 
     def vocode(self, mels: list[torch.Tensor], seed: int = 0) -> list[torch.Tensor]:
         """Whole segments' frames -> audio each, all with the noise seed ``seed``."""

@@ -1,4 +1,5 @@
-"""models.classic.mel: shapes, scale and filterbank of the log-mel, and its cache serialisation."""
+"""models.classic.mel: shapes, scale and filterbank of the log-mel; and its byte format in the
+feature cache (app/stores/features.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,12 @@ import math
 import pytest
 import torch
 
+from app.stores.features import MelFormatError, mel_from_bytes, mel_to_bytes
 from models.classic.mel import (
     MelConfig,
-    MelFormatError,
     hz_to_mel,
     log_mel,
     mel_filterbank,
-    mel_from_bytes,
-    mel_to_bytes,
     mel_to_hz,
 )
 
