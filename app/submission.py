@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, cast
 
 import redis
 
-from app.broker.queueing import SegmentSpec, Unavailable, publish_segments
+from app.broker.messages import JobOwner, Segment
+from app.broker.queueing import Unavailable, publish_segments
 from app.broker.stages import Stage
 
 if TYPE_CHECKING:  # the stores import nothing of this module
@@ -80,13 +81,11 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
             seg_voice = getattr(seg, "voice", None) or voice
             if version_for is not None and seg_voice not in versions:
                 versions[seg_voice] = version_for(seg_voice, job_id)
-            spec = SegmentSpec(job_id, seg.index, seg.phonemes, seg_voice,
-                               round(speed * getattr(seg, "rate", 1.0), 4), seg.pause_ms,
-                               [w.to_list() for w in getattr(seg, "words", ())],
-                               versions.get(seg_voice, ""))
-            # Its fields as they are: asdict() copies each word's list again, 0.8 ms a
-            # segment of fifty words on a busy two-core box (a long digit run is 160 such).
-            body = dict(vars(spec))
+            body = Segment.at_rate(JobOwner(job_id), seg.index, seg.phonemes, seg_voice,
+                                   base_speed=speed, rate=getattr(seg, "rate", 1.0),
+                                   pause_ms=seg.pause_ms,
+                                   words=[w.to_list() for w in getattr(seg, "words", ())],
+                                   version=versions.get(seg_voice, "")).to_message()
             # Kept first: a message the broker loses in a restart is published again from
             # it (`Sweeps.resume_lost_jobs`).
             jobs.note_spec(job_id, body)

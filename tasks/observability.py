@@ -23,6 +23,7 @@ from celery import signals
 
 from app.broker import queueing
 from app.broker.celery_app import LEAD_QUEUES, VOCODER_QUEUE
+from app.broker.messages import job_place
 from app.broker.stages import PIPELINE, Stage
 from app.obs import metrics, multiproc, tracing
 from app.obs.logging_setup import configure_logging
@@ -43,11 +44,13 @@ def _stage(task_name: str) -> str:
     return parts[1] if len(parts) > 2 and parts[0] == "voxfarm" else task_name
 
 
-def _spec(args, kwargs) -> dict:
+def _job_segment(args, kwargs) -> tuple[str, int] | tuple[None, None]:
+    """(job id, index) of a job's segment task; (None, None) for any other task (a book's
+    segments are not a job's figures)."""
     for a in (*(args or ()), *(kwargs or {}).values()):
-        if isinstance(a, dict) and "job_id" in a:
-            return a
-    return {}
+        if (place := job_place(a)) is not None:
+            return place
+    return None, None
 
 
 def _rest(kwargs) -> bool:
@@ -71,7 +74,7 @@ def _prerun(task_id: str, task, args=None, kwargs=None, **_: object) -> None:
         return
     now = time.time()
     request = task.request
-    spec = _spec(args, kwargs)
+    job_id, segment = _job_segment(args, kwargs)
     wait = None
     published = request.get(tracing.TASK_PUBLISHED_AT)
     if published:
@@ -83,7 +86,7 @@ def _prerun(task_id: str, task, args=None, kwargs=None, **_: object) -> None:
         if queue in (VOCODER_QUEUE, LEAD_QUEUES[VOCODER_QUEUE]) and not _rest(kwargs):
             metrics.MEL_TO_VOCODER_WAIT.observe(wait)
     token = tracing.bind(request_id=request.get(tracing.TASK_REQUEST_ID) or None,
-                         job_id=spec.get("job_id"), segment=spec.get("index"), task_id=task_id)
+                         job_id=job_id, segment=segment, task_id=task_id)
     _running[task_id] = (time.perf_counter(), wait, token)
 
 
@@ -106,17 +109,18 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
             except Exception:
                 logging.getLogger("voxfarm.metrics").warning("run time not recorded",
                                                              exc_info=True)
-        spec = _spec(args, kwargs)
+        job_id, segment = _job_segment(args, kwargs)
         job_state = None
-        if spec and state in _OBSERVE_OUTCOMES and (stage != Stage.ACOUSTIC or state != "SUCCESS"):
+        if job_id is not None and state in _OBSERVE_OUTCOMES and (
+                stage != Stage.ACOUSTIC or state != "SUCCESS"):
             done = state == "SUCCESS" and not gave_way
-            index = spec.get("index") if stage == Stage.VOCODER and done else None
+            index = segment if stage == Stage.VOCODER and done else None
             try:
-                job_state = runtime.farm().job_observer.observe(spec["job_id"], index)
+                job_state = runtime.farm().job_observer.observe(job_id, index)
             except Exception:  # metrics never fail a segment
                 logging.getLogger("voxfarm.metrics").warning("job metrics failed",
                                                              exc_info=True)
-        seglog.debug("segment %s %s %s in %.1f ms", spec.get("index"), stage, state,
+        seglog.debug("segment %s %s %s in %.1f ms", segment, stage, state,
                      run_s * 1000, extra={
                          "sampled": True, "stage": stage, "outcome": state,
                          "run_ms": round(run_s * 1000, 3),

@@ -221,7 +221,7 @@ def _render(task: SegmentTask, mel_key: str, seg: Segment, regenerations: int,
         farm.mel_cache.release(mel_key, seg)
         if regenerations >= MAX_REGENERATIONS:
             raise SpeechError("the mel expired from the cache before the vocoder ran")
-        publish_again(farm.celery, seg.to_message(), regenerations)
+        publish_again(farm.celery, seg, regenerations)
         raise Ignore()
     _run_here_or_hand_over(task, Stage.VOCODER, seg, (mel_key, seg.to_message()),
                            {"regenerations": regenerations, "from_window": from_window,
@@ -240,7 +240,7 @@ def _render(task: SegmentTask, mel_key: str, seg: Segment, regenerations: int,
         rest = _stream_windows(farm, vocoder, voice, features, seg, pause, words, from_window,
                                seed)
         if rest is not None:  # it gave way: the rest reads the features this stage holds
-            continue_segment(farm.celery, mel_key, seg.to_message(), rest,
+            continue_segment(farm.celery, mel_key, seg, rest,
                              queue=_rest_queue(farm.settings),
                              regenerations=regenerations,
                              spent_s=spent_s + time.perf_counter() - started)

@@ -174,3 +174,11 @@ def describe_message(message: dict) -> str:
     if owner is None:
         return "(segment)"
     return describe_owner(owner, message.get("index"))
+
+
+def job_place(message: Any) -> tuple[str, int] | None:
+    """(job id, index) of a job's segment message; None for a book's, or anything else."""
+    owner = owner_of(message)
+    if not isinstance(owner, JobOwner) or not isinstance(message.get("index"), int):
+        return None
+    return owner.job_id, message["index"]

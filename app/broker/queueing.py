@@ -1,6 +1,7 @@
 """Everything that puts work on the broker, in one place.
 
-    publish_segments(...) chains for segment specs (a job's, or a book's from its feeder)
+    publish_segments(...) chains for segment messages (app/broker/messages.py), a job's or a
+                          book's (from its feeder)
     publish_again(...)    a segment whose features expired before its vocoder stage ran
     continue_segment(...) the rest of a segment that gave way to listeners' first windows
     hand_over(...)        a segment stage that a worker short of GPU memory will not run
@@ -16,7 +17,6 @@ segments it publishes through here) is app/submission.py's.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.broker.celery_app import (
@@ -27,6 +27,7 @@ from app.broker.celery_app import (
     QUALITY_TASK,
     VOCODER_TASK,
 )
+from app.broker.messages import Segment, describe_message
 from app.errors import FarmError
 from app.stores.states import BookState
 
@@ -44,28 +45,12 @@ class Unavailable(FarmError):
     public = "the farm could not queue the job in time; nothing was queued"
 
 
-@dataclass(frozen=True)
-class SegmentSpec:
-    """What one segment task needs: small, JSON-safe, the same for both stages."""
-
-    job_id: str
-    index: int
-    phonemes: str
-    voice: str
-    speed: float
-    pause_ms: int
-    # [word, phoneme start, phoneme end, text start, text end] per spoken word (the
-    # frontend's models.text.words.WordSpan); the vocoder stage turns them into timestamps.
-    words: list = field(default_factory=list)
-    # The voice version that renders it (app/canary/); "" for a voice without versions.
-    version: str = ""
-
-
 # -- segments (a job's and a book's) ---------------------------------------------------------
 
 
 def publish_segments(celery: Celery, specs: Iterable[dict], regenerations: int = 0) -> int:
-    """Enqueue one acoustic -> vocoder chain per spec through ONE pooled producer.
+    """Enqueue one acoustic -> vocoder chain per segment message (`Segment.to_message()`, in
+    app/broker/messages.py) through ONE pooled producer.
 
     The vocoder stage rides in the acoustic message's `chain` option, which is what
     `celery.chain` sends too. `chain(...).apply_async(producer=p)` would drop `p` and take
@@ -86,34 +71,26 @@ def publish_segments(celery: Celery, specs: Iterable[dict], regenerations: int =
             # `ignore_result` subscribes the sender to the task's result channel (and later
             # unsubscribes): two more Redis commands a segment, 160 for a long digit run.
             celery.send_task(ACOUSTIC_TASK, args=(spec,), producer=producer, chain=[vocoder],
-                             ignore_result=True, argsrepr=segment_repr(spec), kwargsrepr="{}")
+                             ignore_result=True, argsrepr=describe_message(spec),
+                             kwargsrepr="{}")
             count += 1
     return count
 
 
-def segment_repr(spec: dict) -> str:
-    """What Flower and the logs show of a segment task's arguments: its owner and index.
-    Celery would otherwise `saferepr` the whole spec (phonemes, words) at each send, about
-    0.6 ms a segment in the web: a tenth of a second for a long text's 160 segments."""
-    if spec.get("job_id"):
-        return f"(job {spec['job_id']}, segment {spec.get('index')})"
-    return f"(book {spec.get('book_id')}, segment {spec.get('seq')})"  # seq: the book's order
-
-
-def publish_again(celery: Celery, spec: dict, regenerations: int) -> None:
+def publish_again(celery: Celery, segment: Segment, regenerations: int) -> None:
     """Run a segment's chain again because its features expired from the cache before its
     vocoder stage read them; `regenerations` is how often that has happened to it already,
     which its next vocoder stage receives one higher (tasks/segments.py gives up past a
     bound: the cache's TTL is too short for the queue)."""
-    publish_segments(celery, [spec], regenerations=regenerations + 1)
+    publish_segments(celery, [segment.to_message()], regenerations=regenerations + 1)
 
 
-def continue_segment(celery: Celery, mel_key: str, spec: dict, from_window: int, *,
+def continue_segment(celery: Celery, mel_key: str, segment: Segment, from_window: int, *,
                      queue: str, regenerations: int = 0, spent_s: float = 0.0) -> None:
     """The rest of a segment's vocoder stage, from window `from_window`, on `queue`: a
     segment that gave way after its first window to listeners waiting for their first audio
     (tasks/segments.py), having run `spent_s` seconds. Its features stay held for it."""
-    celery.send_task(VOCODER_TASK, args=(mel_key, spec), queue=queue,
+    celery.send_task(VOCODER_TASK, args=(mel_key, segment.to_message()), queue=queue,
                      kwargs={"from_window": from_window, "regenerations": regenerations,
                              "spent_s": round(spent_s, 4)})
 

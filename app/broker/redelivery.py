@@ -40,6 +40,7 @@ from collections.abc import Iterable
 import redis
 from celery import Celery
 
+from app.broker.messages import job_place
 from app.stores.keys import Keys
 
 log = logging.getLogger("voxfarm.redelivery")
@@ -241,7 +242,6 @@ def _segment_of(message: object) -> tuple[str, int] | None:
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         return None
     for arg in args if isinstance(args, list) else ():
-        if isinstance(arg, dict) and isinstance(arg.get("job_id"), str) and isinstance(
-                arg.get("index"), int):
-            return arg["job_id"], arg["index"]
+        if (place := job_place(arg)) is not None:
+            return place
     return None

@@ -342,14 +342,14 @@ def test_a_vocoder_that_finds_its_features_gone_lets_go_of_its_hold(redis_url, t
     comes back to nought and the entry stays in the cache for good."""
     from celery.exceptions import Ignore
 
+    from app.broker.messages import JobOwner, Segment  # beside the stage it drives
     from tasks.segments import _render
 
     with running_farm(redis_url, 3, tmp_path, workers=False) as tf:
         segment = SimpleNamespace(index=0, phonemes="hˈɛloʊ.", pause_ms=0)
         job = tf.farm.submit([segment], voice="en-us", speed=1.0, fmt="wav", chars=6,
                              sample_rate=22050)
-        spec = {"job_id": job["id"], "index": 0, "phonemes": "hˈɛloʊ.", "voice": "en-us",
-                "speed": 1.0, "pause_ms": 0, "words": []}
+        spec = Segment(JobOwner(job["id"]), 0, "hˈɛloʊ.", "en-us", 1.0, 0)
         digest = "gone" + job["id"]
         tf.farm.mel_cache.hold(digest)  # the acoustic stage's hold, the features gone since
         refs = tf.farm.keys.mel_refs(digest)

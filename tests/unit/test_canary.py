@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import redis
 
-from app.broker.queueing import SegmentSpec
+from app.broker.messages import JobOwner, Segment
 from app.canary.rule import (
     CANDIDATE,
     LIVE,
@@ -117,8 +117,10 @@ def test_inference_overrides_name_themselves_for_the_model_id():
                                                                   "noise_w": 0.1}
 
 
-def test_a_segment_spec_carries_its_version():
-    assert SegmentSpec("j", 0, "a", VOICE, 1.0, 0).version == ""
+def test_a_segment_carries_its_version():
+    assert Segment(JobOwner("j"), 0, "a", VOICE, 1.0, 0).version == ""
+    assert Segment(JobOwner("j"), 0, "a", VOICE, 1.0, 0, version="v2").to_message()[
+        "version"] == "v2"
 
 
 # -- scores -----------------------------------------------------------------------------------
