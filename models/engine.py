@@ -18,10 +18,20 @@ so there is no second model definition) and compiles them for this CPU:
   which OpenVINO 2026.4.1 cannot convert (``No conversion rule found for operations:
   aten::_int_mm``), and the float path they replace changed durations (models/hibari/layers.py).
 
-Why OpenVINO, and why f32: docs/models.md, "Inference engines" (figures in
-docs/benchmarks.md). Compilation costs seconds, so two caches keep a warm start fast: the
-converted model (OpenVINO IR, keyed by the voice's content hash, this module's graph version
-and the OpenVINO version) and OpenVINO's own ``CACHE_DIR`` of compiled blobs.
+Precision, per stage (``EngineConfig.acoustic_precision``, ``vocoder_precision``): ``f32``;
+``bf16`` (OpenVINO's ``INFERENCE_PRECISION_HINT`` on this CPU's AVX-512 BF16 units); ``int8``
+with STATIC scales: ``nncf.quantize`` calibrates the torch module on the voice's own inputs once,
+then ``openvino.convert_model`` turns its fake-quantisers into int8 kernels (AVX-512 VNNI). A
+fixed scale makes every frame's numbers independent of the rest of the call, so streamed windows
+joined equal the whole decode (per-call dynamic scales do not). ``auto`` takes what passed the
+perceptual bound and was fastest (``AUTO_PRECISION``). Only a stage with a calibration set
+(the hibari decoder) builds int8; elsewhere int8 falls back to f32 with one log line.
+
+Why OpenVINO, and why f32 by default: docs/models.md, "Inference engines" and "Precision"
+(figures in docs/benchmarks.md). Compilation costs seconds, so two caches keep a warm start
+fast: the converted model (OpenVINO IR, keyed by the voice's content hash, this module's graph
+version, the OpenVINO version and the precision) and OpenVINO's own ``CACHE_DIR`` of compiled
+blobs.
 
 A stage that cannot be converted or compiled (an operator the engine lacks, an engine that is
 not installed) stays in torch for that voice with one log line naming why; it never fails the
@@ -32,6 +42,7 @@ anyway, as torch's modules allow concurrent calls.
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import logging
 import os
@@ -39,7 +50,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +65,11 @@ ENGINES = ("auto", "torch", "openvino")
 # Bump when a stage wrapper below (or a stage it traces) changes what it computes: it keys the
 # converted-model cache, so a farm never compiles a stale graph.
 GRAPH_VERSION = "2"
+PRECISIONS = ("f32", "bf16", "int8", "auto")
+# What ``auto`` runs per (voice family, stage), from the precision harness
+# (tests/bench/bench_precision.py; the figures and the command: docs/models.md, "Precision"):
+# the fastest precision that passed the perceptual bound. A stage not named runs f32.
+AUTO_PRECISION: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -63,18 +79,38 @@ class EngineConfig:
     ``engine``: ``auto`` (OpenVINO on a CPU device, torch on CUDA), ``torch`` (eager
     everywhere) or ``openvino``. ``cache_dir``: converted models and compiled blobs.
     ``threads``: inference threads per process (the pools share the cores: one by default).
-    ``precision``: ``f32``; OpenVINO's default on CPUs with bf16 units is bf16, which moved the
-    flow's latent by 0.26 against torch, and a duration's ceiling can flip on far less.
+    ``acoustic_precision``, ``vocoder_precision``: one of ``PRECISIONS`` per stage. ``f32`` by
+    default: OpenVINO's own default on CPUs with bf16 units is bf16, which moved the VITS flow's
+    latent by 0.26 against torch, and a duration's ceiling can flip on far less; a stage runs
+    bf16 or int8 only where it is asked to (or ``auto`` picks it by measurement).
     """
 
     engine: str = "auto"
     cache_dir: str = "var/engine-cache"
     threads: int = 1
-    precision: str = "f32"
+    acoustic_precision: str = "f32"
+    vocoder_precision: str = "f32"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"VOXFARM_ENGINE={self.engine!r}: one of {', '.join(ENGINES)}")
+        for stage in ("acoustic", "vocoder"):
+            value = getattr(self, f"{stage}_precision")
+            if value not in PRECISIONS:
+                raise ValueError(f"VOXFARM_{stage.upper()}_PRECISION={value!r}: one of "
+                                 f"{', '.join(PRECISIONS)}")
+
+
+def stage_precision(config: EngineConfig, family: str, stage: str, int8_ok: bool
+                    ) -> tuple[str, str]:
+    """The precision a ``stage`` (``acoustic`` or ``vocoder``) of a voice ``family``
+    (``hibari``, ``piper``) compiles at, and why when it is not the one asked for: ``auto``
+    looks up ``AUTO_PRECISION``; ``int8`` needs a calibration set (``int8_ok``), else f32."""
+    asked = getattr(config, f"{stage}_precision")
+    precision = AUTO_PRECISION.get((family, stage), "f32") if asked == "auto" else asked
+    if precision == "int8" and not int8_ok:
+        return "f32", f"int8 asked, but the {family} {stage} has no calibration set: f32"
+    return precision, ""
 
 
 def resolve(engine: str, device: str | torch.device) -> str:
@@ -141,21 +177,40 @@ def _locked(path: Path):
     return _Lock()
 
 
-def compile_graphs(specs: Sequence[GraphSpec], key: str, config: EngineConfig
-                   ) -> dict[str, CompiledGraph]:
-    """Convert (or read back converted) and compile each of ``specs`` for this CPU.
+def _quantized(module: nn.Module, inputs: list[torch.Tensor]) -> nn.Module:
+    """A copy of ``module`` with static int8 scales calibrated on ``inputs`` (NNCF): each
+    quantised tensor's range is read once from the calibration set and fixed."""
+    # nncf is needed only where a stage builds int8, once per converted model
+    import nncf
 
-    The converted models live under ``cache_dir/ir/KEY-GRAPH_VERSION-OPENVINO/NAME.xml``,
-    written to a temporary folder and renamed into place, so a reader never sees half a file;
-    OpenVINO keeps the compiled blobs under ``cache_dir/blobs``.
+    with torch.no_grad():
+        return nncf.quantize(copy.deepcopy(module).eval(), nncf.Dataset(inputs),
+                             subset_size=len(inputs))
+
+
+def compile_graphs(specs: Sequence[GraphSpec], key: str, config: EngineConfig,
+                   precision: str = "f32",
+                   calibration: Callable[[], list[torch.Tensor]] | None = None
+                   ) -> dict[str, CompiledGraph]:
+    """Convert (or read back converted) and compile each of ``specs`` for this CPU at
+    ``precision`` (``f32``, ``bf16``, or ``int8``: each module quantised with static scales
+    from ``calibration()``, called only when a conversion is not cached yet).
+
+    The converted models live under ``cache_dir/ir/KEY-GRAPH_VERSION-OPENVINO[-PRECISION]/
+    NAME.xml``, written to a temporary folder and renamed into place, so a reader never sees
+    half a file; OpenVINO keeps the compiled blobs under ``cache_dir/blobs``.
     """
+    if precision == "int8" and calibration is None:
+        raise ValueError("int8 needs a calibration set")
     ov, core = _ov_core()
     cache = Path(config.cache_dir)
-    folder = cache / "ir" / f"{key}-g{GRAPH_VERSION}-ov{ov.__version__.split('-')[0]}"
+    tag = "" if precision == "f32" else f"-{precision}"  # f32 keeps the caches it had
+    folder = cache / "ir" / f"{key}-g{GRAPH_VERSION}-ov{ov.__version__.split('-')[0]}{tag}"
     properties = {
         "INFERENCE_NUM_THREADS": max(1, config.threads),
         "PERFORMANCE_HINT": "LATENCY",
-        "INFERENCE_PRECISION_HINT": config.precision,
+        # int8 runs its quantised layers in int8 and the rest (norms, GELU) at f32.
+        "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
         # OpenVINO pins its inference threads to cores by default (on Linux). A farm runs
         # several one-thread pool processes on the same cores, and each would pin its thread
         # to the same first core; unpinned, the kernel spreads them
@@ -169,15 +224,19 @@ def compile_graphs(specs: Sequence[GraphSpec], key: str, config: EngineConfig
         with _locked(cache / "locks" / f"{folder.name}-{spec.name}.lock"):
             if not xml.exists():
                 started = time.perf_counter()
+                module = spec.module.eval()
+                if precision == "int8":
+                    assert calibration is not None
+                    module = _quantized(module, calibration())
                 with torch.no_grad():
                     model = ov.convert_model(
-                        spec.module.eval(), example_input=spec.example,
+                        module, example_input=spec.example,
                         input=[ov.PartialShape(list(s)) for s in spec.shapes],
                     )
                 folder.mkdir(parents=True, exist_ok=True)
                 staging = Path(tempfile.mkdtemp(dir=folder, prefix=".tmp-"))
                 try:
-                    # Weights stay f32: the IR is what the pool compiles, at f32.
+                    # Weights stay f32 (int8 where quantised): the precision is chosen here.
                     ov.save_model(model, str(staging / xml.name), compress_to_fp16=False)
                     os.replace(staging / xml.with_suffix(".bin").name, xml.with_suffix(".bin"))
                     os.replace(staging / xml.name, xml)
@@ -305,11 +364,35 @@ def _int8_products(model: nn.Module) -> bool:
     return any(isinstance(m, QuantLinear) and m.exact for m in model.modules())
 
 
-def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.device) -> str:
+def _stages(model, model_id: str, config: EngineConfig, precision: str,
+            calibration: Callable[[], list[torch.Tensor]] | None):
+    """The compiled stages object for ``model`` at ``precision``."""
+    # breaks the cycle: the voice modules import this one for accelerate()
+    from models.hibari.decoder import HibariDecoder
+    from models.neural.hifigan import HifiganDecoder
+
+    if isinstance(model, HibariDecoder):
+        return CompiledHibariDecoder(compile_graphs(
+            _hibari_decoder_specs(model), f"{model_id}-decoder", config, precision, calibration))
+    if getattr(model.cfg, "n_speakers", 1) > 1:
+        # The graphs take no speaker input: a multi-speaker voice stays exact in torch
+        # rather than risk a graph that ignores the speaker.
+        raise NotImplementedError("multi-speaker voices are not compiled yet")
+    if isinstance(model, HifiganDecoder):
+        return CompiledDecoder(compile_graphs(_decoder_specs(model), f"{model_id}-decoder",
+                                              config, precision, calibration))
+    return CompiledVits(compile_graphs(_vits_specs(model), f"{model_id}-acoustic", config,
+                                       precision, calibration))
+
+
+def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.device,
+               calibration: Callable[[], list[torch.Tensor]] | None = None) -> str:
     """Run ``model``'s stages (a ``VitsAcoustic``, a ``HifiganDecoder``, or the hibari
     voice's ``HibariDecoder`` or ``HibariAcoustic``) on the engine the config picks for
-    ``device``; returns the engine that runs them (``torch`` or ``openvino``). Any failure
-    leaves the model in eager torch with one log line naming why.
+    ``device``, at the stage's precision (``stage_precision``; ``calibration`` gives the
+    inputs that fix int8's static scales, where the stage has them); returns the engine that
+    runs them (``torch`` or ``openvino``). Any failure leaves the model in eager torch with
+    one log line naming why.
     """
     # breaks the cycle: the voice modules import this one for accelerate()
     from models.hibari.acoustic import HibariAcoustic
@@ -324,8 +407,13 @@ def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.d
     if engine == "torch":
         return "torch"
     kind = "decoder" if isinstance(model, HifiganDecoder | HibariDecoder) else "acoustic"
+    family = "hibari" if isinstance(model, HibariAcoustic | HibariDecoder) else "piper"
+    precision, why = stage_precision(config, family, "vocoder" if kind == "decoder"
+                                     else "acoustic", calibration is not None)
+    if why:
+        _LOGGER.warning("%s of %s: %s", kind, model_id, why)
     try:
-        if isinstance(model, HibariAcoustic | HibariDecoder) and _int8_products(model):
+        if family == "hibari" and _int8_products(model):
             # Measured with OpenVINO 2026.4.1: converting these layers fails with "No
             # conversion rule found for operations: aten::_int_mm"; a float stand-in would
             # change durations (models/hibari/layers.py). Refused before converting, so a
@@ -333,27 +421,9 @@ def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.d
             raise NotImplementedError(
                 "its int8 layers (torch._int_mm) have no OpenVINO conversion rule")
         started = time.perf_counter()
-        if isinstance(model, HibariDecoder):
-            model.stages = CompiledHibariDecoder(
-                compile_graphs(_hibari_decoder_specs(model), f"{model_id}-decoder", config))
-            _LOGGER.info("%s of %s runs on OpenVINO (%d thread(s), %s), ready in %.1f s", kind,
-                         model_id, config.threads, config.precision,
-                         time.perf_counter() - started)
-            return "openvino"
-        if getattr(model.cfg, "n_speakers", 1) > 1:
-            # The graphs take no speaker input: a multi-speaker voice stays exact in torch
-            # rather than risk a graph that ignores the speaker.
-            raise NotImplementedError("multi-speaker voices are not compiled yet")
-        started = time.perf_counter()
-        if kind == "decoder":
-            model.stages = CompiledDecoder(
-                compile_graphs(_decoder_specs(model), f"{model_id}-decoder", config))
-        else:
-            model.stages = CompiledVits(
-                compile_graphs(_vits_specs(model), f"{model_id}-acoustic", config))
+        model.stages = _stages(model, model_id, config, precision, calibration)
         _LOGGER.info("%s of %s runs on OpenVINO (%d thread(s), %s), ready in %.1f s", kind,
-                     model_id, config.threads, config.precision,
-                     time.perf_counter() - started)
+                     model_id, config.threads, precision, time.perf_counter() - started)
         return "openvino"
     except Exception as exc:  # an operator the engine lacks, no openvino installed, ...
         model.stages = None

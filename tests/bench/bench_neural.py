@@ -98,7 +98,8 @@ def main() -> None:
             # The pools' engine at this thread count, its cache in the temporary folder (the
             # first thread count converts, the next reads the conversion back).
             config = EngineConfig("openvino", str(Path(tmp) / "engine"), threads=threads,
-                                  precision=args.precision)
+                                  acoustic_precision=args.precision,
+                                  vocoder_precision=args.precision)
             compiled = PiperAcoustic(engine=config).voice
             compiled.decoder = PiperVocoder(engine=config).voice.decoder
             for name, text in SEGMENTS.items():
