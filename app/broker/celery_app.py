@@ -12,6 +12,7 @@ import logging
 from celery import Celery, signals
 from kombu import Exchange, Queue
 
+from app.broker.messages import owner_of, segment_in
 from app.broker.stages import BOOK_POOL, QUALITY_POOL, ROUTES, Stage
 from app.obs import tracing
 from app.settings import Settings
@@ -112,14 +113,15 @@ TASK_ROUTES = {
 
 
 def route_segments(name, args, kwargs, options, task=None, **_):
-    """A segment of a book (its spec carries `book_id`) goes to its stage's batch queue, a
-    job's first segment to its stage's lead queue; the rest to the stage's own queue."""
+    """A segment of a book goes to its stage's batch queue, a job's first segment to its
+    stage's lead queue; the rest to the stage's own queue."""
     for queue, batch in BATCH_QUEUES.items():
         if name.startswith(f"voxfarm.{queue}."):
-            spec = next((a for a in args or () if isinstance(a, dict)), None)
-            if spec is not None and "book_id" in spec:
+            message = segment_in(args or ())
+            owner = owner_of(message)
+            if owner is not None and owner.is_book:
                 return {"queue": batch}
-            if spec is not None and spec.get("index") == 0:
+            if message is not None and message.get("index") == 0:
                 return {"queue": LEAD_QUEUES[queue]}
     return None
 
