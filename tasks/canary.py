@@ -27,7 +27,7 @@ from app.broker.messages import Segment, segment_in
 from app.broker.stages import STAGE_OF_TASK, Stage
 from app.canary.rule import voice_key
 from app.obs import metrics
-from models.voices import PIPER, Voice, get_voice
+from models.voices import Voice, backend_for, get_voice
 from tasks import runtime
 
 log = logging.getLogger("voxfarm.canary")
@@ -42,7 +42,7 @@ def voice_for(farm, segment: Segment) -> Voice:
     logged."""
     voice = get_voice(segment.voice)
     version_id = segment.version
-    if not version_id or voice.engine != PIPER:
+    if not version_id or not backend_for(voice).has_versions:
         return voice
     version = farm.canary.version(voice.voice_name, version_id)
     if version is None:

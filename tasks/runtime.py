@@ -13,7 +13,6 @@ fork too, since probing CUDA in a prefork parent would initialise CUDA before it
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 
@@ -69,70 +68,22 @@ def farm(celery=None) -> Farm:
     return st["farm"]
 
 
-def acoustic_model():
+def model_for(stage: Stage, voice):
+    """The model of `stage` (acoustic or vocoder) that renders `voice` (a models.voices.Voice),
+    loaded once per process for every voice its engine says shares it (`model_key`)."""
+    # torch-free; the engine imports its model code inside `load`, after the fork
+    from models.voices import Loading, backend_for
+
+    backend = backend_for(voice)
     st = _mine()
-    if Stage.ACOUSTIC not in st:
-        with _lock:
-            if Stage.ACOUSTIC not in st:
-                # models load after the fork, in the process that runs them
-                from models.classic.acoustic import load_acoustic
-
-                st[Stage.ACOUSTIC] = load_acoustic(farm().settings.acoustic_model, device=device())
-    return st[Stage.ACOUSTIC]
-
-
-def vocoder():
-    st = _mine()
-    if Stage.VOCODER not in st:
-        with _lock:
-            if Stage.VOCODER not in st:
-                # models load after the fork, in the process that runs them
-                from models.classic.vocoder import load_vocoder
-
-                st[Stage.VOCODER] = load_vocoder(farm().settings.vocoder, device=device())
-    return st[Stage.VOCODER]
-
-
-def _piper(kind: Stage, model_path: str, inference=None):
-    """The Piper half `kind` (the acoustic or the vocoder stage's) of the voice file, loaded
-    once (once per set of `inference` overrides: a voice version's, app/canary/)."""
-    st = _mine()
-    key = f"piper-{kind}:{model_path}:{inference.tag if inference else ''}"
+    key = backend.model_key(stage, voice)
     if key not in st:
         with _lock:
             if key not in st:
-                # models load after the fork, in the process that runs them
-                from models.errors import VoiceUnavailable
-                from models.neural.piper import PiperAcoustic, PiperVocoder
-                from models.neural.voice_file import VoiceFileError
-
-                cls = PiperAcoustic if kind == Stage.ACOUSTIC else PiperVocoder
-                extra = {"inference": inference} if inference else {}
-                try:
-                    st[key] = cls(device=device(), model_path=model_path,
-                                  engine=engine_config(), **extra)
-                except VoiceFileError as exc:  # final: a retry reads the same broken file
-                    raise VoiceUnavailable(f"the voice cannot be loaded: {exc}") from exc
-    return st[key]
-
-
-def _hibari(kind: Stage):
-    """The hibari half `kind` (the acoustic or the vocoder stage's), loaded once per process
-    (the voice inside is loaded once and shared, models/hibari/voice.py)."""
-    st = _mine()
-    key = f"hibari-{kind}"
-    if key not in st:
-        with _lock:
-            if key not in st:
-                # models load after the fork, in the process that runs them
-                from models.errors import VoiceUnavailable
-                from models.hibari.stage import HibariAcoustic, HibariVocoder
-
-                cls = HibariAcoustic if kind == Stage.ACOUSTIC else HibariVocoder
-                try:
-                    st[key] = cls(device=device(), engine=engine_config())
-                except (OSError, ValueError) as exc:  # final: a retry reads the same files
-                    raise VoiceUnavailable(f"the hibari voice cannot be loaded: {exc}") from exc
+                chosen = farm().settings
+                st[key] = backend.load(stage, voice, Loading(
+                    device=device(), engine=engine_config(chosen),
+                    classic_acoustic=chosen.acoustic_model, classic_vocoder=chosen.vocoder))
     return st[key]
 
 
@@ -151,33 +102,23 @@ def engine_config(settings: Settings | None = None):
 
 def acoustic_for(voice):
     """The acoustic model that renders `voice` (a models.voices.Voice)."""
-    # models load after the fork, in the process that runs them
-    from models.voices import HIBARI, PIPER
-
-    if voice.engine == HIBARI:
-        return _hibari(Stage.ACOUSTIC)
-    if voice.engine != PIPER:
-        return acoustic_model()
-    return _piper(Stage.ACOUSTIC, voice.model_path, voice.inference)
+    return model_for(Stage.ACOUSTIC, voice)
 
 
 def vocoder_for(voice):
     """The vocoder that renders `voice`'s features."""
-    # models load after the fork, in the process that runs them
-    from models.voices import HIBARI, PIPER
-
-    if voice.engine == HIBARI:
-        return _hibari(Stage.VOCODER)
-    return _piper(Stage.VOCODER, voice.model_path) if voice.engine == PIPER else vocoder()
+    return model_for(Stage.VOCODER, voice)
 
 
 def warm_up(queue: str) -> None:
     """Load every model of `queue`'s stage and run each once on a short input.
 
-    Every neural voice (Piper's, hibari's) is loaded and run once. One whose files cannot be
-    loaded is logged with the reason and skipped: the other voices still serve, and a job
-    for the broken one fails with that reason. Once done, this process counts in
-    `voxfarm_model_processes_warm`.
+    Each model the voices on offer share is loaded and run once (one for every eSpeak voice,
+    one a neural voice file). The models an engine must have (`required`: eSpeak's, every
+    pool's fallback) go first, and their failure stops the warm-up; any other voice whose
+    files cannot be loaded is logged with the reason and skipped: the other voices still
+    serve, and a job for the broken one fails with that reason. Once done, this process
+    counts in `voxfarm_model_processes_warm`.
     """
     if _threads > 0:
         # torch loads in the model pools, after the fork (CUDA is not fork-safe)
@@ -185,34 +126,25 @@ def warm_up(queue: str) -> None:
 
         torch.set_num_threads(_threads)
 
-    # torch loads in the model pools, after the fork (CUDA is not fork-safe)
-    import torch
-
-    from models.voices import HIBARI, PIPER, list_voices
+    # torch-free; each engine imports its model code as it loads
+    from models.voices import backend_for, list_voices
 
     farm()  # reads the settings, the voices directory among them
     log = logging.getLogger("voxfarm.workers")
-    if queue == Stage.ACOUSTIC:
-        acoustic_model().synthesize("h@l'oU", "en-us", 1.0)
-    else:
-        model = vocoder()
-        cfg = model.mel_config
-        silence = torch.full((cfg.n_mels, 32), math.log(cfg.log_floor), device=model.device)
-        model.vocode([silence])
-    for voice in list_voices():
-        if voice.engine not in (PIPER, HIBARI):
+    stage = Stage.ACOUSTIC if queue == Stage.ACOUSTIC else Stage.VOCODER
+    warmed: set[str] = set()
+    voices = sorted(list_voices(), key=lambda voice: not backend_for(voice).required)
+    for voice in voices:
+        backend = backend_for(voice)
+        key = backend.model_key(stage, voice)
+        if key in warmed:
+            continue
+        warmed.add(key)
+        if backend.required:
+            backend.warm_up(stage, model_for(stage, voice))
             continue
         try:
-            if voice.engine == HIBARI and queue == Stage.ACOUSTIC:
-                acoustic_for(voice).synthesize("həlˈO.")
-            elif voice.engine == HIBARI:
-                decoder = vocoder_for(voice)
-                decoder.vocode([torch.zeros(decoder.mel_config.n_mels, 8)])
-            elif queue == Stage.ACOUSTIC:
-                acoustic_for(voice).synthesize("həlˈoʊ.", seed=0)
-            else:
-                decoder = vocoder_for(voice)
-                decoder.vocode([torch.zeros(decoder.mel_config.n_mels, 8)])
+            backend.warm_up(stage, model_for(stage, voice))
         except Exception as exc:  # a broken voice file must not stop the others
             log.error("voice %s cannot be loaded: %s", voice.name, exc)
     # after multiproc.prepare(): prometheus_client picks its mode when first imported

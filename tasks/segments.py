@@ -39,7 +39,6 @@ from app.broker.stages import Stage
 from app.obs import metrics
 from app.stores.features import (
     cache_owner,
-    features_seed,
     mel_cache_key,
     mel_from_bytes,
     mel_to_bytes,
@@ -47,7 +46,7 @@ from app.stores.features import (
     scoped_key,
 )
 from models.errors import SpeechError
-from models.voices import HIBARI, NEURAL, PIPER
+from models.voices import backend_for
 from tasks import batching, canary, runtime
 from tasks.base import FarmTask, NoRoom
 from tasks.owners import side_of
@@ -159,6 +158,7 @@ def _synthesize(task: SegmentTask, seg: Segment, reroutes: int) -> str:
     # UnknownVoice is a SpeechError: the job fails at once. The segment's voice version (the
     # canary's) picks the file and inference settings.
     voice = canary.voice_for(farm, seg)
+    backend = backend_for(voice)
     model = runtime.acoustic_for(voice)
     # The key names the model, so a hit is always this model's features; the speaker is part
     # of the voice name ("NAME:SPEAKER"). With API keys on it is the owner's alone.
@@ -166,22 +166,15 @@ def _synthesize(task: SegmentTask, seg: Segment, reroutes: int) -> str:
     digest = scoped_key(content, cache_owner(farm, seg))
     # The entry holds the timing beside the features, which the vocoder stage turns into word
     # timestamps, hit or miss: a neural voice's frames per phoneme id, eSpeak's word starts.
-    timed = voice.engine in NEURAL or hasattr(model, "synthesize_timed")
+    timed = backend.timed(model)
     hit = farm.mel_cache.touch(digest, durations=timed)
     task.request.mel_cache_hit = hit  # the canary times a version's model on misses only
     if not hit:
         _run_here_or_hand_over(task, Stage.ACOUSTIC, seg, (seg.to_message(),), {}, reroutes)
-        durations = None
-        if voice.engine == PIPER:
-            # The noise of the VITS prior and duration predictor comes from a generator
-            # seeded by the key: the same request renders the same audio, hit or miss.
-            features, durations = _acoustic_piper(model, voice, seg, noise_seed(content))
-        elif voice.engine == HIBARI:
-            features, durations = _acoustic_hibari(model, seg)
-        elif timed:
-            features, durations = model.synthesize_timed(seg.phonemes, seg.voice, seg.speed)
-        else:
-            features = model.synthesize(seg.phonemes, seg.voice, seg.speed)
+        # An engine that draws noise seeds it by the key: the same request renders the same
+        # audio, hit or miss. Batched with other segments where the pool batches.
+        features, durations = _batched(Stage.ACOUSTIC, backend.acoustic_batch(
+            model, voice, seg.phonemes, seg.voice, seg.speed, noise_seed(content)))
         farm.mel_cache.put(digest, mel_to_bytes(features), durations)
     farm.mel_cache.hold(digest)  # the vocoder stage releases it
     farm.mel_cache.count(hit)
@@ -229,12 +222,13 @@ def _render(task: SegmentTask, mel_key: str, seg: Segment, regenerations: int,
     voice = canary.voice_for(farm, seg)
     vocoder = runtime.vocoder_for(voice)
     features = mel_from_bytes(blob).to(vocoder.device)
-    # hibari's decoder adds seeded noise (the source-filter's noise part); its seed comes
-    # from the cached features, which the segment's content names (app/stores/features.py).
-    seed = features_seed(blob) if voice.engine == HIBARI else 0
+    backend = backend_for(voice)
+    # A decoder that adds noise (hibari's source-filter) seeds it from the cached features,
+    # which the segment's content names (app/stores/features.py).
+    seed = backend.vocoder_seed(blob)
     pause = np.zeros(int(vocoder.sample_rate * seg.pause_ms / 1000), dtype=np.float32)
     # A job's audio may stream window by window; a book's goes to the artifact store whole.
-    if side.streams and voice.engine in NEURAL and (
+    if side.streams and backend.streams_windows and (
             from_window or farm.settings.vocoder_window_frames):
         words = _word_times(farm, vocoder, voice, mel_key, seg)
         rest = _stream_windows(farm, vocoder, voice, features, seg, pause, words, from_window,
@@ -266,59 +260,21 @@ def _pcm(audio: np.ndarray, pause: np.ndarray | None = None) -> bytes:
     return pcm16(audio).tobytes()
 
 
-def _acoustic_piper(model, voice, seg: Segment, seed: int) -> tuple:
-    """A neural voice's latent and durations, in a batch with other segments of the same
-    model, speed and speaker where the pool batches (tasks/batching.py)."""
-    speed, speaker = seg.speed, voice.speaker
-
-    def run(items: list[tuple[str, int]]) -> list:
-        return model.synthesize_timed_batch([p for p, _ in items], [s for _, s in items],
-                                            speed, speaker, max_batch=len(items))
-
-    return batching.run(Stage.ACOUSTIC, (model.model_id, speed, speaker), run,
-                        (seg.phonemes, seed))
-
-
-def _acoustic_hibari(model, seg: Segment) -> tuple:
-    """hibari's frames and durations, in a batch with other segments of the same speed where
-    the pool batches. Its acoustic half draws no noise: nothing to seed here."""
-    speed = seg.speed
-
-    def run(items: list[str]) -> list:
-        return model.synthesize_timed_batch(items, speed)
-
-    return batching.run(Stage.ACOUSTIC, (model.model_id, speed), run, seg.phonemes)
+def _batched(stage: Stage, work):
+    """The result of a forward pass an engine describes (models.voices.Batch), in a batch
+    with other segments' (or windows') of the same key where the pool batches
+    (tasks/batching.py); at once for a model that does not batch."""
+    if work.key is None:
+        return work.run([work.item])[0]
+    return batching.run(stage, work.key, work.run, work.item)
 
 
 def _vocode_piece(vocoder, voice, features, piece=None, seed: int = 0) -> np.ndarray:
     """The audio of a window of `features` (the whole segment when `piece` is None), in a
-    batch with other segments' windows or wholes where the pool batches. `seed`: hibari's
-    decoder noise (the Piper decoder draws none)."""
-    if voice.engine == HIBARI:
-        # torch loads only in the pools that run the voice
-        from models.neural.hifigan import Window
-
-        piece = piece or Window.whole(int(features.shape[-1]))
-
-        def run_hibari(items: list) -> list:
-            return vocoder.vocode_windows(items)
-
-        audio = batching.run(Stage.VOCODER, vocoder.model_id, run_hibari,
-                             (features, piece, seed))
-    elif voice.engine == PIPER:
-        if piece is None:
-            # torch loads on first use: the book and quality pools import this too
-            from models.neural.hifigan import Window
-
-            piece = Window.whole(int(features.shape[-1]))
-
-        def run(items: list) -> list:
-            return vocoder.vocode_windows(items, max_batch=len(items))
-
-        audio = batching.run(Stage.VOCODER, vocoder.model_id, run,
-                             (features, piece, voice.speaker))
-    else:
-        audio = batching.run(Stage.VOCODER, vocoder.model_id, vocoder.vocode, features)
+    batch with other segments' windows or wholes where the pool batches. `seed`: the
+    decoder's noise (an engine whose decoder draws none ignores it)."""
+    audio = _batched(Stage.VOCODER,
+                     backend_for(voice).vocode_batch(vocoder, voice, features, piece, seed))
     return audio.float().cpu().numpy()
 
 
@@ -335,26 +291,11 @@ def _word_times(farm, vocoder, voice, mel_key: str, seg: Segment,
     if durations is None:
         log.warning("segment %s: no timing cached; no word timestamps", seg.describe())
         return []
-    # torch loads on first use: the book and quality pools import this too
-    from models.neural.voice_file import ids_and_positions
-    from models.text.words import WordSpan, espeak_word_times, word_times
+    # read where a vocoder stage times a segment's words
+    from models.text.words import WordSpan
 
-    if voice.engine == HIBARI:
-        # Frames per id, as for a Piper voice; one frame is 300 samples at 24 kHz.
-        from models.hibari.stage import word_positions
-
-        spans = [WordSpan.from_list(item) for item in seg.words]
-        return word_times(spans, seg.phonemes, word_positions(seg.phonemes, durations),
-                          durations, vocoder.hop_length / vocoder.sample_rate)
-    if voice.engine != PIPER:
-        spans = [WordSpan.from_list(item) for item in seg.words]
-        return espeak_word_times(spans, durations, len(seg.phonemes),
-                                 samples / vocoder.sample_rate)
-    config = vocoder.voice.config
-    _, positions = ids_and_positions(seg.phonemes, config)
     spans = [WordSpan.from_list(item) for item in seg.words]
-    return word_times(spans, seg.phonemes, positions, durations,
-                      vocoder.voice.hop_length / config.sample_rate)
+    return backend_for(voice).word_times(vocoder, seg.phonemes, spans, durations, samples)
 
 
 def _stream_windows(farm, vocoder, voice, features, seg: Segment, pause: np.ndarray,

@@ -24,17 +24,15 @@ def create_app(settings: Settings, farm: Farm | None = None) -> Flask:
     register_security_headers(app)
     # The voice list comes from libespeak-ng once per process: read it now, so no request
     # handler on the hub ever calls into the library (the frontend thread alone does).
-    from models.voices import HIBARI, list_voices, use_voices_dir
+    from models.voices import backend_for, list_voices, use_voices_dir
 
     use_voices_dir(settings.voices_dir)
-    voices = list_voices()
-    if any(v.engine == HIBARI for v in voices):
-        # hibari's G2P loads its lexicons on its first call (about a second): pay it at start,
-        # before the web answers /readyz, not in the first request that speaks with it. Pure
-        # Python and no eSpeak, so it may run outside the frontend thread.
-        from models.hibari.g2p import phonemize
-
-        phonemize("Hello.")
+    # An engine's G2P that loads on its first call (hibari's lexicons, about a second) is
+    # paid at start, before the web answers /readyz, not in the first request that speaks
+    # with it (models/voices/: each engine says what it warms; no torch, no eSpeak).
+    engines = {backend_for(voice).name: backend_for(voice) for voice in list_voices()}
+    for backend in engines.values():
+        backend.warm_g2p()
 
     # First, so its request hooks (request id, HTTP metrics) wrap every other blueprint.
     from web.observability import observability

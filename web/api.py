@@ -20,7 +20,7 @@ from models.audio.encode import CONTENT_TYPES, encode, wav_bytes
 from models.errors import BreakTooLong, NoSpeakableText
 from models.text import captions
 from models.text.frontend import iter_run_segments, prepare
-from models.voices import HIBARI, PIPER, list_voices
+from models.voices import backend_for, list_voices
 from web import apidoc as doc
 from web.auth import current_key
 from web.errors import ApiError
@@ -140,7 +140,7 @@ def phonemize():
         raise break_error(exc, "text") from None
     return jsonify({
         "voice": voice.name,
-        "alphabet": {PIPER: "ipa", HIBARI: "misaki"}.get(voice.engine, "espeak"),
+        "alphabet": backend_for(voice).alphabet,
         "segments": [{
             "index": s.index, "text": s.text, "phonemes": s.phonemes, "ipa": s.ipa,
             "pause_ms": s.pause_ms, "voice": s.voice or voice.name,

@@ -127,10 +127,10 @@ def check_candidate(voice: str, file: str = "", inference: Inference | None = No
     voice's name (without a speaker). Raises CanaryError, UnknownVoice, UnknownSpeaker."""
     # voice files are read only to check an operator.s request
     from models.neural.voice_file import PiperConfig, VoiceFileError, config_path_for
-    from models.voices import PIPER, get_voice
+    from models.voices import backend_for, get_voice
 
     offered = get_voice(get_voice(voice).voice_name)
-    if offered.engine != PIPER:
+    if not backend_for(offered).has_versions:
         raise CanaryError(f"voice {offered.name} is an eSpeak voice: only Piper voices have "
                           "versions")
     for name, value in (inference or Inference()).as_dict().items():

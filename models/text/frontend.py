@@ -36,9 +36,7 @@ import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from models.classic.espeak import phonemize
 from models.errors import InvalidPhonemes, NoSpeakableText
-from models.neural.voice_file import ids_for, piper_phonemes
 from models.text.lexicon import PLACEHOLDERS, Marked, mark, server_lexicon
 from models.text.runs import Segment, TextRun
 from models.text.segmenting import (
@@ -52,9 +50,9 @@ from models.text.segmenting import (
     word_tokens,
 )
 from models.text.text_en import DIGIT_WORDS, normalize_en
-from models.text.text_zh import g2p_zh, normalize_zh, strip_language_switches
+from models.text.text_zh import normalize_zh
 from models.text.words import WordSpan, align_words, source_spans
-from models.voices import HIBARI, NEURAL, PIPER, Voice, get_voice, piper_config
+from models.voices import Voice, backend_for, get_voice
 
 # Bound on one segment's phoneme count, measured as espeak mnemonic characters (whitespace
 # excluded; an upper bound on the true phoneme count, since one phoneme takes 1-4 characters).
@@ -63,8 +61,6 @@ from models.voices import HIBARI, NEURAL, PIPER, Voice, get_voice, piper_config
 MAX_SEGMENT_PHONEMES = 400
 # Clause punctuation at the start of a run of text (after a lexicon word): Piper's marks.
 _LEADING_MARK = re.compile(r"\s*([.,;:!?])[.,;:!?\"'”’)\]]*")
-# Pause and boundary mnemonics: phonemes made only of these say nothing.
-_SILENT_PHONEMES = re.compile(r"_[|:!]?|['，,%=\s]")
 
 
 def normalize(text: str, language: str) -> str:
@@ -80,11 +76,9 @@ def phoneme_count(phonemes: str) -> int:
 
 def symbol_count(phonemes: str, voice: Voice) -> int:
     """:func:`phoneme_count` of phonemes a client gives for ``voice``, as the voice is given
-    them: a neural voice gets them in NFD, where one precomposed letter (``ã``) is two or
+    them: a Piper voice gets them in NFD, where one precomposed letter (``ã``) is two or
     three symbols, so they are counted that way."""
-    if voice.engine == PIPER:
-        phonemes = unicodedata.normalize("NFD", phonemes)
-    return phoneme_count(phonemes)
+    return phoneme_count(backend_for(voice).given_phonemes(phonemes))
 
 
 class _SourceCursor:
@@ -160,12 +154,13 @@ def _spliced(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str]) -> st
     """G2P of text holding lexicon placeholders: the text between them through the usual
     G2P, each placeholder's phonemes spliced in as a word of its own."""
     parts: list[str] = []
+    backend = backend_for(voice)
 
     def say(run: str) -> None:
         # Punctuation right after a lexicon word is its clause's end (espeak would drop a
         # clause mark that starts a text): Piper keeps it on the word.
         lead = _LEADING_MARK.match(run)
-        if lead and parts and voice.engine in NEURAL:
+        if lead and parts and backend.phonemes_are_ipa:
             parts[-1] += lead.group(1)
             run = run[lead.end():]
         if run.strip():
@@ -175,11 +170,11 @@ def _spliced(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str]) -> st
     for match in PLACEHOLDERS.finditer(text):
         say(text[at:match.start()])
         said = fixed.get(match.group(), "")
-        parts.append(unicodedata.normalize("NFD", said) if voice.engine == PIPER else said)
+        parts.append(backend.given_phonemes(said))
         at = match.end()
     say(text[at:])
     joined = " ".join(part for part in parts if part)
-    if voice.engine in NEURAL:  # clause punctuation follows its word, as Piper writes it
+    if backend.phonemes_are_ipa:  # clause punctuation follows its word, as Piper writes it
         joined = re.sub(r"\s+([.,;:!?])", r"\1", joined)
     return joined
 
@@ -187,36 +182,7 @@ def _spliced(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str]) -> st
 def _said_alone(word: str, voice: Voice) -> str:
     """``word``'s phonemes said alone by ``voice`` (cached a word), as the word alignment
     compares them with a phrase's."""
-    if voice.engine == PIPER:
-        return _word_phonemes(word, piper_config(voice.model_path).espeak_voice)
-    if voice.engine == HIBARI:
-        return _hibari_word_phonemes(word)
-    return _espeak_word_phonemes(word, voice.name)
-
-
-@functools.lru_cache(maxsize=8192)
-def _word_phonemes(word: str, espeak_voice: str) -> str:
-    return piper_phonemes(word, espeak_voice)
-
-
-@functools.lru_cache(maxsize=8192)
-def _hibari_word_phonemes(word: str) -> str:
-    return _hibari_g2p(word)
-
-
-def _hibari_g2p(text: str) -> str:
-    """hibari's phonemes for ``text``: its G2P's, kept to its vocab (the G2P can pass a
-    quote mark the model has no id for; its own runtime drops those the same way)."""
-    # hibari's G2P loads its lexicons once a hibari voice is asked for
-    from models.hibari.g2p import phonemize as hibari_phonemize
-    from models.hibari.vocab import keep_vocab
-
-    return keep_vocab(hibari_phonemize(text))
-
-
-@functools.lru_cache(maxsize=8192)
-def _espeak_word_phonemes(word: str, voice: str) -> str:
-    return _phrase_g2p(word, get_voice(voice), ipa=False)
+    return backend_for(voice).word_phonemes(word, voice)
 
 
 # A run of digits is read digit by digit past MAX_WORDED_DIGITS (models.text.text_en.digits),
@@ -270,30 +236,12 @@ def _g2p(text: str, voice: Voice, ipa: bool, fixed: Mapping[str, str] | None = N
 
 def _phrase_g2p(text: str, voice: Voice, ipa: bool) -> str:
     """``text`` through the voice's own G2P, whole."""
-    if voice.engine == PIPER:
-        # Piper's own phoneme set: IPA with the clause punctuation kept (it shapes prosody).
-        return piper_phonemes(text, voice.base)
-    if voice.engine == HIBARI:
-        return _hibari_g2p(text)
-    if voice.language == "zh":
-        return g2p_zh(text, ipa=ipa)
-    # A foreign word makes espeak emit "(fr)...(en)"; [[...]] rendering cannot switch language.
-    return strip_language_switches(phonemize(text, voice.base, ipa=ipa))
+    return backend_for(voice).phrase_phonemes(text, voice, ipa)
 
 
 def says_something(phonemes: str, voice: Voice) -> bool:
-    if voice.engine == HIBARI:
-        # the hibari wheel's vocab loads once a hibari voice is asked for
-        from models.hibari.vocab import says_something
-
-        return says_something(phonemes)
-    if voice.engine == PIPER:
-        try:
-            ids_for(phonemes, piper_config(voice.model_path))
-        except NoSpeakableText:
-            return False
-        return True
-    return bool(_SILENT_PHONEMES.sub("", phonemes))
+    """Whether ``phonemes`` hold anything ``voice`` would say (not only pauses)."""
+    return backend_for(voice).says_something(phonemes, voice)
 
 
 def _bounded_g2p(text: str, language: str, voice: Voice,
@@ -398,7 +346,7 @@ def _segments_of(runs, default: Voice, lexicon: Mapping[str, str] | None,
         return Segment(
             index=index, text=_unmark(draft.text, draft.marked), phonemes=draft.phonemes,
             # A neural voice's phonemes are IPA already (misaki's for hibari).
-            ipa=draft.phonemes if spec.engine in NEURAL else _g2p(
+            ipa=draft.phonemes if backend_for(spec).phonemes_are_ipa else _g2p(
                 draft.text, spec, ipa=True, fixed=draft.marked.phonemes),
             pause_ms=draft.pause_ms, words=draft.words,
             voice=draft.run.voice, rate=draft.run.rate,

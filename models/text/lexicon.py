@@ -34,14 +34,12 @@ import json
 import logging
 import os
 import re
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.errors import InvalidLexicon
-from models.neural.voice_file import BOS, EOS, PAD
-from models.voices import HIBARI, PIPER, Voice, piper_config, voices_dir
+from models.voices import Voice, backend_for, voices_dir
 
 log = logging.getLogger(__name__)
 
@@ -55,31 +53,12 @@ MAX_PHONEME_CHARS = 200
 PLACEHOLDER_BASE = 0xE000
 PLACEHOLDER_COUNT = 0x1900  # U+E000..U+F8FF
 PLACEHOLDERS = re.compile("[\ue000-\uf8ff]")
-# What an eSpeak mnemonic may hold: printable ASCII, no brackets ("[[...]]" wraps them).
-_MARKERS = frozenset((BOS, EOS, PAD))
-_MNEMONIC = re.compile(r"[\x20-\x5a\x5c\x5e-\x7e]+")
 
 
 def unsayable(phonemes: str, voice: Voice) -> tuple[int, list[str]] | None:
     """``(position of the first symbol, symbols)`` that ``voice`` cannot say in ``phonemes``,
     or None when it can say them all. Positions index ``phonemes`` as given."""
-    if voice.engine == HIBARI:
-        # the hibari wheel's vocab loads once a hibari voice is asked for
-        from models.hibari.vocab import unsayable as hibari_unsayable
-
-        return hibari_unsayable(phonemes)
-    if voice.engine == PIPER:
-        id_map = piper_config(voice.model_path).phoneme_id_map
-        # The start, end and pad markers are ids, not phonemes anyone may write.
-        bad = [(i, c) for i, c in enumerate(phonemes)
-               if not c.isspace() and any(part not in id_map or part in _MARKERS
-                                          for part in unicodedata.normalize("NFD", c))]
-    else:
-        bad = [(i, c) for i, c in enumerate(phonemes)
-               if not _MNEMONIC.fullmatch(c)]
-    if not bad:
-        return None
-    return bad[0][0], sorted({c for _, c in bad})
+    return backend_for(voice).unsayable(phonemes, voice)
 
 
 def check_entry(word: object, phonemes: object, voice: Voice) -> tuple[str, str]:
@@ -94,7 +73,8 @@ def check_entry(word: object, phonemes: object, voice: Voice) -> tuple[str, str]
     if not word or not any(c.isalnum() for c in word) or len(word) > MAX_WORD_CHARS:
         raise InvalidLexicon(word, f"a word must have 1 to {MAX_WORD_CHARS} characters, "
                              "a letter or digit among them")
-    given = unicodedata.normalize("NFD", phonemes) if voice.engine == PIPER else phonemes
+    backend = backend_for(voice)
+    given = backend.given_phonemes(phonemes)
     if not phonemes or len(given) > MAX_PHONEME_CHARS:
         raise InvalidLexicon(word, f"the phonemes must have 1 to {MAX_PHONEME_CHARS} "
                              "symbols (a precomposed letter with accents counts each)")
@@ -102,10 +82,9 @@ def check_entry(word: object, phonemes: object, voice: Voice) -> tuple[str, str]
         raise InvalidLexicon(word, "private-use characters are not words")
     bad = unsayable(phonemes, voice)
     if bad is not None:
-        alphabet = {PIPER: "Piper IPA", HIBARI: "hibari's misaki phonemes, vocab.json"}.get(
-            voice.engine, "eSpeak mnemonics")
         raise InvalidLexicon(word, f"voice {voice.voice_name} has no phoneme "
-                             f"{', '.join(repr(s) for s in bad[1])} (its alphabet: {alphabet}); "
+                             f"{', '.join(repr(s) for s in bad[1])} (its alphabet: "
+                             f"{backend.alphabet_name}); "
                              f"first at character {bad[0]} of {phonemes!r}", bad[0], bad[1])
     return word, phonemes
 

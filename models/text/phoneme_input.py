@@ -6,7 +6,6 @@ frontend's own phonemes (models/text/frontend.py).
 from __future__ import annotations
 
 import re
-import unicodedata
 
 from models.errors import InvalidPhonemes, NoSpeakableText
 from models.text.frontend import MAX_SEGMENT_PHONEMES, cut_phonemes, says_something, symbol_count
@@ -14,7 +13,7 @@ from models.text.lexicon import PLACEHOLDERS, unsayable
 from models.text.runs import Segment
 from models.text.segmenting import MAX_BREAK_MS
 from models.text.words import WordSpan, phoneme_groups
-from models.voices import HIBARI, NEURAL, PIPER, get_voice
+from models.voices import backend_for, get_voice
 
 _PHONEME_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
@@ -36,6 +35,7 @@ def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
     it at) or a pause over :data:`MAX_BREAK_MS`.
     """
     spec = get_voice(voice)
+    backend = backend_for(spec)
     drafts: list[tuple[str, int, int]] = []  # (phonemes, pause_ms, offset in the string)
     if isinstance(phonemes, str):
         position = 0
@@ -71,16 +71,13 @@ def phoneme_segments(phonemes: str | list, voice: str) -> list[Segment]:
                 f"voice {spec.voice_name} has no phoneme "
                 f"{', '.join(repr(s) for s in bad[1])}; first at character {position}"
                 + (f" of item {where}" if at < 0 else ""), where, position, bad[1])
-        if spec.engine == PIPER:
-            text = unicodedata.normalize("NFD", text)
-        elif spec.engine == HIBARI:  # a space is its word boundary; a tab or line break is none
-            text = re.sub(r"\s", " ", text)
+        text = backend.phoneme_segment(text)  # as the voice renders it (NFD for Piper)
         if not text or not says_something(text, spec):
             if at >= 0 and not PLACEHOLDERS.sub("", text).strip(" .,;:!?"):
                 continue  # punctuation between sentences of a string
             raise InvalidPhonemes(f"item {item_index} says nothing", item_index)
         words: tuple[WordSpan, ...] = ()
-        if spec.engine in NEURAL:
+        if backend.frames_per_phoneme:  # each group of phonemes a word in time
             words = tuple(WordSpan(text[a:b], a, b, *((at + a, at + b) if at >= 0 else (-1, -1)))
                           for a, b in phoneme_groups(text))
         segments.append(Segment(index=len(segments), text=text, phonemes=text, ipa=text,

@@ -35,7 +35,6 @@ from __future__ import annotations
 import io
 import re
 import traceback
-import unicodedata
 from dataclasses import dataclass, field
 from xml.sax import SAXException
 from xml.sax.handler import ContentHandler
@@ -50,7 +49,7 @@ from models.text.lexicon import PLACEHOLDER_BASE, PLACEHOLDER_COUNT, unsayable
 from models.text.runs import SourceSpans, TextRun
 from models.text.say_as import DATE_FORMATS, SAY_AS, say_as
 from models.text.segmenting import BREAK_TAG, MAX_BREAK_MS
-from models.voices import NEURAL, PIPER, Voice, get_voice
+from models.voices import Voice, backend_for, get_voice
 
 SPEED_MIN, SPEED_MAX = 0.5, 2.0
 # The longest SSML document parsed, in characters: a long book chapter (about 150,000
@@ -364,8 +363,7 @@ class _Handler(ContentHandler):
 
     def check_phoneme(self, attrs: dict[str, str], voice: Voice, offset: int) -> None:
         alphabet = attrs.get("alphabet", "ipa")
-        # hibari's misaki symbols are IPA but for a few capitals (its diphthongs): "ipa".
-        wanted = "ipa" if voice.engine in NEURAL else "x-espeak"
+        wanted = backend_for(voice).ssml_alphabet
         if alphabet != wanted:
             raise self.error("unsupported_ssml", f"<phoneme alphabet=\"{alphabet}\">: voice "
                              f"{voice.name} takes alphabet=\"{wanted}\"", "phoneme", offset,
@@ -404,8 +402,7 @@ class _Handler(ContentHandler):
             char = chr(self.next_placeholder)
             self.next_placeholder -= 1
             ph = frame.attrs["ph"].strip()
-            self.fixed[char] = unicodedata.normalize("NFD", ph) if frame.voice.engine == PIPER \
-                else ph
+            self.fixed[char] = backend_for(frame.voice).given_phonemes(ph)
             self.surfaces[char] = " ".join(content.split()) or ph
             said = char
         else:

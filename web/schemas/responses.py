@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.stores.states import BookState, JobState
-from models.voices import ESPEAK, HIBARI, PIPER
+from models.voices import ENGINE_NAMES
 from web.schemas.constants import OPENAI_MODELS, RESPONSE_FORMATS
 from web.schemas.fields import OneOf
 
@@ -164,7 +164,7 @@ class Captions(ResponseModel):
 
 class Voice(ResponseModel):
     name: str
-    engine: Annotated[str, OneOf((PIPER, HIBARI, ESPEAK))]
+    engine: Annotated[str, OneOf(ENGINE_NAMES)]
     language: str
     display_name: str = None
     variant: str | None = None

@@ -1,0 +1,39 @@
+"""The voices the farm offers, and the engines that render them: Piper's and hibari's neural
+voices, eSpeak NG's English and Mandarin voices.
+
+One module an engine (``piper.py``, ``hibari.py``, ``espeak.py``: each says which voices it
+offers and why), all behind one interface (``base.py``, :class:`VoiceBackend`), registered
+once (``catalog.py``). The pipeline asks ``backend_for(voice)`` what it needs of a voice's
+engine and never tests the engine's name. No torch at import: the web lists voices and checks
+phonemes through here.
+"""
+
+from models.voices.base import ACOUSTIC, VOCODER, Batch, Loading, Voice, VoiceBackend
+from models.voices.catalog import (
+    ENGINE_NAMES,
+    backend_for,
+    backends,
+    get_voice,
+    list_voices,
+    use_voices_dir,
+    voices_dir,
+)
+from models.voices.piper import default_piper_model, piper_config
+
+__all__ = [
+    "ACOUSTIC",
+    "ENGINE_NAMES",
+    "VOCODER",
+    "Batch",
+    "Loading",
+    "Voice",
+    "VoiceBackend",
+    "backend_for",
+    "backends",
+    "default_piper_model",
+    "get_voice",
+    "list_voices",
+    "piper_config",
+    "use_voices_dir",
+    "voices_dir",
+]

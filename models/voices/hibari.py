@@ -1,0 +1,147 @@
+"""hibari: ``en_us-hibari-heart``, the Kokoro-distilled voice ``heart`` inside the
+``hibari-tts`` wheel (24 kHz; its own G2P and phoneme set, ``models.hibari.vocab``). The
+wheel's other voices download at run time, so they are not offered.
+
+Its phonemes are misaki's symbols (IPA with ``A I O W Y`` for its diphthongs); a space is its
+word boundary, a tab or line break none. Its acoustic half draws no noise; its decoder adds
+seeded noise (the source-filter's noise part), the seed from the cached features
+(models/hibari/stage.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from models.voices.base import ACOUSTIC, Batch, Loading, Voice, VoiceBackend
+
+
+def _g2p(text: str) -> str:
+    """hibari's phonemes for ``text``: its G2P's, kept to its vocab (the G2P can pass a
+    quote mark the model has no id for; its own runtime drops those the same way)."""
+    # hibari's G2P loads its lexicons once a hibari voice is asked for
+    from models.hibari.g2p import phonemize as hibari_phonemize
+    from models.hibari.vocab import keep_vocab
+
+    return keep_vocab(hibari_phonemize(text))
+
+
+@functools.lru_cache(maxsize=8192)
+def _word_phonemes(word: str) -> str:
+    return _g2p(word)
+
+
+class HibariBackend(VoiceBackend):
+    name = "hibari"
+    alphabet = "misaki"
+    alphabet_name = "hibari's misaki phonemes, vocab.json"
+    # hibari's misaki symbols are IPA but for a few capitals (its diphthongs): "ipa".
+    ssml_alphabet = "ipa"
+    feature_format = "hibari frames (130 decoder-input channels + f0, frames), for its decoder"
+    phonemes_are_ipa = True
+    frames_per_phoneme = True
+    streams_windows = True
+    has_versions = False
+
+    def list_voices(self, voices_dir: str) -> list[Voice]:
+        """hibari's voice ``heart``, when the ``hibari-tts`` wheel is installed."""
+        # the hibari wheel is looked for only when the voices are listed
+        from models.hibari import vocab as hibari_voice
+
+        path = hibari_voice.model_path()
+        if path is None:
+            return []
+        return [Voice(name=hibari_voice.NAME, language="en",
+                      display_name=f"{hibari_voice.NAME} (hibari neural, Kokoro-distilled)",
+                      base="en-us", variant=None, engine=self.name,
+                      sample_rate=hibari_voice.SAMPLE_RATE, model_path=str(path))]
+
+    def phrase_phonemes(self, text: str, voice: Voice, ipa: bool) -> str:
+        return _g2p(text)
+
+    def word_phonemes(self, word: str, voice: Voice) -> str:
+        return _word_phonemes(word)
+
+    def says_something(self, phonemes: str, voice: Voice) -> bool:
+        # the hibari wheel's vocab loads once a hibari voice is asked for
+        from models.hibari.vocab import says_something
+
+        return says_something(phonemes)
+
+    def unsayable(self, phonemes: str, voice: Voice) -> tuple[int, list[str]] | None:
+        # the hibari wheel's vocab loads once a hibari voice is asked for
+        from models.hibari.vocab import unsayable
+
+        return unsayable(phonemes)
+
+    def phoneme_segment(self, phonemes: str) -> str:
+        return re.sub(r"\s", " ", phonemes)  # a space is its word boundary; a tab or break none
+
+    def warm_g2p(self) -> None:
+        # hibari's G2P loads its lexicons on its first call (about a second). Pure Python and
+        # no eSpeak, so it may run outside the frontend thread.
+        from models.hibari.g2p import phonemize
+
+        phonemize("Hello.")
+
+    def model_key(self, stage: str, voice: Voice) -> str:
+        return f"hibari-{stage}"  # the voice inside is loaded once and shared
+
+    def load(self, stage: str, voice: Voice, loading: Loading) -> Any:
+        # models load after the fork, in the process that runs them
+        from models.errors import VoiceUnavailable
+        from models.hibari.stage import HibariAcoustic, HibariVocoder
+
+        cls = HibariAcoustic if stage == ACOUSTIC else HibariVocoder
+        try:
+            return cls(device=loading.device, engine=loading.engine)
+        except (OSError, ValueError) as exc:  # final: a retry reads the same files
+            raise VoiceUnavailable(f"the hibari voice cannot be loaded: {exc}") from exc
+
+    def warm_up(self, stage: str, model: Any) -> None:
+        if stage == ACOUSTIC:
+            model.synthesize("həlˈO.")
+            return
+        # torch loads in the model pools, after the fork (CUDA is not fork-safe)
+        import torch
+
+        model.vocode([torch.zeros(model.mel_config.n_mels, 8)])
+
+    def acoustic_batch(self, model: Any, voice: Voice, phonemes: str, voice_name: str,
+                       speed: float, seed: int) -> Batch:
+        """Frames and durations, in a batch with other segments of the same speed. Its
+        acoustic half draws no noise: ``seed`` is not used."""
+
+        def run(items: list[str]) -> list:
+            return model.synthesize_timed_batch(items, speed)
+
+        return Batch((model.model_id, speed), run, phonemes)
+
+    def vocoder_seed(self, features_blob: bytes) -> int:
+        # torch loads only in the pools that run the voice
+        from models.hibari.stage import seed_of
+
+        return seed_of(features_blob)
+
+    def vocode_batch(self, vocoder: Any, voice: Voice, features: Any, piece: Any,
+                     seed: int) -> Batch:
+        # torch loads only in the pools that run the voice
+        from models.neural.hifigan import Window
+
+        piece = piece or Window.whole(int(features.shape[-1]))
+
+        def run(items: list) -> list:
+            return vocoder.vocode_windows(items)
+
+        return Batch(vocoder.model_id, run, (features, piece, seed))
+
+    def word_times(self, vocoder: Any, phonemes: str, spans: Sequence[Any],
+                   durations: Sequence[int], samples: int) -> list[dict]:
+        # Frames per id, as for a Piper voice; one frame is 300 samples at 24 kHz.
+        from models.hibari.stage import word_positions
+        from models.text.words import word_times
+
+        return word_times(list(spans), phonemes, word_positions(phonemes, durations),
+                          durations, vocoder.hop_length / vocoder.sample_rate)
