@@ -4,15 +4,14 @@ and readiness.
 `Farm(settings)` is built once per process; the web's `create_app` and the tasks' base class
 each hold one. It composes the services (app/services/): `admission`, `backlog` (the queues'
 depths and run times), `liveness` (heartbeats and the GPU memory rule) and `sweeps`.
-Submission takes already-prepared segments (the web runs the text frontend), has admission
-take the job or refuse it (Overloaded), and hands it to app/submission.py, which writes the
-job record and enqueues one `acoustic -> vocoder` chain per segment.
+Submission (`Farm.submit`) is app/submission.py's: it takes already-prepared segments (the
+web runs the text frontend), checks the key's quota, has admission take the job or refuse it
+(Overloaded), writes the job record and enqueues one `acoustic -> vocoder` chain per segment.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Sized
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 
 from celery import Celery
@@ -37,6 +36,7 @@ from app.services.sweeps import Sweeps
 from app.settings import Settings
 from app.stores.artifacts import SealedStore, open_store
 from app.stores.books import BookStore
+from app.stores.job_record import JobRecord
 from app.stores.jobs import JobStore
 from app.stores.keys import Keys
 from app.stores.listeners import ListenerLeases, StoreContact
@@ -44,7 +44,7 @@ from app.stores.melcache import MelCache
 from app.stores.redis_conn import blocking_client, redis_client
 from app.stores.states import BOOK_ACTIVE, JOB_FINAL
 from app.stores.waits import WaitPlaces
-from app.submission import TooManySegments, submit
+from app.submission import submit_job
 
 
 class Farm:
@@ -100,43 +100,16 @@ class Farm:
         self.admission = Admission(settings, self.redis, self.keys, self.broker,
                                    self.store_contact, self.liveness, self.backlog, self.sweeps)
 
-    # -- submission (the record and publishing are app/submission.py's) -----------------------
+    # -- submission (validating, admitting, recording, publishing: app/submission.py) --------
 
     def submit(self, segments: Iterable, *, voice: str, speed: float, fmt: str, chars: int,
                sample_rate: int, request_id: str = "", key: ApiKey | None = None,
-               listened: bool = False) -> dict:
-        """Create the job and enqueue its segments as `segments` yields them
-        (`app.submission.submit`), once the farm admits it. Raises TooManySegments past
-        `max_job_segments` (nothing written when `segments` has a length; a lazy one is
-        found out as it goes, and the job is failed), Overloaded when the farm is full
-        (nothing written), Unavailable when the broker could not take a segment, and
-        LimitExceeded when `key` (the API key asking) already runs its quota of work.
-        `listened`: the job is a stream's; it has a listener lease (app/stores/listeners.py).
-
-        A job whose segments are known up front counts all of them against the depth bound;
-        a lazy one (text, segmented as it is published) counts its first, and its later ones
-        count for every admission after them."""
-        cap = self.settings.max_job_segments
-        count = len(segments) if isinstance(segments, Sized) else 1
-        if count > cap:
-            raise TooManySegments(cap)
-        with self.work_slot(key) as slot:
-            tickets: list[str] = []
-            published: list[float] = []  # when each segment's publish returned
-            try:
-                job = submit(self.celery, self.jobs, segments,
-                             admit=lambda: tickets.append(self.admission.admit(count)),
-                             published=lambda: published.append(time.time()),
-                             voice=voice, speed=speed, fmt=fmt, chars=chars,
-                             sample_rate=sample_rate, request_id=request_id,
-                             owner=key.id if key else "",
-                             version_for=self.canary.version_for, max_segments=cap,
-                             lease_s=self.settings.stream_lease_s if listened else 0.0)
-            finally:
-                for ticket in tickets:
-                    self.admission.admitted(ticket, published[-1] if published else None)
-            slot.started(job["id"])
-        return job
+               listened: bool = False) -> JobRecord:
+        """One job of prepared `segments`, validated, admitted, recorded and published:
+        `app.submission.submit_job`, which says what it raises."""
+        return submit_job(self, segments, voice=voice, speed=speed, fmt=fmt, chars=chars,
+                          sample_rate=sample_rate, request_id=request_id, key=key,
+                          listened=listened)
 
     def work_slot(self, key: ApiKey | None) -> AbstractContextManager[Slot]:
         """A place in `key`'s quota of jobs and books running at once (app/security/apikeys.py,

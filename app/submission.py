@@ -1,14 +1,20 @@
-"""Submitting a job: its record, then one acoustic -> vocoder chain per segment.
+"""Submitting a job, in one place: validate -> admit -> record -> publish.
 
-`submit` drives the segments as the frontend yields them (the web's generator): the first
-is published while the frontend still works on the rest, and the job's segment count is
-sealed at the end. The publishing itself is app/broker/queueing.py's.
+    submit_job(farm, ...)  the whole of it: the segment cap, the key's quota and the farm's
+                           admission, then `submit`
+    submit(...)            the job's record, then one acoustic -> vocoder chain per segment
+
+The segments come prepared (the web runs the text frontend and owns the generator that
+yields them); `submit` drives them as they come: the first is published while the frontend
+still works on the rest, and the job's segment count is sealed at the end. Sending the
+messages is app/broker/queueing.py's; the web only maps what is raised here to its answers.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Sized
 from typing import TYPE_CHECKING, cast
 
 import redis
@@ -16,10 +22,13 @@ import redis
 from app.broker.messages import JobOwner, Segment
 from app.broker.queueing import Unavailable, publish_segments
 from app.broker.stages import Stage
+from app.stores.job_record import JobRecord
 
-if TYPE_CHECKING:  # the stores import nothing of this module
+if TYPE_CHECKING:  # the stores and the farm import nothing of this module at run time
     from celery import Celery
 
+    from app.farm import Farm
+    from app.security.apikeys import ApiKey
     from app.stores.jobs import JobStore
 
 
@@ -34,12 +43,49 @@ class TooManySegments(Exception):
         self.limit = limit
 
 
+def submit_job(farm: Farm, segments: Iterable, *, voice: str, speed: float, fmt: str,
+               chars: int, sample_rate: int, request_id: str = "", key: ApiKey | None = None,
+               listened: bool = False) -> JobRecord:
+    """Validate, admit, record and publish one job of prepared `segments` (`submit` writes
+    and publishes them as they come). Raises TooManySegments past `max_job_segments`
+    (nothing written when `segments` has a length; a lazy one is found out as it goes, and
+    the job is failed), LimitExceeded when `key` (the API key asking) already runs its quota
+    of work, Overloaded (and the farm's other refusals) when admission will not take it
+    (nothing written), and Unavailable when the broker could not take a segment.
+    `listened`: the job is a stream's; it has a listener lease (app/stores/listeners.py).
+
+    A job whose segments are known up front counts all of them against the depth bound;
+    a lazy one (text, segmented as it is published) counts its first, and its later ones
+    count for every admission after them."""
+    cap = farm.settings.max_job_segments
+    count = len(segments) if isinstance(segments, Sized) else 1
+    if count > cap:
+        raise TooManySegments(cap)
+    with farm.work_slot(key) as slot:
+        tickets: list[str] = []
+        published: list[float] = []  # when each segment's publish returned
+        try:
+            job = submit(farm.celery, farm.jobs, segments,
+                         admit=lambda: tickets.append(farm.admission.admit(count)),
+                         published=lambda: published.append(time.time()),
+                         voice=voice, speed=speed, fmt=fmt, chars=chars,
+                         sample_rate=sample_rate, request_id=request_id,
+                         owner=key.id if key else "",
+                         version_for=farm.canary.version_for, max_segments=cap,
+                         lease_s=farm.settings.stream_lease_s if listened else 0.0)
+        finally:
+            for ticket in tickets:
+                farm.admission.admitted(ticket, published[-1] if published else None)
+        slot.started(job.id)
+    return job
+
+
 def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callable[[], None],
            voice: str, speed: float, fmt: str, chars: int, sample_rate: int,
            request_id: str = "", owner: str = "",
            version_for: Callable[[str, str], str] | None = None,
            max_segments: int | None = None, lease_s: float = 0.0,
-           published: Callable[[], None] | None = None) -> dict:
+           published: Callable[[], None] | None = None) -> JobRecord:
     """Create the job and enqueue its segments as `segments` yields them.
 
     Publish as you go: segment 0 is on the acoustic queue while the frontend still works
@@ -105,7 +151,7 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
     assert job_id is not None  # the first segment made it
     jobs.seal(job_id, count)
     jobs.mark_published(job_id)
-    return cast(dict, jobs.get(job_id))  # made above
+    return cast(JobRecord, jobs.get(job_id))  # made above
 
 
 def _abandon(jobs: JobStore, job_id: str, exc: BaseException) -> None:

@@ -1,15 +1,21 @@
-"""The parts of the API document each blueprint declares its paths with.
+"""The parts of the API document each view declares its operation with, and `route`, which
+registers a view's Flask rule and its operation together.
 
-Each blueprint module has an `openapi_paths()` beside its views: its paths, their operations
-and what each answers, built from these helpers and the models of web/schemas/.
-web/openapi.py gathers them into one document (the server's and the keys' refusals, the
-path parameters, the schemas written out) and serves it.
+Each route's path is written once: `@route(bp, "/v1/jobs/<job_id>", "get", op(...))` adds the
+rule to the blueprint and the operation to the document under the same path (`<job_id>`
+written `{job_id}`). The operations are built from these helpers and the models of
+web/schemas/; web/openapi.py gathers them into one document (the server's and the keys'
+refusals, the path parameters, the schemas written out) and serves it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from flask import Blueprint
 from pydantic import BaseModel
 
 from models.text.captions import CONTENT_TYPES as CAPTION_TYPES
@@ -93,6 +99,8 @@ OPENAI_HEADERS = {"X-Job-Id": header(), "X-Voxfarm-Voice": header(),
                    "X-Voxfarm-Speed": header("the speed applied (clamped)")}
 CAPTION_FILES = {"description": "SubRip or WebVTT",
                   "content": texts(CAPTION_TYPES[f] for f in BOOK_CAPTION_FORMATS)}
+
+
 def op(tag: str, operation_id: str, summary: str, responses: dict, *,
         body: Any = None, query: type[BaseModel] | None = None, description: str = "") -> dict:
     """One operation. `body`: a request model (JSON) or {media type: model}; `query`: the
@@ -108,3 +116,39 @@ def op(tag: str, operation_id: str, summary: str, responses: dict, *,
         out["x-query"] = query  # written out as parameters (_document)
     out["responses"] = responses
     return out
+
+
+# -- the routes and their operations ---------------------------------------------------------
+
+V = TypeVar("V", bound=Callable[..., Any])
+# Every documented operation, by OpenAPI path and method, as the views declared them.
+_OPERATIONS: dict[str, dict[str, dict]] = {}
+
+
+def openapi_path(rule: str) -> str:
+    """A Flask rule in OpenAPI form: `<job_id>` and `<int:n>` -> `{job_id}`, `{n}`."""
+    return re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule)
+
+
+def documents(rule: str, method: str, operation: dict) -> Callable[[V], V]:
+    """Add `operation` to the document for `rule` and `method`, for a view whose rule is
+    registered otherwise (the WebSocket's, by flask-sock)."""
+    def declare(view: V) -> V:
+        _OPERATIONS.setdefault(openapi_path(rule), {})[method] = operation
+        return view
+    return declare
+
+
+def route(bp: Blueprint, rule: str, method: str, operation: dict,
+          **options: Any) -> Callable[[V], V]:
+    """Register the view for `rule` and `method` on `bp` (what `bp.get(rule)` and its kin
+    do) and `operation` as its entry in the document."""
+    def register(view: V) -> V:
+        bp.add_url_rule(rule, view_func=view, methods=[method.upper()], **options)
+        return documents(rule, method, operation)(view)
+    return register
+
+
+def operations() -> dict[str, dict[str, dict]]:
+    """Every declared operation, by path and method: a copy, for the document to fill in."""
+    return copy.deepcopy(_OPERATIONS)

@@ -22,7 +22,9 @@ from typing import cast
 
 from flask import Blueprint, Request, g, request
 
+from app.farm import Farm
 from app.security.apikeys import ApiKey, ApiKeys
+from app.stores.job_record import JobRecord
 from web.errors import ApiError
 from web.helpers import farm
 
@@ -63,6 +65,18 @@ def presented_token(req: Request) -> str:
 def current_key() -> ApiKey | None:
     """The key of this request, or None when the farm is open."""
     return g.get("voxfarm_key")
+
+
+def job_or_404(job_id: str, f: Farm | None = None) -> JobRecord:
+    """The job `job_id` of `f` (default: the app's farm), as the key asking may see it: 404
+    `job_not_found` when there is none (it expired, or never was) or it is another key's,
+    which answers exactly as an unknown id does. The one lookup every job route goes
+    through, the door's check included."""
+    job = (f or farm()).jobs.get(job_id)
+    key = current_key()
+    if job is None or (key is not None and job.owner != key.id):
+        raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
+    return job
 
 
 def owner_id() -> str:
@@ -127,7 +141,7 @@ def _check_owner(f) -> None:
     """A job or book of another key answers as an unknown one does."""
     args = request.view_args or {}
     key = cast(ApiKey, current_key())  # the farm has keys: a request without one was refused
-    if "job_id" in args and f.jobs.owner(args["job_id"]) not in (None, key.id):
-        raise ApiError(404, "job_not_found", f"no job with id '{args['job_id']}'")
+    if "job_id" in args:
+        job_or_404(args["job_id"], f)
     if "book_id" in args and f.books.owner(args["book_id"]) not in (None, key.id):
         raise ApiError(404, "book_not_found", f"no book with id '{args['book_id']}'")

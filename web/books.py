@@ -54,6 +54,8 @@ from web.schemas.requests import (
 )
 
 books_api = Blueprint("books", __name__)
+_BOOK = doc.json(responses.Book, "the book, with per-chapter progress")
+
 
 @books_api.before_request
 def _book_upload_limit() -> None:
@@ -62,6 +64,7 @@ def _book_upload_limit() -> None:
 
 
 def book_view(rec: dict) -> dict:
+    """A book's answer (`responses.Book`): validated against the model the document shows."""
     bid = rec["id"]
     started = rec["rendering_at"]
     rendering = rec["state"] == BookState.RENDERING
@@ -74,7 +77,7 @@ def book_view(rec: dict) -> dict:
     elif rec["state"] == BookState.DONE:
         eta = 0.0
     done = rec["state"] == BookState.DONE
-    return {
+    return responses.Book.answer(**{
         "id": bid,
         "state": rec["state"],
         "title": rec["title"],
@@ -106,7 +109,7 @@ def book_view(rec: dict) -> dict:
                for f in BOOK_AUDIO_TYPES if f in rec["formats"]},
             "retry": url_for("books.retry", book_id=bid),
         },
-    }
+    })
 
 
 def _book_or_404(book_id: str) -> dict:
@@ -119,7 +122,18 @@ def _book_or_404(book_id: str) -> dict:
 # -- submission ------------------------------------------------------------------------------
 
 
-@books_api.post("/v1/books")
+@doc.route(books_api, "/v1/books", "post", doc.op(
+    "books", "createBook", "Submit a book (multipart `file`, or JSON chapters) to render", {
+        "202": doc.json(responses.Book, "accepted: rendering starts"),
+        "200": doc.json(responses.Book, "the same book was submitted before"),
+        "400": doc.error("the body is not valid JSON"),
+        "413": doc.error("the upload is too large (`request_too_large`), or the book is over "
+                         "a cap: `too_many_words`, `too_many_chapters` or "
+                         "`archive_too_large`, with `limit` and `unit`"),
+        "415": doc.error("not a book file or not a supported body type"),
+        "422": doc.error("a field is wrong or the book has nothing to speak"),
+        "503": doc.UNAVAILABLE},
+    body={"multipart/form-data": BookUpload, "application/json": BookRequest}))
 def create_book() -> Response:
     f = farm()
     if request.mimetype == "multipart/form-data":
@@ -191,7 +205,9 @@ def _submitted_again(f: Farm, book_id: str, existing: dict, formats: tuple[str, 
 # -- watching and fetching -------------------------------------------------------------------
 
 
-@books_api.get("/v1/books/<book_id>")
+@doc.route(books_api, "/v1/books/<book_id>", "get", doc.op(
+    "books", "getBook", "A book's state, per-chapter progress, throughput and ETA", {
+        "200": _BOOK, "404": doc.BOOK_NOT_FOUND, "503": doc.UNAVAILABLE}))
 def get_book(book_id: str):
     return jsonify(book_view(_book_or_404(book_id)))
 
@@ -221,7 +237,13 @@ def _done_or_409(rec: dict) -> None:
                        "its audio exists once it is done", state=rec["state"])
 
 
-@books_api.get("/v1/books/<book_id>/audio")
+@doc.route(books_api, "/v1/books/<book_id>/audio", "get", doc.op(
+    "books", "getBookAudio", "The whole audiobook with chapter markers", {
+        "200": doc.files(BOOK_AUDIO_TYPES.values(), "the audiobook"),
+        "404": doc.error("no such book, or not rendered in this format"),
+        "409": doc.BOOK_NOT_DONE, "410": doc.BOOK_GONE, "422": doc.error("unknown format"),
+        "503": doc.UNAVAILABLE},
+    query=BookAudioQuery))
 def audio(book_id: str):
     rec = _book_or_404(book_id)
     fmt = (parse(BookAudioQuery, given_args(request.args)).format
@@ -234,7 +256,11 @@ def audio(book_id: str):
                  book_download_name(rec["title"], book_id, fmt))
 
 
-@books_api.get("/v1/books/<book_id>/chapters/<int:n>/audio")
+@doc.route(books_api, "/v1/books/<book_id>/chapters/<int:n>/audio", "get", doc.op(
+    "books", "getChapterAudio", "One chapter as MP3", {
+        "200": doc.files(["audio/mpeg"], "the chapter"),
+        "404": doc.error("no such book or chapter, or no chapter files"),
+        "409": doc.BOOK_NOT_DONE, "410": doc.BOOK_GONE, "503": doc.UNAVAILABLE}))
 def chapter_audio(book_id: str, n: int):
     rec = _book_or_404(book_id)
     if "chapters" not in rec["formats"]:
@@ -260,18 +286,33 @@ def _captions(book_id: str, n: int | None):
                  captions_download_name(title, book_id, n, fmt))
 
 
-@books_api.get("/v1/books/<book_id>/captions")
+@doc.route(books_api, "/v1/books/<book_id>/captions", "get", doc.op(
+    "books", "getBookCaptions", "The whole book's captions (each chapter at its place in the "
+    "book)", {
+        "200": doc.CAPTION_FILES, "404": doc.BOOK_NOT_FOUND, "409": doc.BOOK_NOT_DONE,
+        "410": doc.error("the captions are gone or the book was assembled before captions "
+                         "(`audio_missing`)"),
+        "422": doc.error("unknown format"), "503": doc.UNAVAILABLE},
+    query=BookCaptionsQuery))
 def book_captions(book_id: str):
     """The whole book's captions, each chapter's words at its place in the book."""
     return _captions(book_id, None)
 
 
-@books_api.get("/v1/books/<book_id>/chapters/<int:n>/captions")
+@doc.route(books_api, "/v1/books/<book_id>/chapters/<int:n>/captions", "get", doc.op(
+    "books", "getChapterCaptions", "One chapter's captions, on the chapter's own timeline", {
+        "200": doc.CAPTION_FILES, "404": doc.error("no such book or chapter"),
+        "409": doc.BOOK_NOT_DONE, "410": doc.error("the captions are gone (`audio_missing`)"),
+        "422": doc.error("unknown format"), "503": doc.UNAVAILABLE},
+    query=BookCaptionsQuery))
 def chapter_captions(book_id: str, n: int):
     return _captions(book_id, n)
 
 
-@books_api.get("/v1/books/<book_id>/manifest")
+@doc.route(books_api, "/v1/books/<book_id>/manifest", "get", doc.op(
+    "books", "getBookManifest", "The finished book's files and chapter timings", {
+        "200": doc.json(responses.Manifest, "the manifest"), "404": doc.BOOK_NOT_FOUND,
+        "409": doc.BOOK_NOT_DONE, "410": doc.BOOK_GONE, "503": doc.UNAVAILABLE}))
 def manifest(book_id: str):
     rec = _book_or_404(book_id)
     _done_or_409(rec)
@@ -291,7 +332,9 @@ def manifest(book_id: str):
     return jsonify(data)
 
 
-@books_api.delete("/v1/books/<book_id>")
+@doc.route(books_api, "/v1/books/<book_id>", "delete", doc.op(
+    "books", "cancelBook", "Cancel a book, or delete a finished one (files removed)", {
+        "200": _BOOK, "404": doc.BOOK_NOT_FOUND, "503": doc.UNAVAILABLE}))
 def cancel(book_id: str):
     """Cancel a book (queued segments are skipped when they come up) and remove its files;
     for a finished book, delete it. The record stays, saying canceled."""
@@ -302,7 +345,10 @@ def cancel(book_id: str):
     return jsonify(book_view(books.get(book_id) or rec))
 
 
-@books_api.post("/v1/books/<book_id>/retry")
+@doc.route(books_api, "/v1/books/<book_id>/retry", "post", doc.op(
+    "books", "retryBook", "Render only what is missing of a failed or stuck book", {
+        "202": _BOOK, "404": doc.BOOK_NOT_FOUND,
+        "409": doc.error("done or canceled: nothing to retry"), "503": doc.UNAVAILABLE}))
 def retry(book_id: str):
     rec = _book_or_404(book_id)
     if rec["state"] in (BookState.DONE, BookState.CANCELED):
@@ -314,70 +360,3 @@ def retry(book_id: str):
     resp = jsonify(book_view(cast(dict, f.books.get(book_id))))  # read above
     resp.status_code = 202
     return resp
-
-
-# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
-
-
-def openapi_paths() -> dict:
-    """This blueprint's paths in the API document."""
-    book = doc.json(responses.Book, "the book, with per-chapter progress")
-    return {
-        "/v1/books": {"post": doc.op(
-            "books", "createBook", "Submit a book (multipart `file`, or JSON chapters) to "
-            "render", {
-                "202": doc.json(responses.Book, "accepted: rendering starts"),
-                "200": doc.json(responses.Book, "the same book was submitted before"),
-                "400": doc.error("the body is not valid JSON"),
-                "413": doc.error("the upload is too large (`request_too_large`), or the "
-                                 "book is over a cap: `too_many_words`, `too_many_chapters`"
-                                 " or `archive_too_large`, with `limit` and `unit`"),
-                "415": doc.error("not a book file or not a supported body type"),
-                "422": doc.error("a field is wrong or the book has nothing to speak"),
-                "503": doc.UNAVAILABLE},
-            body={"multipart/form-data": BookUpload,
-                  "application/json": BookRequest})},
-        "/v1/books/{book_id}": {
-            "get": doc.op("books", "getBook", "A book's state, per-chapter progress, throughput "
-                          "and ETA", {"200": book, "404": doc.BOOK_NOT_FOUND,
-                                      "503": doc.UNAVAILABLE}),
-            "delete": doc.op("books", "cancelBook", "Cancel a book, or delete a finished one "
-                             "(files removed)", {"200": book, "404": doc.BOOK_NOT_FOUND,
-                                              "503": doc.UNAVAILABLE})},
-        "/v1/books/{book_id}/audio": {"get": doc.op(
-            "books", "getBookAudio", "The whole audiobook with chapter markers", {
-                "200": doc.files(BOOK_AUDIO_TYPES.values(), "the audiobook"),
-                "404": doc.error("no such book, or not rendered in this format"),
-                "409": doc.BOOK_NOT_DONE, "410": doc.BOOK_GONE, "422": doc.error("unknown format"),
-                "503": doc.UNAVAILABLE},
-            query=BookAudioQuery)},
-        "/v1/books/{book_id}/chapters/{n}/audio": {"get": doc.op(
-            "books", "getChapterAudio", "One chapter as MP3", {
-                "200": doc.files(["audio/mpeg"], "the chapter"),
-                "404": doc.error("no such book or chapter, or no chapter files"),
-                "409": doc.BOOK_NOT_DONE, "410": doc.BOOK_GONE, "503": doc.UNAVAILABLE})},
-        "/v1/books/{book_id}/captions": {"get": doc.op(
-            "books", "getBookCaptions", "The whole book's captions (each chapter at its place "
-            "in the book)", {
-                "200": doc.CAPTION_FILES, "404": doc.BOOK_NOT_FOUND, "409": doc.BOOK_NOT_DONE,
-                "410": doc.error("the captions are gone or the book was assembled before "
-                                 "captions (`audio_missing`)"),
-                "422": doc.error("unknown format"), "503": doc.UNAVAILABLE},
-            query=BookCaptionsQuery)},
-        "/v1/books/{book_id}/chapters/{n}/captions": {"get": doc.op(
-            "books", "getChapterCaptions", "One chapter's captions, on the chapter's own "
-            "timeline", {
-                "200": doc.CAPTION_FILES, "404": doc.error("no such book or chapter"),
-                "409": doc.BOOK_NOT_DONE,
-                "410": doc.error("the captions are gone (`audio_missing`)"),
-                "422": doc.error("unknown format"), "503": doc.UNAVAILABLE},
-            query=BookCaptionsQuery)},
-        "/v1/books/{book_id}/manifest": {"get": doc.op(
-            "books", "getBookManifest", "The finished book's files and chapter timings", {
-                "200": doc.json(responses.Manifest, "the manifest"), "404": doc.BOOK_NOT_FOUND,
-                "409": doc.BOOK_NOT_DONE, "410": doc.BOOK_GONE, "503": doc.UNAVAILABLE})},
-        "/v1/books/{book_id}/retry": {"post": doc.op(
-            "books", "retryBook", "Render only what is missing of a failed or stuck book", {
-                "202": book, "404": doc.BOOK_NOT_FOUND,
-                "409": doc.error("done or canceled: nothing to retry"), "503": doc.UNAVAILABLE})},
-    }

@@ -30,6 +30,7 @@ import numpy as np
 from flask import Blueprint, jsonify, request
 
 from app.offload import offload
+from app.stores.job_record import JobRecord
 from app.stores.states import JOB_FINAL
 from app.stores.waits import Place
 from models.audio.encode import StreamEncoder
@@ -58,8 +59,28 @@ def _encode(encoder: StreamEncoder, pcm: bytes) -> bytes:
     return offload("encode", encoder.feed, samples)
 
 
-@captioned.post("/v1/audio/captioned_speech")
-@captioned.post("/dev/captioned_speech")
+def _captioned(operation_id: str, summary: str) -> dict:
+    return doc.op("openai", operation_id, summary, {
+        "200": {"description": "the audio (base64) and its word timestamps",
+                "headers": {"X-Job-Id": doc.header()}, "content": {
+                    "application/json": {"schema": responses.CaptionedSpeech},
+                    "application/x-ndjson": {"schema": {"type": "string"}}}},
+        **doc.JSON_BODY,
+        "409": doc.error("the job ended early (`job_failed`, `job_canceled`, `job_stalled`)"),
+        "429": doc.TOO_MANY_WAITS,
+    }, body=CaptionedSpeechRequest, description=(
+        "The body of `POST /v1/audio/speech` plus `stream` (default false) and "
+        "`return_timestamps` (default true). `stream: false`: one JSON object once the job is "
+        "done. `stream: true`: newline-delimited JSON, one object per rendered chunk (its "
+        "encoded audio and the words that start in it), ending with the encoder's tail, or an "
+        "`error` object if the job ended early."))
+
+
+@doc.route(captioned, "/v1/audio/captioned_speech", "post", _captioned(
+    "createCaptionedSpeech", "Speech and its word timestamps as JSON (Kokoro-FastAPI's "
+    "captioned speech)"))
+@doc.route(captioned, "/dev/captioned_speech", "post", _captioned(
+    "createCaptionedSpeechKokoro", "The same, at Kokoro-FastAPI's path"))
 def captioned_speech():
     with openai_errors():
         req = parse(CaptionedSpeechRequest, json_body(request))
@@ -79,12 +100,12 @@ def captioned_speech():
             place.release()
 
 
-def _answer(req: CaptionedSpeechRequest, job: dict, voice: str, speed: float, place: Place):
+def _answer(req: CaptionedSpeechRequest, job: JobRecord, voice: str, speed: float, place: Place):
     fmt, stream, want_words = req.response_format, req.stream, req.return_timestamps
     codec, out_rate = RESPONSE_FORMATS[fmt]
-    encoder = StreamEncoder(codec, job["sample_rate"], out_rate)
+    encoder = StreamEncoder(codec, job.sample_rate, out_rate)
     f = farm()
-    job_id = job["id"]
+    job_id = job.id
     follower = ChunkFollower(f, job_id, listener_gone=client_gone(), listened=True)
     headers = {"X-Job-Id": job_id, "X-Voxfarm-Voice": voice, "X-Voxfarm-Speed": speed}
 
@@ -149,34 +170,3 @@ def _lines(follower: ChunkFollower, encoder: StreamEncoder, fmt: str, want_words
         if not completed:
             encoder.close()
             cancel_unless_done()
-
-
-# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
-
-
-def _captioned(operation_id: str, summary: str) -> dict:
-    return doc.op("openai", operation_id, summary, {
-        "200": {"description": "the audio (base64) and its word timestamps",
-                "headers": {"X-Job-Id": doc.header()}, "content": {
-                    "application/json": {"schema": responses.CaptionedSpeech},
-                    "application/x-ndjson": {"schema": {"type": "string"}}}},
-        **doc.JSON_BODY,
-        "409": doc.error("the job ended early (`job_failed`, `job_canceled`, `job_stalled`)"),
-        "429": doc.TOO_MANY_WAITS,
-    }, body=CaptionedSpeechRequest, description=(
-        "The body of `POST /v1/audio/speech` plus `stream` (default false) and "
-        "`return_timestamps` (default true). `stream: false`: one JSON object once the job is "
-        "done. `stream: true`: newline-delimited JSON, one object per rendered chunk (its "
-        "encoded audio and the words that start in it), ending with the encoder's tail, or an "
-        "`error` object if the job ended early."))
-
-
-def openapi_paths() -> dict:
-    """This blueprint's paths in the API document."""
-    return {
-        "/v1/audio/captioned_speech": {"post": _captioned(
-            "createCaptionedSpeech", "Speech and its word timestamps as JSON (Kokoro-FastAPI's "
-            "captioned speech)")},
-        "/dev/captioned_speech": {"post": _captioned(
-            "createCaptionedSpeechKokoro", "The same, at Kokoro-FastAPI's path")},
-    }

@@ -31,6 +31,7 @@ from web.schemas import responses
 from web.schemas.requests import CanaryRequest
 
 models_admin = Blueprint("models_admin", __name__)
+_VERSIONS = doc.json(responses.VoiceVersions, "the voice's versions, figures and decisions")
 
 
 def _voice(name: str) -> str:
@@ -58,13 +59,23 @@ def versions_of(canary: Canary, voice: str, decisions: int = 20) -> dict:
     }
 
 
-@models_admin.get("/v1/admin/voices/<voice>/versions")
+@doc.route(models_admin, "/v1/admin/voices/<voice>/versions", "get", doc.op(
+    "admin", "listVoiceVersions", "A voice's versions, the canary's figures and its last "
+    "decisions", {"200": _VERSIONS, "404": doc.VOICE_NOT_FOUND, "503": doc.UNAVAILABLE}))
 def list_versions(voice: str):
     name = _voice(voice)
     return versions_of(farm().canary, name)
 
 
-@models_admin.post("/v1/admin/voices/<voice>/canary")
+@doc.route(models_admin, "/v1/admin/voices/<voice>/canary", "post", doc.op(
+    "admin", "startCanary", "Start a candidate version: it takes a share of new jobs until "
+    "the rule (or an operator) promotes or rolls it back", {
+        "201": doc.json(responses.VoiceVersions, "started"), **doc.JSON_BODY,
+        "404": doc.VOICE_NOT_FOUND,
+        "409": doc.error("the voice has a candidate already (`canary_running`)"),
+        "422": doc.error("a field is wrong, or the file is not a voice at the voice's sample "
+                         "rate (`invalid_candidate`)")},
+    body=CanaryRequest))
 def start_canary(voice: str):
     name = _voice(voice)
     req = parse(CanaryRequest, json_body(request))
@@ -83,12 +94,18 @@ def start_canary(voice: str):
     return versions_of(canary, name), 201
 
 
-@models_admin.post("/v1/admin/voices/<voice>/promote")
+@doc.route(models_admin, "/v1/admin/voices/<voice>/promote", "post", doc.op(
+    "admin", "promoteCanary", "Make the candidate live now", {
+        "200": _VERSIONS, "404": doc.VOICE_NOT_FOUND, "409": doc.NO_CANDIDATE,
+        "503": doc.UNAVAILABLE}))
 def promote(voice: str):
     return _decide(voice, Canary.promote, "promoted")
 
 
-@models_admin.post("/v1/admin/voices/<voice>/rollback")
+@doc.route(models_admin, "/v1/admin/voices/<voice>/rollback", "post", doc.op(
+    "admin", "rollbackCanary", "Retire the candidate now", {
+        "200": _VERSIONS, "404": doc.VOICE_NOT_FOUND, "409": doc.NO_CANDIDATE,
+        "503": doc.UNAVAILABLE}))
 def rollback(voice: str):
     return _decide(voice, Canary.rollback, "rolled back")
 
@@ -100,34 +117,3 @@ def _decide(voice: str, decision, done: str):
     if decision(canary, name, reasons=(f"{done} by an operator through the API",)) is None:
         raise ApiError(409, "no_candidate", f"voice {voice_key(name)} has no candidate")
     return versions_of(canary, name)
-
-
-# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
-
-
-def openapi_paths() -> dict:
-    """This blueprint's paths in the API document."""
-    versions = doc.json(responses.VoiceVersions, "the voice's versions, figures and decisions")
-    return {
-        "/v1/admin/voices/{voice}/versions": {"get": doc.op(
-            "admin", "listVoiceVersions", "A voice's versions, the canary's figures and its "
-            "last decisions", {"200": versions, "404": doc.VOICE_NOT_FOUND,
-                               "503": doc.UNAVAILABLE})},
-        "/v1/admin/voices/{voice}/canary": {"post": doc.op(
-            "admin", "startCanary", "Start a candidate version: it takes a share of new jobs "
-            "until the rule (or an operator) promotes or rolls it back", {
-                "201": doc.json(responses.VoiceVersions, "started"), **doc.JSON_BODY,
-                "404": doc.VOICE_NOT_FOUND,
-                "409": doc.error("the voice has a candidate already (`canary_running`)"),
-                "422": doc.error("a field is wrong, or the file is not a voice at the voice's "
-                                 "sample rate (`invalid_candidate`)")},
-            body=CanaryRequest)},
-        "/v1/admin/voices/{voice}/promote": {"post": doc.op(
-            "admin", "promoteCanary", "Make the candidate live now", {
-                "200": versions, "404": doc.VOICE_NOT_FOUND, "409": doc.NO_CANDIDATE,
-                "503": doc.UNAVAILABLE})},
-        "/v1/admin/voices/{voice}/rollback": {"post": doc.op(
-            "admin", "rollbackCanary", "Retire the candidate now", {
-                "200": versions, "404": doc.VOICE_NOT_FOUND, "409": doc.NO_CANDIDATE,
-                "503": doc.UNAVAILABLE})},
-    }

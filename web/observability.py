@@ -87,21 +87,12 @@ def _observe_job(job_id: str | None) -> None:
         current_app.logger.warning("job metrics failed for %s", job_id, exc_info=True)
 
 
-@observability.get("/metrics")
+@doc.route(observability, "/metrics", "get", doc.op(
+    "health", "metrics", "Prometheus metrics (text exposition format)", {
+        "200": {"description": "metrics", "content": {
+            "text/plain": {"schema": {"type": "string"}}}}}))
 def prometheus_metrics() -> Response:
     # Every queue, for depth and live workers alike: the queues /readyz and /v1/stats list.
     body = metrics.exposition([metrics.FarmCollector(farm(), celery_app.QUEUE_POOLS)])
     return Response(body, mimetype="text/plain", headers={
         "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-
-
-# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
-
-
-def openapi_paths() -> dict:
-    """This blueprint's paths in the API document."""
-    return {
-        "/metrics": {"get": doc.op("health", "metrics", "Prometheus metrics (text exposition "
-                                   "format)", {"200": {"description": "metrics", "content": {
-                                    "text/plain": {"schema": {"type": "string"}}}}})},
-    }

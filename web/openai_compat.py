@@ -37,6 +37,7 @@ import json
 
 from flask import Blueprint, jsonify, request
 
+from app.stores.job_record import JobRecord
 from app.stores.states import JOB_FINAL
 from app.stores.waits import Place
 from models.audio.encode import StreamEncoder
@@ -70,7 +71,7 @@ def farm_speed(speed: float) -> float:
     return float(min(max(speed, SPEED_MIN), SPEED_MAX))
 
 
-def submit_speech(text: str, voice: str, speed: float) -> dict:
+def submit_speech(text: str, voice: str, speed: float) -> JobRecord:
     """Submit an OpenAI-style request's job: made for this response alone, so listened to
     (web/synthesis.py), and canceled when its client is gone."""
     return submit_text(farm(), text, voice, speed, "wav",
@@ -78,7 +79,24 @@ def submit_speech(text: str, voice: str, speed: float) -> dict:
                        listened=True, field="input")
 
 
-@openai_compat.post("/v1/audio/speech")
+def _speech_200() -> dict:
+    """The speech answer: audio, or server-sent events of it."""
+    out = doc.files(CONTENT_TYPES.values(), "audio in `response_format`, chunked; with "
+                    "`stream_format: sse`, server-sent events", doc.OPENAI_HEADERS)
+    out["content"]["text/event-stream"] = {"schema": {
+        "type": "string",
+        "description": "`data: {\"type\": \"speech.audio.delta\", \"audio\": BASE64}` per "
+                       "piece of audio, then `data: {\"type\": \"speech.audio.done\", "
+                       "\"usage\": {\"input_tokens\", \"output_tokens\", \"total_tokens\"}}` "
+                       "(input_tokens: characters), or an `error` event if the job ended "
+                       "early"}}
+    return out
+
+
+@doc.route(openai_compat, "/v1/audio/speech", "post", doc.op(
+    "openai", "createSpeech", "OpenAI-compatible text to speech; the body streams as it "
+    "renders", {"200": _speech_200(), **doc.JSON_BODY, "429": doc.TOO_MANY_WAITS},
+    body=SpeechRequest))
 def speech():
     with openai_errors():
         req = parse(SpeechRequest, json_body(request))
@@ -94,12 +112,12 @@ def speech():
         raise
 
 
-def _speech_response(req: SpeechRequest, job: dict, voice: str, speed: float,
+def _speech_response(req: SpeechRequest, job: JobRecord, voice: str, speed: float,
                      place: Place):
     fmt, out_rate = RESPONSE_FORMATS[req.response_format]
-    encoder = StreamEncoder(fmt, job["sample_rate"], out_rate)
+    encoder = StreamEncoder(fmt, job.sample_rate, out_rate)
     f = farm()
-    job_id = job["id"]
+    job_id = job.id
 
     def on_end(outcome: str) -> None:
         # The job exists for this response only: a client that leaves takes it with it.
@@ -142,14 +160,19 @@ def _model(name: str) -> dict:
     return {"id": name, "object": "model", "created": MODELS_CREATED, "owned_by": "voxfarm"}
 
 
-@openai_compat.get("/v1/models")
+@doc.route(openai_compat, "/v1/models", "get", doc.op(
+    "openai", "listModels", "OpenAI's model list: the names `model` usually takes (any works)",
+    {"200": doc.json(responses.ModelList, "the models")}))
 def models():
     """OpenAI's model list: the names `model` is usually given (any name works)."""
     return jsonify(responses.ModelList.answer(object="list",
                                             data=[_model(m) for m in OPENAI_MODELS]))
 
 
-@openai_compat.get("/v1/models/<model_id>")
+@doc.route(openai_compat, "/v1/models/<model_id>", "get", doc.op(
+    "openai", "getModel", "One model", {
+        "200": doc.json(responses.Model, "the model"),
+        "404": doc.error("not a listed model (`model_not_found`)")}))
 def model(model_id: str):
     if model_id not in OPENAI_MODELS:
         raise ApiError(404, "model_not_found", f"no model '{model_id}'; the farm lists "
@@ -158,40 +181,11 @@ def model(model_id: str):
     return jsonify(responses.Model.answer(**_model(model_id)))
 
 
-@openai_compat.get("/v1/audio/voices")
+@doc.route(openai_compat, "/v1/audio/voices", "get", doc.op(
+    "openai", "listSpeechVoices", "Every name `voice` takes, Kokoro-FastAPI style",
+    {"200": doc.json(responses.SpeechVoices, "the voice names")}))
 def audio_voices():
     """Every name `voice` takes, as Kokoro-FastAPI lists them: the OpenAI names first, then
     the farm's own voices (`GET /v1/voices` has the details)."""
     return jsonify(responses.SpeechVoices.answer(
         voices=[*openai_voice_table(), *(vc.name for vc in list_voices())]))
-
-
-# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
-
-
-def openapi_paths() -> dict:
-    """This blueprint's paths in the API document."""
-    speech_200 = doc.files(CONTENT_TYPES.values(), "audio in `response_format`, chunked; with "
-                           "`stream_format: sse`, server-sent events", doc.OPENAI_HEADERS)
-    speech_200["content"]["text/event-stream"] = {"schema": {
-        "type": "string",
-        "description": "`data: {\"type\": \"speech.audio.delta\", \"audio\": BASE64}` per "
-                       "piece of audio, then `data: {\"type\": \"speech.audio.done\", "
-                       "\"usage\": {\"input_tokens\", \"output_tokens\", \"total_tokens\"}}` "
-                       "(input_tokens: characters), or an `error` event if the job ended "
-                       "early"}}
-    return {
-        "/v1/audio/speech": {"post": doc.op(
-            "openai", "createSpeech", "OpenAI-compatible text to speech; the body streams as "
-            "it renders", {"200": speech_200, **doc.JSON_BODY, "429": doc.TOO_MANY_WAITS},
-            body=SpeechRequest)},
-        "/v1/models": {"get": doc.op(
-            "openai", "listModels", "OpenAI's model list: the names `model` usually takes "
-            "(any works)", {"200": doc.json(responses.ModelList, "the models")})},
-        "/v1/models/{model_id}": {"get": doc.op("openai", "getModel", "One model", {
-            "200": doc.json(responses.Model, "the model"),
-            "404": doc.error("not a listed model (`model_not_found`)")})},
-        "/v1/audio/voices": {"get": doc.op(
-            "openai", "listSpeechVoices", "Every name `voice` takes, Kokoro-FastAPI style",
-            {"200": doc.json(responses.SpeechVoices, "the voice names")})},
-    }

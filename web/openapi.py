@@ -1,10 +1,10 @@
 """The API described: `/openapi.json` (OpenAPI 3.1) and `/docs` (its HTML).
 
 The document is generated: every body, query and JSON answer is a model of web/schemas/
-(the same models that validate the requests), written out by pydantic's `models_json_schema`
-into `components.schemas`. What a model cannot say (each operation's path, summary and the
-statuses it answers) each blueprint declares beside its views, in its `openapi_paths()`
-(with the parts in web/apidoc.py); this module gathers them, adds what every path shares
+(the same models that validate the requests and build the answers), written out by pydantic's
+`models_json_schema` into `components.schemas`. What a model cannot say (each operation's
+summary and the statuses it answers) each view declares with its route, its path written
+once (`doc.route` in web/apidoc.py); this module gathers them, adds what every path shares
 (the server's and the API keys' refusals, the path parameters) and serves the result. Limits
 that come from the settings (the text length, the long-poll wait) are filled in per app.
 Paths the running app does not serve are left out, and a test checks the converse: every
@@ -24,7 +24,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from app.settings import Settings
-from web import (
+
+# Every blueprint's views, imported for the operations they declare (`doc.route`).
+from web import (  # noqa: F401
     api,
     books,
     captioned,
@@ -72,25 +74,6 @@ _PATH_PARAMS: dict[str, dict] = {
 }
 
 
-def _paths() -> dict:
-    """Every blueprint's paths (each declares them beside its views: `openapi_paths()`)."""
-    return {**api.openapi_paths(), **streams.openapi_paths(), **openai_compat.openapi_paths(),
-            **captioned.openapi_paths(), **ws.openapi_paths(), **observability.openapi_paths(),
-            **_own_paths(), **page.openapi_paths(), **books.openapi_paths(),
-            **models_admin.openapi_paths()}
-
-
-def _own_paths() -> dict:
-    """This blueprint's paths: the document itself."""
-    return {
-        "/openapi.json": {"get": doc.op("docs", "openapi", "This document", {
-            "200": doc.json({"type": "object"}, "the OpenAPI document")})},
-        "/docs": {"get": doc.op("docs", "docs", "This document, as a page", {
-            "200": {"description": "HTML", "content": {
-                "text/html": {"schema": {"type": "string"}}}}})},
-    }
-
-
 # -- the document --------------------------------------------------------------------------
 
 
@@ -130,7 +113,7 @@ def build_spec(settings: Settings, served: set[str] | None = None) -> dict:
     models: set[type[BaseModel]] = set()
     with document_for(settings):
         paths = {}
-        for path, item in _paths().items():
+        for path, item in doc.operations().items():
             if served is not None and path not in served:
                 continue
             for operation in item.values():
@@ -179,12 +162,7 @@ def served_paths(app) -> set[str]:
     for rule in app.url_map.iter_rules():
         if rule.endpoint == "static" or rule.endpoint.endswith(".static"):
             continue
-        path = rule.rule
-        for arg in rule.arguments:
-            path = path.replace(f"<{arg}>", f"{{{arg}}}")
-            for conv in ("string", "int", "path"):
-                path = path.replace(f"<{conv}:{arg}>", f"{{{arg}}}")
-        out.add(path)
+        out.add(doc.openapi_path(rule.rule))
     return out
 
 
@@ -196,7 +174,8 @@ def app_spec() -> dict:
     return copy.deepcopy(cached)
 
 
-@openapi.get("/openapi.json")
+@doc.route(openapi, "/openapi.json", "get", doc.op("docs", "openapi", "This document", {
+    "200": doc.json({"type": "object"}, "the OpenAPI document")}))
 def openapi_json():
     return jsonify(app_spec())
 
@@ -211,7 +190,8 @@ def _resolve(spec: dict, schema: dict) -> dict:
     return spec["components"]["schemas"][ref.rsplit("/", 1)[1]] if ref else schema
 
 
-@openapi.get("/docs")
+@doc.route(openapi, "/docs", "get", doc.op("docs", "docs", "This document, as a page", {
+    "200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}}))
 def docs():
     spec = app_spec()
     operations = []

@@ -24,7 +24,9 @@ from web.helpers import farm
 page = Blueprint("page", __name__)
 
 
-@page.get("/")
+@doc.route(page, "/", "get", doc.op(
+    "docs", "page", "The browser page: type, pick a voice, play", {
+        "200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}}))
 def index():
     f = farm()
     settings = f.settings
@@ -38,15 +40,3 @@ def index():
                            # The picker offers what the upload takes, and nothing else (JSON
                            # chapters are a JSON body, not a file: docs/books.md).
                            book_extensions=",".join(EXTENSIONS))
-
-
-# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
-
-
-def openapi_paths() -> dict:
-    """This blueprint's paths in the API document."""
-    return {
-        "/": {"get": doc.op("docs", "page", "The browser page: type, pick a voice, play", {
-            "200": {"description": "HTML", "content": {
-                "text/html": {"schema": {"type": "string"}}}}})},
-    }

@@ -110,14 +110,29 @@ def streaming_response(body, content_type: str, headers: dict | None = None,
     return resp
 
 
-@streams.get("/v1/jobs/<job_id>/stream")
+@doc.route(streams, "/v1/jobs/<job_id>/stream", "get", doc.op(
+    "streaming", "streamJob", "The job's audio as it renders, over chunked HTTP", {
+        "200": doc.files(("audio/wav", "audio/L16", "audio/ogg", "audio/mpeg", "audio/aac",
+                          "audio/flac"), "audio, chunked, while the job renders",
+                         {"X-Job-Id": doc.header()}),
+        "404": doc.JOB_NOT_FOUND,
+        "409": doc.error("the job was canceled or failed (`job_canceled`, `job_failed`): "
+                         "nothing to stream"),
+        "422": doc.INVALID, "429": doc.TOO_MANY_WAITS, "503": doc.UNAVAILABLE},
+    query=StreamQuery, description=(
+        "Starts with the first segment as soon as it exists and ends after the last. "
+        "`wav` declares an open length (0xFFFFFFFF) in its header; `pcm` is 16-bit "
+        "little-endian mono at the voice's rate, which `Content-Type` says "
+        "(`audio/L16; rate=22050; channels=1`); `ogg` is Ogg Opus at 48 kHz. A job "
+        "canceled or failed mid-way ends the stream early; `GET /v1/jobs/{job_id}` "
+        "then says why.")))
 def stream_job(job_id: str):
     fmt = parse(StreamQuery, request.args.to_dict()).format
     f = farm()
     job = streamable_job(f, job_id)
     place = take_place()  # 429 past the client's open waits
     try:
-        encoder = StreamEncoder(fmt, job["sample_rate"])
+        encoder = StreamEncoder(fmt, job.sample_rate)
         # A client that leaves ends the stream at once (its greenlet and encoder go); the
         # job renders on for whoever polls it.
         follower = ChunkFollower(f, job_id, listener_gone=client_gone())
@@ -126,29 +141,3 @@ def stream_job(job_id: str):
     except BaseException:
         place.release()
         raise
-
-
-# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
-
-
-def openapi_paths() -> dict:
-    """This blueprint's paths in the API document."""
-    stream_types = ("audio/wav", "audio/L16", "audio/ogg", "audio/mpeg", "audio/aac",
-                    "audio/flac")
-    return {
-        "/v1/jobs/{job_id}/stream": {"get": doc.op(
-            "streaming", "streamJob", "The job's audio as it renders, over chunked HTTP", {
-                "200": doc.files(stream_types, "audio, chunked, while the job renders",
-                                 {"X-Job-Id": doc.header()}),
-                "404": doc.JOB_NOT_FOUND,
-                "409": doc.error("the job was canceled or failed (`job_canceled`, `job_failed`): "
-                                 "nothing to stream"),
-                "422": doc.INVALID, "429": doc.TOO_MANY_WAITS, "503": doc.UNAVAILABLE},
-            query=StreamQuery, description=(
-                "Starts with the first segment as soon as it exists and ends after the last. "
-                "`wav` declares an open length (0xFFFFFFFF) in its header; `pcm` is 16-bit "
-                "little-endian mono at the voice's rate, which `Content-Type` says "
-                "(`audio/L16; rate=22050; channels=1`); `ogg` is Ogg Opus at 48 kHz. A job "
-                "canceled or failed mid-way ends the stream early; `GET /v1/jobs/{job_id}` "
-                "then says why."))},
-    }

@@ -23,13 +23,14 @@ from app.obs import metrics
 from app.offload import offload
 from app.security.sealing import KeyUnavailable
 from app.stores.job_audio import Chunk
+from app.stores.job_record import JobRecord
 from app.stores.states import JOB_FINAL, JobState
 from app.submission import TooManySegments
 from models.errors import BreakTooLong, NoSpeakableText
 from models.text.frontend import iter_run_segments, iter_segments
 from models.text.runs import Segment, TextRun
 from models.voices import Voice
-from web.auth import current_key
+from web.auth import current_key, job_or_404
 from web.errors import ApiError, farm_error
 from web.helpers import break_error, no_speakable_text, ssml_or_422, voice_or_422
 
@@ -49,7 +50,7 @@ CHUNKS_PER_WAIT = 16
 def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
                 request_id: str = "", entry: str = "jobs",
                 lexicon: dict[str, str] | None = None, text_type: str | None = None,
-                listened: bool = False, field: str = "text") -> dict:
+                listened: bool = False, field: str = "text") -> JobRecord:
     """Validate the voice (and the SSML), run the frontend off the hub, and submit the job;
     count it in `voxfarm_jobs_submitted_total` under `entry` (app.obs.metrics.JOB_ENTRIES).
     `lexicon` is a checked request lexicon (`lexicon_or_422`); `listened`: the job is a
@@ -62,7 +63,7 @@ def submit_text(farm: Farm, text: str, voice_name: str, speed: float, fmt: str,
 
 def submit_segments(farm: Farm, segments, voice: Voice, speed: float, fmt: str, chars: int,
                     request_id: str = "", entry: str = "jobs", listened: bool = False,
-                    field: str = "text") -> dict:
+                    field: str = "text") -> JobRecord:
     """Submit prepared segments (an iterable, maybe lazy) as one job of `voice`, mapping what
     can go wrong to the API's errors (`field` names the request's field they came from)."""
     try:
@@ -97,16 +98,14 @@ def _segments(text: str, voice: str, lexicon: dict[str, str] | None = None,
         yield segment
 
 
-def streamable_job(farm: Farm, job_id: str) -> dict:
+def streamable_job(farm: Farm, job_id: str) -> JobRecord:
     """The job, if a stream of it can start: 404 unknown, 409 canceled or failed."""
-    job = farm.jobs.get(job_id)
-    if job is None:
-        raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
-    if job["state"] == JobState.CANCELED:
+    job = job_or_404(job_id, farm)
+    if job.state == JobState.CANCELED:
         raise ApiError(409, "job_canceled", "the job was canceled; it has no audio to stream",
-                       state=job["state"])
-    if job["state"] == JobState.FAILED:
-        raise ApiError(409, "job_failed", f"the job failed: {job['error']}", state=job["state"])
+                       state=job.state)
+    if job.state == JobState.FAILED:
+        raise ApiError(409, "job_failed", f"the job failed: {job.error}", state=job.state)
     return job
 
 
@@ -171,16 +170,16 @@ class ChunkFollower:
         if job is None:
             self._end("expired")
             return []
-        self.total = job["chunks"]
-        self.sample_rate = job["sample_rate"]
+        self.total = job.chunks
+        self.sample_rate = job.sample_rate
         if chunks:
             self.cursor = chunks[-1].index
             self._last_progress = time.monotonic()
         if self.total is not None and self.cursor >= self.total - 1:
             self._end("done")
-        elif not chunks and job["state"] in JOB_FINAL:
+        elif not chunks and job.state in JOB_FINAL:
             # canceled or failed (or done with chunks expired): nothing more will come
-            self._end(job["state"] if job["state"] != JobState.DONE else "expired")
+            self._end(job.state if job.state != JobState.DONE else "expired")
         elif time.monotonic() - self._last_progress >= self.idle_s:
             self._end("stalled")
         return chunks

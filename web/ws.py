@@ -57,6 +57,7 @@ from simple_websocket import ConnectionClosed
 from app.farm import Farm
 from app.security.addresses import counted_as
 from app.security.apikeys import ApiKey
+from app.stores.job_record import JobRecord
 from app.stores.states import JOB_FINAL
 from app.stores.waits import WaitPlaces
 from models.voices import get_voice
@@ -116,7 +117,7 @@ class Session:
         self.voice = farm.settings.default_voice
         self.speed = 1.0
         self.lexicon: dict[str, str] | None = None
-        self.jobs: deque[dict] = deque()  # submitted, not yet sent
+        self.jobs: deque[JobRecord] = deque()  # submitted, not yet sent
         self.current: ChunkFollower | None = None
         self.started: list[str] = []  # every job id this socket submitted
         self.flush_marks: deque[int] = deque()  # jobs left to send before each "flushed"
@@ -191,11 +192,11 @@ class Session:
             if err.code == "no_speakable_text":
                 return  # punctuation or a pause tag alone: nothing to say, nothing wrong
             raise
-        self.started.append(job["id"])
-        self.farm.listeners.hold(job["id"])  # until its audio is sent, or the socket closes
+        self.started.append(job.id)
+        self.farm.listeners.hold(job.id)  # until its audio is sent, or the socket closes
         self.jobs.append(job)
-        self.send({"type": "job.started", "job_id": job["id"], "segments": job["total"],
-                   "sample_rate": job["sample_rate"], "text": text})
+        self.send({"type": "job.started", "job_id": job.id, "segments": job.total,
+                   "sample_rate": job.sample_rate, "text": text})
 
     # -- audio -------------------------------------------------------------------------------
 
@@ -203,7 +204,7 @@ class Session:
         """Send what the current job has ready; move on when it ends."""
         if self.current is None:
             job = self.jobs.popleft()
-            self.current = ChunkFollower(self.farm, job["id"])
+            self.current = ChunkFollower(self.farm, job.id)
         follower = self.current
         for chunk in follower.poll(READ_EVERY_S):
             samples = len(chunk.pcm) // 2
@@ -220,9 +221,9 @@ class Session:
             self.farm.listeners.release(follower.job_id)
             self.sent_jobs += 1
             if follower.outcome == "done":
-                job = self.farm.jobs.get(follower.job_id) or {}
+                record = self.farm.jobs.get(follower.job_id)
                 self.send({"type": "job.done", "job_id": follower.job_id,
-                           "audio_seconds": job.get("audio_seconds")})
+                           "audio_seconds": record.audio_seconds if record else None})
             else:
                 if follower.outcome == "stalled":
                     self.farm.jobs.cancel(follower.job_id)
@@ -250,7 +251,7 @@ class Session:
 
     def cleanup(self) -> None:
         # Let go first: that needs no Redis, and a lease not renewed lapses into a cancel.
-        for job_id in [*(j["id"] for j in self.jobs), *([self.current.job_id]
+        for job_id in [*(j.id for j in self.jobs), *([self.current.job_id]
                                                         if self.current else [])]:
             self.farm.listeners.release(job_id)
         for job_id in self.started:
@@ -319,7 +320,27 @@ def _give_socket_place(_exc) -> None:
         place.release()
 
 
-@sock.route("/v1/ws", bp=ws_bp)
+# The socket's path: flask-sock registers its rule, the document its operation.
+WS_PATH = "/v1/ws"
+
+
+@sock.route(WS_PATH, bp=ws_bp)
+@doc.documents(WS_PATH, "get", doc.op(
+    "streaming", "websocket", "WebSocket: text in as it is written, PCM frames and events out", {
+        "101": {"description": "switching protocols: the socket is open"},
+        "400": doc.error("not a WebSocket upgrade request"),
+        "429": doc.error("the key (with keys off: the client address) already has its most "
+                         "WebSockets open (`too_many_sockets`, with `limit`), or the key's "
+                         "requests a minute or its work running at once (`rate_limited`, "
+                         "`too_many_jobs`)", doc.RETRY_AFTER)},
+    description=(
+        "Upgrade with `GET /v1/ws` (`Connection: Upgrade`, `Upgrade: websocket`). Client "
+        "messages are JSON text frames, `SocketMessage` (the same fields as a job's); the "
+        "server sends JSON events (" + ", ".join(f"`{m.__name__}`" for m in
+                                                 responses.SOCKET_EVENTS)
+        + " in the schemas) and, between `segment.started` and `segment.done`, binary frames "
+        "of 16-bit little-endian mono PCM at the job's `sample_rate` (its voice's). See the "
+        "README.")))
 def websocket(ws) -> None:
     serve(ws, farm(), current_key())
 
@@ -369,30 +390,3 @@ def _close_with(ws, err: ApiError, code: int = 1011) -> None:
         ws.close(reason=code, message=err.code)
     except (ConnectionClosed, OSError):  # the client is gone already
         pass
-
-
-# -- the API document: this blueprint's paths (web/openapi.py gathers them) ----------------
-
-
-def openapi_paths() -> dict:
-    """This blueprint's paths in the API document."""
-    frames = ", ".join(f"`{m.__name__}`" for m in responses.SOCKET_EVENTS)
-    return {
-        "/v1/ws": {"get": doc.op(
-            "streaming", "websocket", "WebSocket: text in as it is written, PCM frames and "
-            "events out", {
-                "101": {"description": "switching protocols: the socket is open"},
-                "400": doc.error("not a WebSocket upgrade request"),
-                "429": doc.error("the key (with keys off: the client address) already has "
-                                 "its most WebSockets open (`too_many_sockets`, with "
-                                 "`limit`), or the key's requests a minute or its work "
-                                 "running at once (`rate_limited`, `too_many_jobs`)",
-                                 doc.RETRY_AFTER)},
-            description=(
-                "Upgrade with `GET /v1/ws` (`Connection: Upgrade`, `Upgrade: websocket`). "
-                "Client messages are JSON text frames, `SocketMessage` (the same fields as a "
-                "job's); the server sends JSON events (" + frames + " in the schemas) and, "
-                "between `segment.started` and `segment.done`, binary frames of "
-                "16-bit little-endian mono PCM at the job's `sample_rate` (its voice's). See "
-                "the README."))},
-    }

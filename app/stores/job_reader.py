@@ -21,12 +21,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import redis
 
 from app.security.sealing import MAGIC, Sealer
 from app.stores.job_audio import Chunk, place_words, segment_starts, window_count, window_counts
+from app.stores.job_record import JobRecord
 from app.stores.keys import Keys
 from app.stores.states import JOB_FINAL
 from app.stores.wakeups import Wakeups
@@ -68,30 +69,10 @@ class JobReader:
             self._refused(job_id, REFUSED_ERROR.format(name=name, reason=reason))
         return pcm
 
-    def get(self, job_id: str) -> dict | None:
+    def get(self, job_id: str) -> JobRecord | None:
+        """The job's record (app/stores/job_record.py), or None for an unknown job."""
         raw = self.r.hgetall(self.keys.job(job_id))
-        if not raw:
-            return None
-        rec: dict[str, Any] = {k.decode(): v.decode() for k, v in raw.items()}
-        stored = {int(k[len("audio_samples_"):]): int(v) for k, v in rec.items()
-                  if k.startswith("audio_samples_")}
-        lengths = {int(k[len("segment_samples_"):]): int(v) for k, v in rec.items()
-                   if k.startswith("segment_samples_")}
-        samples = sum(stored.values())
-        rec = {k: v for k, v in rec.items()
-               if not k.startswith(("audio_samples_", "segment_samples_"))}
-        # Each segment's length in samples, as far as known: declared by its first window,
-        # else what is stored of it so far (a writer from before lengths were declared).
-        rec["segment_samples"] = {**stored, **lengths}
-        for k in ("total", "done", "chars", "sample_rate", "cache_hits", "cache_misses",
-                  "resumes"):
-            rec[k] = int(rec.get(k, 0))
-        rec["speed"] = float(rec["speed"])
-        for k in ("created_at", "started_at", "finished_at"):
-            rec[k] = float(rec[k]) if rec.get(k) else None
-        rec["audio_seconds"] = round(samples / rec["sample_rate"], 3) if rec["sample_rate"] else 0
-        rec["error"] = rec.get("error") or None
-        return rec
+        return JobRecord.from_hash(raw) if raw else None
 
     def state(self, job_id: str) -> str | None:
         s = self.r.hget(self.keys.job(job_id), "state")
@@ -116,7 +97,7 @@ class JobReader:
         return len(order) if complete else None
 
     def chunks_from(self, job_id: str, first: int, total: int, limit: int,
-                    job: dict | None = None, max_bytes: int = 0,
+                    job: JobRecord | None = None, max_bytes: int = 0,
                     ) -> tuple[list[Chunk], int | None]:
         """The consecutive run of stored chunks starting at chunk `first` (at most `limit`,
         and, with `max_bytes`, at most that many stored bytes but always one), with their
@@ -135,15 +116,17 @@ class JobReader:
             p.hmget(self.keys.chunks(job_id), fields)
             p.hmget(self.keys.words(job_id), fields)
             values, timings = p.execute()
-        job = job or self.get(job_id) or {}
-        rate = job.get("sample_rate", 0)
-        starts = segment_starts(job.get("segment_samples", {}), wanted[-1][0])
+        job = job or self.get(job_id)
+        rate = job.sample_rate if job else 0
+        starts = segment_starts(job.segment_samples if job else {}, wanted[-1][0])
         run = []
         for i, ((s, w, end), v, t) in enumerate(zip(wanted, values, timings, strict=True)):
             pcm = self._open_chunk(job_id, f"{s}:{w}", v)
             if pcm is None:
-                if v is not None:  # it failed to open, and failed the job: say so
-                    job.update(self.get(job_id) or {})
+                # It failed to open, and failed the job: the caller's record says so.
+                fresh = self.get(job_id) if v is not None and job is not None else None
+                if job is not None and fresh is not None:
+                    job.refresh(fresh)
                 break
             start_s, words = place_words(json.loads(t) if t else None, starts.get(s), rate)
             run.append(Chunk(first + i, pcm, s, w, end, start_s, words))
@@ -168,22 +151,22 @@ class JobReader:
             kept += 1
         return wanted[:kept]
 
-    def timed_words(self, job_id: str, job: dict, partial: bool = False) -> list[dict] | None:
+    def timed_words(self, job_id: str, job: JobRecord, partial: bool = False) -> list[dict] | None:
         """Every word of the job in order, on the job's timeline, each with its `segment`
         (None when a chunk is missing: the job is not done, or its audio expired). With
         `partial`, the words of the chunks stored so far, up to the first one missing."""
-        order, complete = self._order(job_id, job["total"])
+        order, complete = self._order(job_id, job.total)
         if not complete and not partial:
             return None
         fields = [f"{s}:{w}" for s, w, _ in order]
         timings = self.r.hmget(self.keys.words(job_id), fields) if fields else []
-        starts = segment_starts(job.get("segment_samples", {}), order[-1][0] if order else 0)
+        starts = segment_starts(job.segment_samples, order[-1][0] if order else 0)
         words: list[dict] = []
         for (s, _, _), t in zip(order, timings, strict=True):
             if t is None and partial:
                 break  # a chunk still rendering (timings are stored with their chunk)
             _, placed = place_words(json.loads(t) if t else None, starts.get(s),
-                                    job["sample_rate"])
+                                    job.sample_rate)
             words.extend({**w, "segment": s} for w in placed)
         return words
 
@@ -234,12 +217,12 @@ class JobReader:
                         gone: Callable[[], bool] | None = None,
                         on_wait: Callable[[], object] | None = None,
                         max_bytes: int = 0,
-                        ) -> tuple[dict | None, list[Chunk]]:
+                        ) -> tuple[JobRecord | None, list[Chunk]]:
         """Long-poll: the chunks after cursor `after` as soon as the next one exists.
 
         Returns `(job, chunks)`: chunks is the consecutive run after the cursor (empty when
         the wait ran out, when `gone()` said the client left, or when the job ended without
-        them); `job["chunks"]` is the job's chunk count, None while not yet known. The
+        them); `job.chunks` is the job's chunk count, None while not yet known. The
         event-stream mark is taken before the chunks are read, so a chunk stored in between
         still wakes the wait. `on_wait()` runs once, before the first time it would wait (a
         poll answered at once never calls it): the web takes the client's place among its
@@ -253,9 +236,9 @@ class JobReader:
             job = self.get(job_id)
             if job is None:
                 return None, []
-            chunks, job["chunks"] = self.chunks_from(job_id, after + 1, job["total"], limit,
-                                                     job, max_bytes)
-            if chunks or job["state"] in JOB_FINAL:
+            chunks, job.chunks = self.chunks_from(job_id, after + 1, job.total, limit, job,
+                                                  max_bytes)
+            if chunks or job.state in JOB_FINAL:
                 return job, chunks
             remaining = deadline - time.monotonic()
             if remaining <= 0:

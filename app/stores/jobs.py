@@ -37,6 +37,7 @@ import redis
 from app.security.sealing import Sealer
 from app.stores.job_audio import window_counts
 from app.stores.job_reader import JobReader
+from app.stores.job_record import OPEN_TOTAL, JobRecord
 from app.stores.job_scripts import (
     CLAIM_LAPSED,
     COUNT_CACHE,
@@ -53,8 +54,6 @@ from app.stores.wakeups import Wakeups
 UNPUBLISHED_ERROR = "the web process stopped before the job's segments were all queued"
 STALLED_ERROR = ("no progress for {s:.0f} s: its segments were lost (a broker failure?) and "
                  "nothing more will come")
-
-OPEN_TOTAL = -1  # a job's segment count while the web still segments its text
 
 
 class JobStore(JobReader):
@@ -84,7 +83,7 @@ class JobStore(JobReader):
 
     def create(self, *, total: int = OPEN_TOTAL, voice: str, speed: float, fmt: str, chars: int,
                sample_rate: int, request_id: str = "", owner: str = "",
-               lease_s: float = 0.0) -> dict:
+               lease_s: float = 0.0) -> JobRecord:
         """A new queued job. `lease_s`: the job is a stream's, listened to; its listener lease
         starts now and lapses after `lease_s` unless renewed (`renew_leases`)."""
         job_id = uuid.uuid4().hex
@@ -108,7 +107,7 @@ class JobStore(JobReader):
             if lease_s:
                 p.zadd(self.keys.listened, {job_id: record["created_at"] + lease_s})
             p.execute()
-        return cast(dict, self.get(job_id))  # just written, in one MULTI
+        return cast(JobRecord, self.get(job_id))  # just written, in one MULTI
 
     def owner(self, job_id: str) -> str | None:
         """The id of the key that made the job ("" for none); None for an unknown job."""

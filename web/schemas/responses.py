@@ -49,6 +49,15 @@ class Progress(ResponseModel):
     total: int = Field(ge=0)
 
 
+class JobProgress(ResponseModel):
+    """A job's segments: `total` is open (-1) while the web still segments the job's text;
+    its segments are queued as they come, and the count is known once the last one is."""
+
+    done: int = Field(ge=0)
+    total: int = Field(ge=-1, description="the job's segment count; -1 while its text is "
+                                          "still being segmented")
+
+
 class Word(ResponseModel):
     """A spoken word and when it is said, in seconds of the job's audio. `word` is the
     normalised text (`$12` is said as `twelve` `dollars`); `text_start`/`text_end` are the
@@ -77,7 +86,7 @@ class JobLinks(ResponseModel):
 class Job(ResponseModel):
     id: str
     state: JobState
-    segments: Progress
+    segments: JobProgress
     voice: str
     speed: float
     format: str
@@ -112,7 +121,8 @@ class ChunkPage(ResponseModel):
     state: JobState
     total: int | None = Field(description="the job's chunk count, null until every segment's "
                                           "window count is known")
-    segments: int = Field(None, description="the job's segment count")
+    segments: int = Field(None, ge=-1, description="the job's segment count; -1 while its "
+                                                   "text is still being segmented")
     chunks: list[Chunk]
     next_after: int = Field(description="the cursor to pass as `after` next time")
     end: bool = Field(description="no more chunks will come")
