@@ -135,10 +135,8 @@ class VoiceSettings(_Group):
     # Converted models and compiled blobs kept between starts (a warm start skips the
     # conversion and the compilation); empty: VAR_DIR/engine-cache.
     engine_cache: str = ""
-    # The precision each stage's compiled graphs run at (models/engine.py; docs/models.md,
-    # "Precision"): f32; bf16; int8 with static scales calibrated on the voice's own inputs
-    # (where a stage has a calibration set: the hibari decoder; elsewhere f32); auto: what the
-    # perceptual harness passed and measured fastest. f32 is the behaviour before the choice.
+    # Each stage's compiled precision (models/engine.py; docs/models.md, "Precision"): f32 (as
+    # before), bf16, int8 (static scales, where the stage has a calibration set) or auto.
     acoustic_precision: Literal["f32", "bf16", "int8", "auto"] = "f32"
     vocoder_precision: Literal["f32", "bf16", "int8", "auto"] = "f32"
     # The GPU memory rule (docs/operations.md, "GPU memory"): a CUDA worker with less than
