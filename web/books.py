@@ -329,7 +329,7 @@ def manifest(book_id: str):
     if "captions" in data:
         data["captions_links"] = {fmt: url_for("books.book_captions", book_id=book_id,
                                                format=fmt) for fmt in data["captions"]}
-    return jsonify(data)
+    return jsonify(responses.Manifest.answer(**data))
 
 
 @doc.route(books_api, "/v1/books/<book_id>", "delete", doc.op(

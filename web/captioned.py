@@ -137,8 +137,9 @@ def _answer(req: CaptionedSpeechRequest, job: JobRecord, voice: str, speed: floa
         raise ApiError(409, f"job_{follower.outcome}", f"the speech job ended early "
                        f"({follower.outcome}); GET /v1/jobs/{job_id} says why",
                        type="server_error")
-    resp = jsonify({"audio": base64.b64encode(b"".join(audio)).decode(), "audio_format": fmt,
-                    "timestamps": _timestamps(words) if want_words else []})
+    resp = jsonify(responses.CaptionedSpeech.answer(
+        audio=base64.b64encode(b"".join(audio)).decode(), audio_format=fmt,
+        timestamps=_timestamps(words) if want_words else []))
     for name, value in headers.items():
         resp.headers[name] = str(value)
     return resp

@@ -45,8 +45,9 @@ def _voice(name: str) -> str:
 
 
 def versions_of(canary: Canary, voice: str, decisions: int = 20) -> dict:
+    """A voice's versions, figures and last decisions (`responses.VoiceVersions`)."""
     live, candidate, share = canary.state(voice)
-    return {
+    return responses.VoiceVersions.answer(**{
         "voice": voice, "live": live, "candidate": candidate, "share": share,
         "versions": [{"id": v.id, "state": v.state, "file": v.file,
                       "inference": v.inference.as_dict(),
@@ -56,7 +57,7 @@ def versions_of(canary: Canary, voice: str, decisions: int = 20) -> dict:
                     for role, vid in (("live", live), ("candidate", candidate)) if vid},
         "decisions": [{**d, "ts": iso_time(d["ts"])} for d in canary.decisions(voice,
                                                                                 decisions)],
-    }
+    })
 
 
 @doc.route(models_admin, "/v1/admin/voices/<voice>/versions", "get", doc.op(
