@@ -1,8 +1,11 @@
-"""Precision chosen by ear: the hibari vocoder stage at f32, bf16 and int8 (static scales),
+"""Precision chosen by ear: a voice's vocoder stage at f32, bf16 and int8 (static scales),
 each against the eager f32 reference, on 24 sentences; and its CPU cost per second of speech.
 
     flock /tmp/voxfarm-heavy.lock .venv/bin/python tests/bench/bench_precision.py \
-        [--precisions f32,bf16,int8] [--repeats 3]
+        [--voice hibari|piper] [--precisions f32,bf16,int8] [--repeats 3]
+
+The Piper voice (``--voice piper``) has no calibration set (int8 would run f32) and no
+reference pipeline here: its log-mel distances are to eager f32, whose own is 0.
 
 For each precision the decoder is compiled as a vocoder pool compiles it (models/engine.py, one
 thread, int8 calibrated on the voice's own frames: models/hibari/calibration.py) and decodes the
@@ -65,80 +68,133 @@ SENTENCES = [
     "Is this seat taken, or may I sit here?",
     "The library closes early on Sundays.",
 ]
-RATE = 24000
 STEP = 1 / 32768  # one step of 16-bit PCM
 
 
-def wheel_audio(id_lists: list[list[int]]) -> list[np.ndarray]:
-    """The wheel's own audio per sentence (its graph, its numpy DSP), seed = the index."""
-    import hibari  # noqa: PLC0415  (the reference only)
+class HibariSubject:
+    """The hibari vocoder stage (decoder + DSP) on the sentences; its reference audio is the
+    wheel's own (its graph, its numpy DSP, the same seeds)."""
 
-    tts = hibari.Hibari("heart", threads=1)
-    return [tts.from_ids(ids, rng=np.random.default_rng(seed))
-            for seed, ids in enumerate(id_lists)]
+    name, rate = "hibari (en_us-hibari-heart)", 24000
+
+    def __init__(self) -> None:
+        self.voice = HibariVoice("cpu")
+        self.decoder = self.voice.decoder
+        self.calibration = functools.partial(decoder_calibration, self.voice)
+        id_lists = [self.voice.ids(phonemize(s)) for s in SENTENCES]
+        self.inputs = [self.voice.features([ids])[0].frames for ids in id_lists]
+        self.frames = sum(int(f.shape[1]) for f in self.inputs)
+        self.hop = self.voice.hop
+
+    def decode(self, i: int) -> np.ndarray:
+        return self.voice.decode(self.inputs[i], i).numpy()
+
+    def windows_off(self) -> float:
+        """Most |diff| between streamed windows (12 frames, doubling) joined and the whole."""
+        frames, voice = self.inputs[-1], self.voice
+        whole = voice.decode(frames, 7)
+        plan = stream_windows(int(frames.shape[1]), 12, int(voice.WINDOW_CONTEXT), 2)
+        joined = torch.cat([voice.decode_window(frames, 7, w.start, w.end, voice.WINDOW_CONTEXT)
+                            for w in plan])
+        return float((joined - whole).abs().max())
+
+    def reference(self) -> list[np.ndarray] | None:
+        import hibari  # noqa: PLC0415  (the reference only)
+
+        tts = hibari.Hibari("heart", threads=1)
+        return [tts.from_ids(self.voice.ids(phonemize(s)), rng=np.random.default_rng(seed))
+                for seed, s in enumerate(SENTENCES)]
 
 
-def decode_all(voice: HibariVoice, frames: list[torch.Tensor]) -> list[np.ndarray]:
-    return [voice.decode(f, seed).numpy() for seed, f in enumerate(frames)]
+class PiperSubject:
+    """The Piper voice's vocoder stage (HiFi-GAN) on the sentences' latents (seeded); no
+    reference beside eager f32, whose own distance is then 0. No calibration set: f32, bf16."""
+
+    name, rate = "piper (en_us-joe-medium)", 22050
+
+    def __init__(self) -> None:
+        from models.neural.piper import (  # noqa: PLC0415  (only this subject loads Piper)
+            WINDOW_CONTEXT,
+            default_voice_path,
+            load_piper_voice,
+        )
+
+        self.voice = load_piper_voice(default_voice_path())
+        self.decoder, self.calibration, self.context = self.voice.decoder, None, WINDOW_CONTEXT
+        self.inputs = [self.voice.latents([self.voice.ids(self.voice.phonemes(s))], [i]).z[0]
+                       for i, s in enumerate(SENTENCES)]
+        self.frames = sum(int(z.shape[1]) for z in self.inputs)
+        self.hop = self.voice.hop_length
+
+    def decode(self, i: int) -> np.ndarray:
+        return self.decoder.decode(self.inputs[i]).float().numpy()
+
+    def windows_off(self) -> float:
+        z = self.inputs[-1]
+        whole = self.decoder.decode(z)
+        pieces = []
+        for w in stream_windows(int(z.shape[1]), 12, self.context, 2):
+            audio = self.decoder.decode(z[:, w.lo:w.hi])
+            pieces.append(audio[(w.start - w.lo) * self.hop:(w.end - w.lo) * self.hop])
+        return float((torch.cat(pieces) - whole).abs().max())
+
+    def reference(self) -> list[np.ndarray] | None:
+        return None
 
 
-def cpu_per_second(voice: HibariVoice, frames: list[torch.Tensor], repeats: int) -> float:
+def decode_all(subject) -> list[np.ndarray]:
+    return [subject.decode(i) for i in range(len(subject.inputs))]
+
+
+def cpu_per_second(subject, repeats: int) -> float:
     """CPU seconds of the vocoder stage per second of speech, best of ``repeats`` passes."""
-    speech = sum(int(f.shape[1]) for f in frames) * voice.hop / RATE
+    speech = subject.frames * subject.hop / subject.rate
     best = float("inf")
     for _ in range(repeats):
         started = time.process_time()
-        decode_all(voice, frames)
+        decode_all(subject)
         best = min(best, time.process_time() - started)
     return best / speech
 
 
-def windows_off(voice: HibariVoice, frames: torch.Tensor, seed: int) -> float:
-    """Most |diff| between streamed windows (12 frames, doubling) joined and the whole."""
-    whole = voice.decode(frames, seed)
-    plan = stream_windows(int(frames.shape[1]), 12, int(voice.WINDOW_CONTEXT), 2)
-    joined = torch.cat([voice.decode_window(frames, seed, w.start, w.end, voice.WINDOW_CONTEXT)
-                        for w in plan])
-    return float((joined - whole).abs().max())
-
-
-def figures(audio: list[np.ndarray], wheel: list[np.ndarray], cpu: float) -> Figures:
-    heard = [transcribe(to_int16(a), RATE) for a in audio]
+def figures(audio: list[np.ndarray], reference: list[np.ndarray], cpu: float,
+            rate: int) -> Figures:
+    heard = [transcribe(to_int16(a), rate) for a in audio]
     return Figures(
-        log_mel=float(np.mean([log_mel_distance(a, w, RATE) for a, w in zip(audio, wheel,
-                                                                            strict=True)])),
+        log_mel=float(np.mean([log_mel_distance(a, r, rate)
+                               for a, r in zip(audio, reference, strict=True)])),
         wer=corpus_wer(SENTENCES, heard), samples=tuple(len(a) for a in audio),
         cpu_per_second=cpu)
 
 
-def measure(voice: HibariVoice, precisions: list[str], repeats: int, cache: str) -> None:
-    id_lists = [voice.ids(phonemize(s)) for s in SENTENCES]
-    frames = [voice.features([ids])[0].frames for ids in id_lists]
-    wheel = wheel_audio(id_lists)
-    voice.decoder.stages = None
-    eager = decode_all(voice, frames)
-    results = {"eager f32": figures(eager, wheel, cpu_per_second(voice, frames, repeats))}
-    to_eager, off = {"eager f32": 0.0}, {"eager f32": windows_off(voice, frames[-1], 7)}
+def measure(subject, precisions: list[str], repeats: int, cache: str) -> None:
+    subject.decoder.stages = None
+    eager = decode_all(subject)
+    reference = subject.reference() or eager
+    results = {"eager f32": figures(eager, reference, cpu_per_second(subject, repeats),
+                                    subject.rate)}
+    to_eager, off = {"eager f32": 0.0}, {"eager f32": subject.windows_off()}
     for precision in precisions:
         config = EngineConfig("openvino", cache, threads=1, vocoder_precision=precision)
-        engine = accelerate(voice.decoder, f"bench-precision-{precision}", config, "cpu",
-                            functools.partial(decoder_calibration, voice))
+        engine = accelerate(subject.decoder, f"bench-precision-{precision}", config, "cpu",
+                            subject.calibration)
         assert engine == "openvino", f"{precision} did not compile"
-        audio = decode_all(voice, frames)
-        results[precision] = figures(audio, wheel, cpu_per_second(voice, frames, repeats))
-        to_eager[precision] = float(np.mean([log_mel_distance(a, e, RATE)
+        audio = decode_all(subject)
+        results[precision] = figures(audio, reference, cpu_per_second(subject, repeats),
+                                     subject.rate)
+        to_eager[precision] = float(np.mean([log_mel_distance(a, e, subject.rate)
                                              for a, e in zip(audio, eager, strict=True)]))
-        off[precision] = windows_off(voice, frames[-1], 7)
-    voice.decoder.stages = None
-    report(results, to_eager, off)
+        off[precision] = subject.windows_off()
+    subject.decoder.stages = None
+    report(subject, results, to_eager, off)
 
 
-def report(results: dict[str, Figures], to_eager: dict[str, float],
+def report(subject, results: dict[str, Figures], to_eager: dict[str, float],
            off: dict[str, float]) -> None:
-    speech = sum(results["eager f32"].samples) / RATE
-    print(f"\nhibari (en_us-hibari-heart), vocoder stage, {len(SENTENCES)} sentences, "
+    speech = sum(results["eager f32"].samples) / subject.rate
+    print(f"\n{subject.name}, vocoder stage, {len(SENTENCES)} sentences, "
           f"{speech:.1f} s of speech, one thread\n")
-    print("| precision | log-mel to wheel | log-mel to eager f32 | WER | lengths | "
+    print("| precision | log-mel to reference | log-mel to eager f32 | WER | lengths | "
           "windows off (16-bit steps) | CPU-s per s of speech | verdict |")
     print("|---|---|---|---|---|---|---|---|")
     reference = results["eager f32"]
@@ -150,19 +206,22 @@ def report(results: dict[str, Figures], to_eager: dict[str, float],
         print(f"| {name} | {fig.log_mel:.4f} | {to_eager[name]:.4f} | {fig.wer:.3f} | "
               f"{lengths} | {off[name] / STEP:.2f} | {fig.cpu_per_second:.4f} | {verdict} |")
     picked = choose({k: v for k, v in results.items() if k != "eager f32"}, reference)
-    print(f"\nauto for (hibari, vocoder): {picked}")
+    print(f"\nauto for the vocoder of {subject.name}: {picked}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--precisions", default="f32,bf16,int8")
+    ap.add_argument("--voice", choices=["hibari", "piper"], default="hibari")
+    ap.add_argument("--precisions", default="",
+                    help="default: f32,bf16,int8 for hibari, f32,bf16 for Piper")
     ap.add_argument("--repeats", type=int, default=3, help="timing passes (best taken)")
     ap.add_argument("--cache", default="", help="engine cache (default: a temporary folder)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as a pool process runs
-    voice = HibariVoice("cpu")
+    subject = HibariSubject() if args.voice == "hibari" else PiperSubject()
+    precisions = args.precisions or ("f32,bf16,int8" if args.voice == "hibari" else "f32,bf16")
     cache = args.cache or tempfile.mkdtemp(prefix="voxfarm-bench-precision-")
-    measure(voice, args.precisions.split(","), args.repeats, cache)
+    measure(subject, precisions.split(","), args.repeats, cache)
 
 
 if __name__ == "__main__":
