@@ -48,6 +48,7 @@ import logging
 import re
 import time
 from collections import deque
+from typing import get_args
 
 import redis
 from flask import Blueprint, current_app, g, request
@@ -103,6 +104,12 @@ def _configure(state) -> None:
         "max_message_size": HARD_MESSAGE_BYTES, "ping_interval": PING_INTERVAL_S})
 
 
+# Each event's response model (web/schemas/responses.py), by its `type`: an event leaves as
+# the document says, or fails loudly.
+_EVENT_MODELS = {get_args(m.model_fields["type"].annotation)[0]: m
+                 for m in responses.SOCKET_EVENTS}
+
+
 def error_event(err: ApiError, **extra) -> dict:
     return {"type": "error", **err.body(), **extra}
 
@@ -128,7 +135,7 @@ class Session:
     # -- sending -----------------------------------------------------------------------------
 
     def send(self, event: dict) -> None:
-        self.ws.send(json.dumps(event))
+        self.ws.send(json.dumps(_EVENT_MODELS[event["type"]].answer(**event)))
 
     def send_error(self, err: ApiError, **extra) -> None:
         self.send(error_event(err, **extra))
