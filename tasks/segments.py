@@ -39,6 +39,7 @@ from app.broker.stages import Stage
 from app.obs import metrics
 from app.stores.features import (
     cache_owner,
+    features_seed,
     mel_cache_key,
     mel_from_bytes,
     mel_to_bytes,
@@ -225,7 +226,7 @@ def _render(task: SegmentTask, mel_key: str, seg: Segment, regenerations: int,
     backend = backend_for(voice)
     # A decoder that adds noise (hibari's source-filter) seeds it from the cached features,
     # which the segment's content names (app/stores/features.py).
-    seed = backend.vocoder_seed(blob)
+    seed = features_seed(blob) if backend.decoder_noise else 0
     pause = np.zeros(int(vocoder.sample_rate * seg.pause_ms / 1000), dtype=np.float32)
     # A job's audio may stream window by window; a book's goes to the artifact store whole.
     if side.streams and backend.streams_windows and (

@@ -30,7 +30,6 @@ from typing import ClassVar
 
 import torch
 
-from app.stores.features import features_seed
 from models.classic.acoustic import AcousticModel
 from models.classic.mel import MelConfig
 from models.classic.vocoder import Vocoder
@@ -54,11 +53,6 @@ def _file_digest(path: Path) -> str:
             digest.update(block)
     return digest.hexdigest()[:12]
 
-
-def seed_of(features_blob: bytes) -> int:
-    """The decoder noise's seed for a segment, from its cached features: defined with the
-    feature cache's format (app/stores/features.py, `features_seed`)."""
-    return features_seed(features_blob)
 
 
 class _HibariHalf:

@@ -101,6 +101,9 @@ class VoiceBackend(ABC):
     frames_per_phoneme: ClassVar[bool]
     streams_windows: ClassVar[bool]  # its vocoder renders a segment window by window
     has_versions: ClassVar[bool]  # a voice of it may have versions (app/canary/)
+    # Its decoder adds noise (hibari's source-filter): the pipeline seeds it from the cached
+    # features' bytes (app/stores/features.py, `features_seed`), so a hit renders as a miss.
+    decoder_noise: ClassVar[bool] = False
     # Its models must load for the pool to serve at all (the fallback every pool runs): a
     # failure to warm one stops the warm-up, where another engine's is logged and skipped.
     required: ClassVar[bool] = False
@@ -180,10 +183,6 @@ class VoiceBackend(ABC):
         durations)`` (durations None for a model without timing). ``voice_name``: the
         segment's voice as it names it; ``seed``: the segment's noise seed, from its content
         (an engine that draws no noise ignores it)."""
-
-    def vocoder_seed(self, features_blob: bytes) -> int:
-        """The decoder's noise seed for the cached features (0: its decoder draws none)."""
-        return 0
 
     @abstractmethod
     def vocode_batch(self, vocoder: Any, voice: Voice, features: Any, piece: Any,

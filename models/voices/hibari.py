@@ -44,6 +44,7 @@ class HibariBackend(VoiceBackend):
     frames_per_phoneme = True
     streams_windows = True
     has_versions = False
+    decoder_noise = True
 
     def list_voices(self, voices_dir: str) -> list[Voice]:
         """hibari's voice ``heart``, when the ``hibari-tts`` wheel is installed."""
@@ -118,12 +119,6 @@ class HibariBackend(VoiceBackend):
             return model.synthesize_timed_batch(items, speed)
 
         return Batch((model.model_id, speed), run, phonemes)
-
-    def vocoder_seed(self, features_blob: bytes) -> int:
-        # torch loads only in the pools that run the voice
-        from models.hibari.stage import seed_of
-
-        return seed_of(features_blob)
 
     def vocode_batch(self, vocoder: Any, voice: Voice, features: Any, piece: Any,
                      seed: int) -> Batch:

@@ -156,3 +156,15 @@ def test_every_function_local_import_says_why():
                            f"{lines[imp.line - 1].strip()}")
     assert not missing, ("imports inside functions without a reason (a `#` comment on the "
                          "line or above the block):\n" + "\n".join(missing))
+
+
+def test_the_models_import_nothing_of_the_farm():
+    """`models/` is the compute a voice needs and nothing else: it may be loaded in any process
+    (a benchmark, a notebook) without the farm's settings, stores or broker. So no module of
+    it names app, web, tasks, workers or ops, even inside a function."""
+    mods = project_modules()
+    farm = ("app", "web", "tasks", "workers", "ops")
+    found = [f"{imp.path.relative_to(ROOT)}:{imp.line} imports {target}"
+             for imp in imports(mods) if imp.module.split(".")[0] == "models"
+             for target in imp.targets if target.split(".")[0] in farm]
+    assert not found, "\n".join(found)
