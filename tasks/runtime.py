@@ -97,7 +97,9 @@ def engine_config(settings: Settings | None = None):
 
     settings = settings or farm().settings
     cache = settings.engine_cache or str(Path(settings.var_dir) / "engine-cache")
-    return EngineConfig(settings.engine, cache, threads=_threads or 1)
+    return EngineConfig(settings.engine, cache, threads=_threads or 1,
+                        acoustic_precision=settings.acoustic_precision,
+                        vocoder_precision=settings.vocoder_precision)
 
 
 def acoustic_for(voice):
