@@ -131,8 +131,8 @@ def check_candidate(voice: str, file: str = "", inference: Inference | None = No
 
     offered = get_voice(get_voice(voice).voice_name)
     if not backend_for(offered).has_versions:
-        raise CanaryError(f"voice {offered.name} is an eSpeak voice: only Piper voices have "
-                          "versions")
+        raise CanaryError(f"voice {offered.name} is not a Piper voice (its engine: "
+                          f"{offered.engine}): only Piper voices have versions")
     for name, value in (inference or Inference()).as_dict().items():
         if (error := inference_error(name, value)) is not None:
             raise CanaryError(error)

@@ -216,8 +216,10 @@ def test_an_operator_rolls_back_with_a_reason(canary):
 
 def test_a_candidate_must_be_a_piper_voice_at_the_same_rate(tmp_path):
     assert check_candidate(f"{VOICE}:0") == VOICE
-    with pytest.raises(CanaryError, match="eSpeak voice"):
+    with pytest.raises(CanaryError, match="en-us is not a Piper voice"):
         check_candidate("en-us")
+    with pytest.raises(CanaryError, match="not a Piper voice .its engine: hibari"):
+        check_candidate("en_us-hibari-heart")
     with pytest.raises(CanaryError, match="no such voice file"):
         check_candidate(VOICE, str(tmp_path / "missing.onnx"))
     with pytest.raises(CanaryError, match="'length_scale' must be between 0.2 and 5.0"):
