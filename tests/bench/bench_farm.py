@@ -58,53 +58,47 @@ def pct(values: list[float], p: float) -> float:
 
 
 class Direct:
-    """The same frontend, acoustic and vocoder code, called in this process."""
+    """The same frontend, acoustic and vocoder code, called in this process, through the
+    voice's backend as the pools call it (models/voices/)."""
 
     def __init__(self, voice: str = "") -> None:
         import torch
 
         from app.settings import Settings
-        from models.voices import HIBARI, PIPER, get_voice
+        from models.voices import ACOUSTIC, VOCODER, Loading, backend_for, get_voice
         from tasks.runtime import engine_config
 
         torch.set_num_threads(1)  # as each of the farm's pool processes runs
-        self.voice = get_voice(voice or Settings().default_voice)
-        if self.voice.engine == HIBARI:
-            from models.hibari.stage import HibariAcoustic, HibariVocoder
-
-            # The pools' engine and cache, as for Piper below.
-            engine = engine_config(Settings.from_env())
-            self.acoustic = HibariAcoustic(engine=engine)
-            self.vocoder = HibariVocoder(engine=engine)
-        elif self.voice.engine == PIPER:
-            from models.neural.piper import PiperAcoustic, PiperVocoder
-
-            # The pools' engine and cache (VOXFARM_ENGINE, one thread), so farm/direct stays
-            # a measure of the farm's overhead, not of two engines.
-            engine = engine_config(Settings.from_env())
-            self.acoustic = PiperAcoustic(model_path=self.voice.model_path, engine=engine)
-            self.vocoder = PiperVocoder(model_path=self.voice.model_path, engine=engine)
-        else:
-            from models.classic.acoustic import load_acoustic
-            from models.classic.vocoder import load_vocoder
-
-            self.acoustic, self.vocoder = load_acoustic("espeak"), load_vocoder("griffinlim")
+        settings = Settings.from_env()
+        self.voice = get_voice(voice or settings.default_voice)
+        self.backend = backend_for(self.voice)
+        # The pools' engine, precision and cache (VOXFARM_ENGINE, one thread), so
+        # farm/direct stays a measure of the farm's overhead, not of two engines.
+        loading = Loading("cpu", engine_config(settings), settings.acoustic_model,
+                          settings.vocoder)
+        self.acoustic = self.backend.load(ACOUSTIC, self.voice, loading)
+        self.vocoder = self.backend.load(VOCODER, self.voice, loading)
         self("Warm up the models once.")
+
+    def features(self, seg):
+        """A segment's features, as the acoustic stage computes them (its noise seeded by
+        the segment's index: any seed costs the same)."""
+        work = self.backend.acoustic_batch(self.acoustic, self.voice, seg.phonemes,
+                                           self.voice.name, 1.0, seg.index)
+        return work.run([work.item])[0][0]
+
+    def vocode(self, features, piece=None):
+        """The audio of `features` (a window of them: `piece`), as the vocoder stage's."""
+        work = self.backend.vocode_batch(self.vocoder, self.voice, features, piece, 0)
+        return work.run([work.item])[0]
 
     def __call__(self, text: str) -> int:
         from models.audio.encode import pcm16
         from models.text.frontend import prepare
-        from models.voices import HIBARI, PIPER
 
         n = 0
         for seg in prepare(text, self.voice.name):
-            if self.voice.engine == PIPER:
-                features = self.acoustic.synthesize(seg.phonemes, speed=1.0, seed=seg.index)
-            elif self.voice.engine == HIBARI:
-                features = self.acoustic.synthesize(seg.phonemes, speed=1.0)
-            else:
-                features = self.acoustic.synthesize(seg.phonemes, self.voice.name, 1.0)
-            n += len(pcm16(self.vocoder.vocode([features])[0].numpy()))
+            n += len(pcm16(self.vocode(self.features(seg)).float().numpy()))
         return n
 
 

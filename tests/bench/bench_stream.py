@@ -173,20 +173,17 @@ def timed_parts(direct, text: str) -> tuple[float, float, float]:
     first segment)."""
     from app.settings import Settings
     from models.text.frontend import iter_segments
-    from models.voices import PIPER
 
     t0 = time.perf_counter()
     seg = next(iter_segments(text, direct.voice.name))
     t1 = time.perf_counter()
-    if direct.voice.engine == PIPER:
-        z = direct.acoustic.synthesize(seg.phonemes, speed=1.0, seed=seg.index)
-        t2 = time.perf_counter()
-        first = direct.vocoder.windows(int(z.shape[1]), Settings().vocoder_window_frames)[0]
-        direct.vocoder.vocode_window(z, first)
-    else:
-        mel = direct.acoustic.synthesize(seg.phonemes, direct.voice.name, 1.0)
-        t2 = time.perf_counter()
-        direct.vocoder.vocode([mel])
+    features = direct.features(seg)
+    t2 = time.perf_counter()
+    piece = None
+    if direct.backend.streams_windows:
+        frames = int(features.shape[-1])
+        piece = direct.vocoder.windows(frames, Settings().vocoder_window_frames)[0]
+    direct.vocode(features, piece)
     return t1 - t0, t2 - t1, time.perf_counter() - t2
 
 
