@@ -69,18 +69,17 @@ def client_text(tag: str, i: int) -> str:
     return f"{sentence(tag, i)} Nobody expected {PEOPLE[(i + 3) % 8]} to stay long."
 
 
-class Piper:
-    """Piper's own server in its own venv."""
+class Server:
+    """A server in a process of its own, answering ``POST /synthesize {"text"}`` on a free
+    port: ``command`` with the port appended starts it; ready once it renders a word."""
 
-    name = "piper"
-    rate = RATE
+    name = "server"
 
-    def __init__(self, python: str, model: Path, log: Path) -> None:
+    def __init__(self, command: list[str], log: Path, cwd: Path | None = None) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [python, "-m", "piper.http_server", "-m", str(model), "--host", "127.0.0.1",
-             "--port", str(self.port)],
-            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+            command + [str(self.port)], cwd=cwd, stdout=open(log, "ab"),
+            stderr=subprocess.STDOUT, start_new_session=True)
         self.base = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -90,7 +89,25 @@ class Piper:
                     return
             except requests.RequestException:
                 time.sleep(0.2)
-        raise RuntimeError(f"Piper did not answer: {log.read_text()[-2000:]}")
+        raise RuntimeError(f"{self.name} did not answer: {log.read_text()[-2000:]}")
+
+    def render(self, text: str) -> tuple[float, float, int]:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(30)
+
+
+class Piper(Server):
+    """Piper's own server in its own venv."""
+
+    name = "piper"
+    rate = RATE
+
+    def __init__(self, python: str, model: Path, log: Path) -> None:
+        super().__init__([python, "-m", "piper.http_server", "-m", str(model), "--host",
+                          "127.0.0.1", "--port"], log)
 
     def render(self, text: str) -> tuple[float, float, int]:
         """(first audio s, full s, bytes): the WAV comes whole, so first == full."""
@@ -99,10 +116,6 @@ class Piper:
         resp.raise_for_status()
         full = time.perf_counter() - t0
         return full, full, len(resp.content) - 44
-
-    def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        self.proc.wait(30)
 
 
 class Farm:

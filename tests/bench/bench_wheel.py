@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +39,6 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from app.local.embedded_redis import free_port  # noqa: E402
 from tests.bench import bench_piper  # noqa: E402
 from tests.bench.bench_farm import pct  # noqa: E402
 from tests.bench.bench_piper import ROUNDS, burst, client_text, paragraph, sentence  # noqa: E402
@@ -106,27 +103,14 @@ def serve(port: int) -> None:
     Server(("127.0.0.1", port), Handler).serve_forever()
 
 
-class Wheel:
+class Wheel(bench_piper.Server):
     """The server above, started as a process of its own."""
 
     name = "wheel"
     rate = RATE
 
     def __init__(self, log: Path) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(self.port)], cwd=ROOT,
-            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-        self.base = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, log.read_text()[-2000:]
-            try:
-                if self.render("Ready.")[2] > 0:
-                    return
-            except requests.RequestException:
-                time.sleep(0.2)
-        raise RuntimeError(f"the wheel's server did not answer: {log.read_text()[-2000:]}")
+        super().__init__([sys.executable, __file__, "--serve"], log, cwd=ROOT)
 
     def render(self, text: str) -> tuple[float, float, int]:
         """(first audio s, full s, bytes) of the chunked PCM answer."""
@@ -140,10 +124,6 @@ class Wheel:
                 if first is None and size:
                     first = time.perf_counter() - t0
         return first or 0.0, time.perf_counter() - t0, size
-
-    def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        self.proc.wait(30)
 
 
 class HibariFarm(bench_piper.Farm):
