@@ -25,7 +25,11 @@ then ``openvino.convert_model`` turns its fake-quantisers into int8 kernels (AVX
 fixed scale makes every frame's numbers independent of the rest of the call, so streamed windows
 joined equal the whole decode (per-call dynamic scales do not). ``auto`` takes what passed the
 perceptual bound and was fastest (``AUTO_PRECISION``). Only a stage with a calibration set
-(the hibari decoder) builds int8; elsewhere int8 falls back to f32 with one log line.
+(``Calibration``: the hibari decoder, the Piper voice's decoder) builds int8; elsewhere int8
+falls back to f32 with one log line. Calibrating and quantising takes seconds (about 10 s for
+the hibari decoder, more for Piper's: docs/models.md, "Precision"), so it is paid once per
+engine cache: the int8 model's folder is keyed by the calibration set's digest as well as the
+model's and the precision, and a pool finding it there only compiles (cached blobs too).
 
 Why OpenVINO, and why f32 by default: docs/models.md, "Inference engines" and "Precision"
 (figures in docs/benchmarks.md). Compilation costs seconds, so two caches keep a warm start
@@ -154,6 +158,19 @@ def _ov_core():
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """What fixes a stage's static int8 scales: ``inputs()`` gives, per graph name
+    (``GraphSpec.name``), the module's inputs one call at a time (a tensor, or a tuple of the
+    module's arguments); it runs only when an int8 conversion is not cached yet, as it costs a
+    forward pass per sentence. ``digest`` names the set (its sentences, seeds and how they
+    become inputs): it keys the int8 cache, so an edited set builds anew, and an unchanged one
+    is never computed again."""
+
+    digest: str
+    inputs: Callable[[], dict[str, list[Any]]]
+
+
+@dataclass(frozen=True)
 class GraphSpec:
     """A stage to convert: the module, an example input and each input's shape (-1 dynamic)."""
 
@@ -183,7 +200,7 @@ def _locked(path: Path):
     return _Lock()
 
 
-def _quantized(spec: GraphSpec, inputs: list[torch.Tensor]) -> nn.Module:
+def _quantized(spec: GraphSpec, inputs: list[Any]) -> nn.Module:
     """A copy of ``spec.module`` with static int8 scales calibrated on ``inputs`` (NNCF): each
     quantised tensor's range is read once from the calibration set and fixed. The MIXED
     preset (activations asymmetric: GELU's outputs are mostly positive) measured closer to f32
@@ -200,22 +217,26 @@ def _quantized(spec: GraphSpec, inputs: list[torch.Tensor]) -> nn.Module:
 
 
 def compile_graphs(specs: Sequence[GraphSpec], key: str, config: EngineConfig,
-                   precision: str = "f32",
-                   calibration: Callable[[], list[torch.Tensor]] | None = None
+                   precision: str = "f32", calibration: Calibration | None = None
                    ) -> dict[str, CompiledGraph]:
     """Convert (or read back converted) and compile each of ``specs`` for this CPU at
     ``precision`` (``f32``, ``bf16``, or ``int8``: each module quantised with static scales
-    from ``calibration()``, called only when a conversion is not cached yet).
+    from ``calibration``, whose inputs are computed only when a conversion is not cached yet).
 
     The converted models live under ``cache_dir/ir/KEY-GRAPH_VERSION-OPENVINO[-PRECISION]/
-    NAME.xml``, written to a temporary folder and renamed into place, so a reader never sees
-    half a file; OpenVINO keeps the compiled blobs under ``cache_dir/blobs``.
+    NAME.xml`` (int8: ``-int8-DIGEST``, the calibration set's), written to a temporary folder
+    and renamed into place, so a reader never sees half a file; OpenVINO keeps the compiled
+    blobs under ``cache_dir/blobs``.
     """
     if precision == "int8" and calibration is None:
         raise ValueError("int8 needs a calibration set")
     ov, core = _ov_core()
     cache = Path(config.cache_dir)
     tag = "" if precision == "f32" else f"-{precision}"  # f32 keeps the caches it had
+    if precision == "int8":
+        assert calibration is not None
+        tag += f"-{calibration.digest}"
+    inputs: dict[str, list[Any]] | None = None
     folder = cache / "ir" / f"{key}-g{GRAPH_VERSION}-ov{ov.__version__.split('-')[0]}{tag}"
     properties = {
         "INFERENCE_NUM_THREADS": max(1, config.threads),
@@ -238,7 +259,8 @@ def compile_graphs(specs: Sequence[GraphSpec], key: str, config: EngineConfig,
                 module = spec.module.eval()
                 if precision == "int8":
                     assert calibration is not None
-                    module = _quantized(spec, calibration())
+                    inputs = calibration.inputs() if inputs is None else inputs
+                    module = _quantized(spec, inputs[spec.name])
                 with torch.no_grad():
                     model = ov.convert_model(
                         module, example_input=spec.example,
@@ -379,7 +401,7 @@ def _int8_products(model: nn.Module) -> bool:
 
 
 def _stages(model, model_id: str, config: EngineConfig, precision: str,
-            calibration: Callable[[], list[torch.Tensor]] | None):
+            calibration: Calibration | None):
     """The compiled stages object for ``model`` at ``precision``."""
     # breaks the cycle: the voice modules import this one for accelerate()
     from models.hibari.decoder import HibariDecoder
@@ -400,7 +422,7 @@ def _stages(model, model_id: str, config: EngineConfig, precision: str,
 
 
 def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.device,
-               calibration: Callable[[], list[torch.Tensor]] | None = None) -> str:
+               calibration: Calibration | None = None) -> str:
     """Run ``model``'s stages (a ``VitsAcoustic``, a ``HifiganDecoder``, or the hibari
     voice's ``HibariDecoder`` or ``HibariAcoustic``) on the engine the config picks for
     ``device``, at the stage's precision (``stage_precision``; ``calibration`` gives the

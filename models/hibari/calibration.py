@@ -7,13 +7,17 @@ scales tie every frame to the whole call). The sentences are kept as the voice's
 (misaki, as ``models.hibari.g2p`` gave them), so a worker needs no G2P to calibrate; they differ
 from the sentences the precision harness scores (tests/bench/bench_precision.py), so the check
 is not on the calibration set. Questions, exclamations, a one-word reply and long lists of
-clauses cover the ranges the decoder sees.
+clauses cover the ranges the decoder sees. ``decoder_calibration_set`` hands them to the engine
+with a digest of the phonemes, which keys the int8 cache (an edited set builds anew).
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
+from models.engine import Calibration
 from models.hibari.acoustic import DECODER_CHANNELS
 
 CALIBRATION_PHONEMES = [
@@ -41,3 +45,11 @@ def decoder_calibration(voice) -> list[torch.Tensor]:
         frames = voice.features([voice.ids(phonemes)])[0].frames
         out.append(frames[None, :DECODER_CHANNELS].float().clone())
     return out
+
+
+def decoder_calibration_set(voice) -> Calibration:
+    """The calibration set of the decoder's one graph (``parts``), computed only when the
+    engine builds int8 anew; its digest names the phonemes and the channels they feed."""
+    text = "\n".join([f"hibari-decoder {DECODER_CHANNELS}", *CALIBRATION_PHONEMES])
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return Calibration(digest, lambda: {"parts": decoder_calibration(voice)})

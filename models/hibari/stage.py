@@ -21,10 +21,9 @@ products have no OpenVINO conversion).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -33,8 +32,8 @@ import torch
 from models.classic.acoustic import AcousticModel
 from models.classic.mel import MelConfig
 from models.classic.vocoder import Vocoder
-from models.engine import EngineConfig, accelerate
-from models.hibari.calibration import decoder_calibration
+from models.engine import Calibration, EngineConfig, accelerate
+from models.hibari.calibration import decoder_calibration_set
 from models.hibari.vocab import HOP, SAMPLE_RATE, ids_and_positions, model_path
 from models.neural.hifigan import Window, stream_windows
 
@@ -94,7 +93,7 @@ class _HibariHalf:
         """The torch module of the half this class runs."""
         raise NotImplementedError
 
-    def _calibration(self) -> Callable[[], list[torch.Tensor]] | None:
+    def _calibration(self) -> Calibration | None:
         """What fixes the half's static int8 scales (models/engine.py), if it has any."""
         return None
 
@@ -131,8 +130,8 @@ class HibariVocoder(_HibariHalf, Vocoder):
     def _model(self) -> torch.nn.Module:
         return self.voice.decoder
 
-    def _calibration(self) -> Callable[[], list[torch.Tensor]] | None:
-        return functools.partial(decoder_calibration, self.voice)
+    def _calibration(self) -> Calibration | None:
+        return decoder_calibration_set(self.voice)
 
     def vocode(self, mels: list[torch.Tensor], seed: int = 0) -> list[torch.Tensor]:
         """Whole segments' frames -> audio each, all with the noise seed ``seed``."""

@@ -135,3 +135,47 @@ def test_hibari_decoder_windows_joined_equal_its_whole_decode(frames, precision,
     finally:
         # the process's voice is shared: later tests get it eager again
         accelerate(vocoder.voice.decoder, vocoder.model_id, EngineConfig("torch"), "cpu")
+
+
+# -- the int8 build is paid once per engine cache ----------------------------------------------
+
+
+class _Tiny(torch.nn.Module):
+    """A convolution and a linear map: enough for NNCF to place quantisers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv1d(8, 16, 3, padding=1)
+        self.proj = torch.nn.Conv1d(16, 8, 1)
+
+    def forward(self, x):
+        return self.proj(torch.relu(self.conv(x)))
+
+
+def test_int8_is_built_once_per_cache_keyed_by_the_calibration_digest(tmp_path):
+    """The calibration set is computed and NNCF run only when the int8 model is not in the
+    cache; an edited set (another digest) builds anew beside it."""
+    pytest.importorskip("openvino", reason="the OpenVINO engine (worker extra) is not installed")
+    pytest.importorskip("nncf", reason="NNCF (worker extra) builds the static int8 scales")
+    calls = []
+
+    def inputs() -> dict[str, list[torch.Tensor]]:
+        calls.append(1)
+        generator = torch.Generator().manual_seed(len(calls))
+        return {"tiny": [torch.randn(1, 8, 40, generator=generator) for _ in range(4)]}
+
+    spec = engine.GraphSpec("tiny", _Tiny(), (torch.randn(1, 8, 40),), ((1, 8, -1),))
+    config = EngineConfig("openvino", str(tmp_path), threads=1)
+    x = torch.randn(1, 8, 33).numpy()
+    first = engine.compile_graphs([spec], "tiny", config, "int8",
+                                  engine.Calibration("aaaa", inputs))["tiny"](x)[0]
+    again = engine.compile_graphs([spec], "tiny", config, "int8",
+                                  engine.Calibration("aaaa", inputs))["tiny"](x)[0]
+    assert len(calls) == 1  # the second start read the cache: no calibration, no NNCF
+    assert np.array_equal(first, again)
+    engine.compile_graphs([spec], "tiny", config, "int8", engine.Calibration("bbbb", inputs))
+    assert len(calls) == 2
+    folders = sorted(p.name for p in Path(tmp_path, "ir").iterdir())
+    assert [f.rsplit("-", 2)[-2:] for f in folders] == [["int8", "aaaa"], ["int8", "bbbb"]]
+    assert "FakeQuantize" in Path(tmp_path, "ir", folders[0], "tiny.xml").read_text()
