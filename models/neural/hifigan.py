@@ -255,8 +255,11 @@ class PhaseConvTranspose1d(nn.ConvTranspose1d):
         y = F.conv1d(F.pad(x, self.phase_padding), self.phase_weight, self.phase_bias)
         batch, _, frames = y.shape  # y: (B, out * stride, T)
         stride = self.stride[0]
+        # -1, not frames * stride: traced for a compiled graph, that product of sizes is an
+        # integer op of its own, and NNCF's int8 quantisers are placed by op order, so the
+        # traced graph must run the same ops as the eager module it was calibrated on.
         return (y.view(batch, self.out_channels, stride, frames).transpose(2, 3)
-                .reshape(batch, self.out_channels, frames * stride))
+                .reshape(batch, self.out_channels, -1))
 
 
 class DecoderStages(Protocol):
@@ -391,12 +394,12 @@ class HifiganDecoder(nn.Module):
                      sid: torch.Tensor | None = None) -> torch.Tensor:
         """``z`` ``(G, C, T)`` with each item's frames ``lengths`` ``(G,)`` (and speakers
         ``sid`` ``(G,)`` for a multi-speaker voice) -> ``(G, T * hop)``, masked per item."""
-        masks: list[torch.Tensor] = []
-        factor, size = 1, z.shape[2]
-        for stage in range(len(self.ups) + 1):
-            masks.append(sequence_mask(lengths * factor, size * factor).unsqueeze(1).float())
-            if stage < len(self.ups):
-                factor *= self.cfg.upsample_rates[stage]
+        # Each upsampled mask repeats the one before: the same 0/1 as a mask of lengths * rate
+        # over size * rate, without arithmetic on sizes (traced, it would add integer ops the
+        # eager module does not run, and NNCF places int8 quantisers by op order).
+        masks = [sequence_mask(lengths, z.shape[2]).unsqueeze(1).float()]
+        for rate in self.cfg.upsample_rates:
+            masks.append(masks[-1].repeat_interleave(rate, dim=2))
         x = self.conv_pre(z * masks[0])
         if self.cfg.n_speakers > 1 and sid is not None:
             x = x + self.cond(self.emb_g(sid).unsqueeze(-1))

@@ -23,6 +23,7 @@ from models.classic.acoustic import AcousticModel
 from models.classic.mel import MelConfig
 from models.classic.vocoder import Vocoder
 from models.engine import EngineConfig, accelerate
+from models.neural.calibration import calibration_set
 from models.neural.hifigan import HifiganDecoder, Window, stream_windows
 from models.neural.vits import VitsAcoustic, VitsOutput
 from models.neural.voice_file import (
@@ -197,7 +198,10 @@ class _PiperHalf:
         # without a config, eager torch. The other half stays as loaded, unused.
         self.engine = "torch"
         if engine is not None:
-            self.engine = accelerate(self._model(), self.voice.model_id, engine, self.device)
+            # The voice's own sentences fix int8's static scales (models/neural/calibration.py),
+            # computed only where an int8 model is built anew.
+            self.engine = accelerate(self._model(), self.voice.model_id, engine, self.device,
+                                     calibration_set(self.voice))
         self.mel_config = _latent_config(self.voice)
         # A voice version's overrides (app/canary/): they change the latent, so they are
         # part of the model id, hence of every cache key (and of the noise seed drawn from it).
