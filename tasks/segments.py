@@ -170,15 +170,18 @@ def _synthesize(task: SegmentTask, seg: Segment, reroutes: int) -> str:
     timed = backend.timed(model)
     hit = farm.mel_cache.touch(digest, durations=timed)
     task.request.mel_cache_hit = hit  # the canary times a version's model on misses only
+    blob: bytes | None = None
+    durations: list[int] | None = None
     if not hit:
         _run_here_or_hand_over(task, Stage.ACOUSTIC, seg, (seg.to_message(),), {}, reroutes)
         # An engine that draws noise seeds it by the key: the same request renders the same
         # audio, hit or miss. Batched with other segments where the pool batches.
         features, durations = _batched(Stage.ACOUSTIC, backend.acoustic_batch(
             model, voice, seg.phonemes, seg.voice, seg.speed, noise_seed(content)))
-        farm.mel_cache.put(digest, mel_to_bytes(features), durations)
-    farm.mel_cache.hold(digest)  # the vocoder stage releases it
-    farm.mel_cache.count(hit)
+        blob = mel_to_bytes(features)
+    # Put (on a miss), hold for the vocoder stage (which releases it) and count, in one
+    # round trip.
+    farm.mel_cache.hand_on(digest, hit, blob, durations)
     side.counted(farm, seg, hit)
     return digest
 
@@ -207,7 +210,8 @@ def _render(task: SegmentTask, mel_key: str, seg: Segment, regenerations: int,
         # held the features for this stage, so let go of them here too.
         farm.mel_cache.release(mel_key, seg)
         raise Ignore()
-    blob = farm.mel_cache.get(mel_key)
+    # The features and their durations (the word timestamps') in one round trip.
+    blob, durations = farm.mel_cache.get_with_durations(mel_key)
     if blob is None:
         # Gone before this stage read it (expired, or a book twin's release dropped it between
         # this segment's hit and its hold): let go of this stage's hold, as the stage run
@@ -231,7 +235,7 @@ def _render(task: SegmentTask, mel_key: str, seg: Segment, regenerations: int,
     # A job's audio may stream window by window; a book's goes to the artifact store whole.
     if side.streams and backend.streams_windows and (
             from_window or farm.settings.vocoder_window_frames):
-        words = _word_times(farm, vocoder, voice, mel_key, seg)
+        words = _word_times(vocoder, voice, durations, seg)
         rest = _stream_windows(farm, vocoder, voice, features, seg, pause, words, from_window,
                                seed)
         if rest is not None:  # it gave way: the rest reads the features this stage holds
@@ -246,7 +250,7 @@ def _render(task: SegmentTask, mel_key: str, seg: Segment, regenerations: int,
             return seg.index
     else:
         audio = _vocode_piece(vocoder, voice, features, seed=seed)
-        words = _word_times(farm, vocoder, voice, mel_key, seg, len(audio))
+        words = _word_times(vocoder, voice, durations, seg, len(audio))
         side.store(farm, seg, _pcm(audio, pause), vocoder.sample_rate, words)
     farm.mel_cache.release(mel_key, seg)
     return seg.index
@@ -279,16 +283,16 @@ def _vocode_piece(vocoder, voice, features, piece=None, seed: int = 0) -> np.nda
     return audio.float().cpu().numpy()
 
 
-def _word_times(farm, vocoder, voice, mel_key: str, seg: Segment,
+def _word_times(vocoder, voice, durations: list[int] | None, seg: Segment,
                 samples: int = 0) -> list[dict]:
     """The segment's words with their start and end in seconds of its audio (`samples`
     long, pause excluded): for a neural voice, the model's durations (cached with the
     features) summed over each word's phonemes, which the frontend found (`seg.words`,
-    see models/text/words.py); for eSpeak, its own word starts. Empty for a message from
-    before word timestamps."""
+    see models/text/words.py); for eSpeak, its own word starts. `durations`: those cached
+    with the features (`MelCache.get_with_durations`). Empty for a message from before word
+    timestamps."""
     if not seg.words:
         return []
-    durations = farm.mel_cache.get_durations(mel_key)
     if durations is None:
         log.warning("segment %s: no timing cached; no word timestamps", seg.describe())
         return []

@@ -78,11 +78,14 @@ class JobReader:
         s = self.r.hget(self.keys.job(job_id), "state")
         return s.decode() if s else None
 
-    def _order(self, job_id: str, total: int) -> tuple[list[tuple[int, int, bool]], bool]:
+    def _order(self, job_id: str, total: int, plans: dict[bytes, bytes] | None = None,
+               ) -> tuple[list[tuple[int, int, bool]], bool]:
         """The job's chunks in order as (segment, window, segment's last window), as far as
         window counts are known, and whether that is all of them (sealed, and every
-        segment's count known)."""
-        counts = window_counts(self.r.hgetall(self.keys.windows(job_id)))
+        segment's count known). `plans`: the job's window plans if the caller has just read
+        them."""
+        counts = window_counts(self.r.hgetall(self.keys.windows(job_id)) if plans is None
+                               else plans)
         order: list[tuple[int, int, bool]] = []
         segment = 0
         while segment in counts:
@@ -98,13 +101,15 @@ class JobReader:
 
     def chunks_from(self, job_id: str, first: int, total: int, limit: int,
                     job: JobRecord | None = None, max_bytes: int = 0,
+                    plans: dict[bytes, bytes] | None = None,
                     ) -> tuple[list[Chunk], int | None]:
         """The consecutive run of stored chunks starting at chunk `first` (at most `limit`,
         and, with `max_bytes`, at most that many stored bytes but always one), with their
         words on the job's timeline, and the job's chunk count (None while not yet known).
-        `job` is the job's record if the caller has just read it; a chunk that fails to open
-        ends the run and fails the job, and `job` is read again to say so."""
-        order, complete = self._order(job_id, total)
+        `job` is the job's record if the caller has just read it, `plans` its window plans
+        likewise; a chunk that fails to open ends the run and fails the job, and `job` is read
+        again to say so."""
+        order, complete = self._order(job_id, total, plans)
         count = len(order) if complete else None
         wanted = order[first:first + limit] if first >= 0 else []
         if not wanted:
@@ -232,12 +237,19 @@ class JobReader:
         deadline = time.monotonic() + wait_s
         waited = False
         while True:
-            mark = self.last_event_id(job_id)
-            job = self.get(job_id)
+            # The mark, the record and the window plans in one round trip (the mark first,
+            # so a chunk stored after it still wakes the wait).
+            with self.r.pipeline(transaction=False) as p:
+                p.xrevrange(self.keys.events(job_id), count=1)
+                p.hgetall(self.keys.job(job_id))
+                p.hgetall(self.keys.windows(job_id))
+                last, raw, plans = p.execute()
+            mark = cast(bytes, last[0][0]) if last else b"0-0"
+            job = JobRecord.from_hash(raw) if raw else None
             if job is None:
                 return None, []
             chunks, job.chunks = self.chunks_from(job_id, after + 1, job.total, limit, job,
-                                                  max_bytes)
+                                                  max_bytes, plans)
             if chunks or job.state in JOB_FINAL:
                 return job, chunks
             remaining = deadline - time.monotonic()

@@ -9,10 +9,11 @@ from app.stores.states import JobState, lua
 # Events streams are wake-up signals, not a log: a few hundred entries is plenty.
 EVENTS_MAXLEN = 500
 
-# KEYS: job_keys. ARGV: segment, window, pcm, now, ttl, samples, events maxlen,
-# "count:window_frames" the writer plans (used when the segment has none yet), the window's
-# timing JSON ('' for none: a writer from before word timestamps), the whole segment's
-# samples (0 if unknown).
+# KEYS: job_keys, then the jobs' progress zset. ARGV: segment, window, pcm, now, ttl, samples,
+# events maxlen, "count:window_frames" the writer plans (used when the segment has none yet),
+# the window's timing JSON ('' for none: a writer from before word timestamps), the whole
+# segment's samples (0 if unknown), the job's id. A stored window is progress for the stall
+# sweeper too, in the same round trip (the progress zset is shared: it keeps no TTL).
 STORE_WINDOW = lua("""
 local segment = ARGV[1]
 local window = ARGV[2]
@@ -24,6 +25,7 @@ local events_maxlen = ARGV[7]
 local planned = ARGV[8]
 local timing = ARGV[9]
 local segment_samples = ARGV[10]
+local job_id = ARGV[11]
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -2 end
 if state == '$CANCELED' or state == '$FAILED' then return -1 end
@@ -52,7 +54,8 @@ if total >= 0 and done >= total and state ~= '$DONE' then
   redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now)
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_maxlen, '*', 'state', '$DONE')
 end
-for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
+for i = 1, #KEYS - 1 do redis.call('EXPIRE', KEYS[i], ttl) end
+redis.call('ZADD', KEYS[#KEYS], 'XX', now, job_id)
 return done
 """, JobState)
 

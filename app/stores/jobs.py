@@ -261,14 +261,13 @@ class JobStore(JobReader):
                             ensure_ascii=False)
         sealed = self.sealer.seal(pcm, self._chunk_context(job_id, f"{segment}:{window}"))
         now = time.time()
-        done = int(self._store_window(
-            keys=self.keys.job_keys(job_id),
+        # One round trip a window: the chunk, the counts, the reader's wake-up (the job's
+        # event stream) and the progress the stall sweeper reads.
+        return int(self._store_window(
+            keys=[*self.keys.job_keys(job_id), self.keys.progress],
             args=[segment, window, sealed, repr(now), self.ttl_s, len(pcm) // 2,
-                  EVENTS_MAXLEN, f"{plan[0]}:{plan[1]}", timing, segment_samples],
+                  EVENTS_MAXLEN, f"{plan[0]}:{plan[1]}", timing, segment_samples, job_id],
         ))
-        if done >= 0:  # progress: the stall sweeper leaves the job alone a while longer
-            self.r.zadd(self.keys.progress, {job_id: now}, xx=True)
-        return done
 
     def window_plan(self, job_id: str, segment: int, plan: tuple[int, int]) -> tuple[int, int]:
         """The segment's (window count, frames per window): `plan` unless a writer (an

@@ -68,6 +68,10 @@ return 1
 """
 
 
+def _durations(raw: bytes) -> list[int]:
+    return np.frombuffer(raw, dtype="<u2").astype(int).tolist()
+
+
 class MelCache:
     def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int,
                  sealer: Sealer | None = None) -> None:
@@ -82,6 +86,23 @@ class MelCache:
     def hold(self, digest: str) -> int:
         """One more segment will read this mel; returns how many will."""
         return int(self._hold(keys=[self.keys.mel_refs(digest)], args=[self.ttl_s]))
+
+    def hand_on(self, digest: str, hit: bool, blob: bytes | None = None,
+                durations: list[int] | None = None) -> None:
+        """What the acoustic stage does once it has its features, in one round trip: on a
+        miss `put` them (`blob`, with their `durations`), then `hold` the entry for the
+        vocoder stage and `count` the hit or miss. One MULTI, so the hold is never counted
+        without the features it holds (the INCR and EXPIRE are `_HOLD`'s, inline: a script
+        in a pipeline costs redis-py a SCRIPT EXISTS round trip of its own)."""
+        with self.r.pipeline() as p:
+            if blob is not None:
+                self._put_into(p, digest, blob, durations)
+            refs = self.keys.mel_refs(digest)
+            p.incr(refs)
+            p.expire(refs, self.ttl_s)
+            p.hincrby(self.keys.stats, "mel_cache_hits" if hit else "mel_cache_misses", 1)
+            p.execute()
+        MEL_CACHE.labels("hit" if hit else "miss").inc()
 
     def release(self, digest: str, segment: Segment) -> int:
         """`segment` has read its mel, or will not: the one way a stage lets go of what its
@@ -105,35 +126,43 @@ class MelCache:
 
     def put(self, digest: str, blob: bytes, durations: list[int] | None = None) -> None:
         """Cache the features, and with them the model's frames per phoneme id if given."""
-        mel_key = self.keys.mel(digest)
-        sealed = self.sealer.seal(blob, mel_key)
-        if durations is None:
-            self.r.set(mel_key, sealed, ex=self.ttl_s)
-            return
-        durations_key = self.keys.mel_durations(digest)
-        raw = np.asarray(durations, dtype="<u2").tobytes()
         with self.r.pipeline() as p:  # MULTI: never features without their durations
-            p.set(mel_key, sealed, ex=self.ttl_s)
-            p.set(durations_key, self.sealer.seal(raw, durations_key), ex=self.ttl_s)
+            self._put_into(p, digest, blob, durations)
             p.execute()
+
+    def _put_into(self, p, digest: str, blob: bytes, durations: list[int] | None) -> None:
+        mel_key = self.keys.mel(digest)
+        p.set(mel_key, self.sealer.seal(blob, mel_key), ex=self.ttl_s)
+        if durations is not None:
+            durations_key = self.keys.mel_durations(digest)
+            raw = np.asarray(durations, dtype="<u2").tobytes()
+            p.set(durations_key, self.sealer.seal(raw, durations_key), ex=self.ttl_s)
 
     def get(self, digest: str) -> bytes | None:
         """The features, None on a miss. An entry whose features or durations fail to open
         is dropped and is a miss: the caller recomputes it, with its durations."""
+        return self.get_with_durations(digest)[0]
+
+    def get_with_durations(self, digest: str) -> tuple[bytes | None, list[int] | None]:
+        """The features and the frames per phoneme id cached with them, read in one round
+        trip (the vocoder stage needs both): (None, None) on a miss, durations None where
+        none were cached. An entry whose features or durations fail to open is dropped and
+        is a miss: the caller recomputes it, with its durations."""
         mel_key, durations_key = self.keys.mel(digest), self.keys.mel_durations(digest)
         with self.r.pipeline(transaction=False) as p:
             p.get(mel_key)
             p.get(durations_key)
             sealed, sealed_durations = p.execute()
         if sealed is None:
-            return None
+            return None, None
         blob = self.sealer.open(sealed, mel_key)
-        if blob is None or (sealed_durations is not None and
-                            self.sealer.open(sealed_durations, durations_key) is None):
+        raw = None if sealed_durations is None else self.sealer.open(sealed_durations,
+                                                                     durations_key)
+        if blob is None or (sealed_durations is not None and raw is None):
             self._drop_if_unchanged(keys=[mel_key, durations_key],
                                     args=[sealed, sealed_durations or b""])
-            return None
-        return blob
+            return None, None
+        return blob, None if raw is None else _durations(raw)
 
     def get_durations(self, digest: str) -> list[int] | None:
         """The frames per phoneme id cached with the features, None if there are none (or
@@ -141,7 +170,7 @@ class MelCache:
         key = self.keys.mel_durations(digest)
         sealed = self.r.get(key)
         raw = None if sealed is None else self.sealer.open(sealed, key)
-        return None if raw is None else np.frombuffer(raw, dtype="<u2").astype(int).tolist()
+        return None if raw is None else _durations(raw)
 
     def count(self, hit: bool) -> None:
         self.r.hincrby(self.keys.stats, "mel_cache_hits" if hit else "mel_cache_misses", 1)
