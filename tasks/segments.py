@@ -58,6 +58,15 @@ log = logging.getLogger("voxfarm.tasks")
 # past this many regenerations the cache TTL is too short for the queue and the job fails.
 MAX_REGENERATIONS = 3
 
+# A segment after a job's first that the window plan cuts into at most this many windows is
+# rendered and stored whole, as one chunk. Each window renders context frames on both sides
+# and is a call of its own: a one-sentence segment's three windows cost the hibari decoder
+# about a quarter more CPU than its whole decode (docs/benchmarks.md, "Per-segment fixed
+# cost"). The audio before such a segment is already playing, so its first window would gain
+# the listener nothing; the job's first segment keeps its windows for first audio, and a
+# longer segment keeps them, so each part is ready before the one before it has played.
+WHOLE_UP_TO_WINDOWS = 3
+
 # The queues admission counts (a stage's interactive queues): what a worker publishes there
 # is marked in the ledger. The overflow queues and the books' batch queues are not counted.
 _COUNTED_QUEUES = frozenset(INTERACTIVE_QUEUES)
@@ -319,6 +328,8 @@ def _stream_windows(farm, vocoder, voice, features, seg: Segment, pause: np.ndar
     """
     frames = int(features.shape[-1])
     window = farm.settings.vocoder_window_frames or frames  # a plan set before stands
+    if seg.index > 0 and len(vocoder.windows(frames, window)) <= WHOLE_UP_TO_WINDOWS:
+        window = frames  # one window: the whole decode
     plan = (len(vocoder.windows(frames, window)), window)
     _, window = farm.jobs.window_plan(seg.owner_id, seg.index, plan)
     cut = vocoder.windows(frames, window)

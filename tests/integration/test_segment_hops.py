@@ -12,10 +12,19 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 import redis.connection
 
-from tests.helpers import running_farm
+from tasks.segments import WHOLE_UP_TO_WINDOWS
+from tests.helpers import (
+    assert_chunk_order,
+    assert_speech,
+    collect_chunks,
+    decode_chunk,
+    running_farm,
+    submit,
+)
 
 
 @pytest.fixture
@@ -108,3 +117,24 @@ def test_a_long_poll_answers_a_stored_chunk_in_two_round_trips(tf, monkeypatch):
     assert record is not None and record.chunks is None  # segment 1's windows not planned
     record, chunks = jobs.wait_for_chunks(job.id, 1, 0.2, 16)
     assert chunks == []
+
+
+def test_a_short_segment_after_the_first_is_one_chunk_and_a_long_one_keeps_its_windows(
+        client, farm):
+    """The job's first segment streams window by window (first audio waits for its first
+    window); a short segment after it is decoded whole, one chunk; a long one is cut as
+    before. Chunks in order, none missing or repeated, the audio whole."""
+    long_sentence = ("The farm renders every segment of a paragraph on workers of its own and "
+                     "the client hears each of them in order window after window from the "
+                     "first word of the paragraph to the last one that the listener asked for.")
+    text = f"The harbour opens at dawn. The boats go out at seven. {long_sentence}"
+    job = submit(client, text)
+    total = job["segments"]["total"]
+    page, chunks = collect_chunks(client, job["id"])
+    assert page["state"] == "done" and total >= 3
+    assert_chunk_order(chunks, total, page["total"])
+    windows = [sum(1 for c in chunks if c["segment"] == s) for s in range(total)]
+    assert windows[0] > 1, f"the first segment streams in windows: {windows}"
+    assert windows[1] == 1, f"a short segment after the first is one chunk: {windows}"
+    assert windows[-1] > WHOLE_UP_TO_WINDOWS, f"a long segment keeps its windows: {windows}"
+    assert_speech(np.concatenate([decode_chunk(c) for c in chunks]), len(text.split()))
