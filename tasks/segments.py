@@ -60,11 +60,12 @@ MAX_REGENERATIONS = 3
 
 # A segment after a job's first that the window plan cuts into at most this many windows is
 # rendered and stored whole, as one chunk. Each window renders context frames on both sides
-# and is a call of its own: a one-sentence segment's three windows cost the hibari decoder
-# about a quarter more CPU than its whole decode (docs/benchmarks.md, "Per-segment fixed
-# cost"). The audio before such a segment is already playing, so its first window would gain
-# the listener nothing; the job's first segment keeps its windows for first audio, and a
-# longer segment keeps them, so each part is ready before the one before it has played.
+# and is a call of its own: a one-sentence segment's three windows cost the hibari voice
+# 16-18 ms more CPU than its whole decode, a fifth of its model work (docs/benchmarks.md,
+# "Per-segment fixed cost"). The audio before such a segment is already playing, so its
+# first window would gain the listener nothing; the job's first segment keeps its windows for
+# first audio, and a longer segment keeps them, so each part is ready before the one before
+# it has played.
 WHOLE_UP_TO_WINDOWS = 3
 
 # The queues admission counts (a stage's interactive queues): what a worker publishes there
@@ -323,8 +324,9 @@ def _stream_windows(farm, vocoder, voice, features, seg: Segment, pause: np.ndar
 
     The window plan is the segment's first writer's (a retry on a worker with another
     window setting cuts the same windows), and each window is rendered with context frames
-    on both sides, so the windows joined equal the whole segment's audio. Each window
-    carries the words that start in it.
+    on both sides, so the windows joined equal the whole segment's audio. A short segment
+    after the job's first is planned as one window, the whole decode (WHOLE_UP_TO_WINDOWS).
+    Each window carries the words that start in it.
     """
     frames = int(features.shape[-1])
     window = farm.settings.vocoder_window_frames or frames  # a plan set before stands
