@@ -64,6 +64,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from models.stages import ACOUSTIC, STAGES, VOCODER
+
 _LOGGER = logging.getLogger(__name__)
 
 ENGINES = ("auto", "torch", "openvino")
@@ -77,13 +79,13 @@ PRECISIONS = ("f32", "bf16", "int8", "auto")
 AUTO_PRECISION: dict[tuple[str, str], str] = {
     # 24 sentences, 2026-12-05: log-mel to the wheel 0.058 (f32 0.039), WER 0.053 (f32 0.058),
     # lengths equal, windows joined exact; 0.0078 CPU-s per second of speech (f32 0.0115).
-    ("hibari", "vocoder"): "int8",
+    ("hibari", VOCODER): "int8",
     # 24 sentences, 2026-12-05: bf16 log-mel 0.064 from eager f32 (bound 0.05), windows 22
     # 16-bit steps off the whole; int8 (static) log-mel 1.40, WER 0.169 (f32 0.116). Neither
     # passes: f32, 0.0500 CPU-s per second of speech.
-    ("piper", "vocoder"): "f32",
+    ("piper", VOCODER): "f32",
     # Same day: bf16 changed durations in 11 of 24 sentences; int8 does not convert.
-    ("piper", "acoustic"): "f32",
+    ("piper", ACOUSTIC): "f32",
 }
 
 
@@ -109,7 +111,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"VOXFARM_ENGINE={self.engine!r}: one of {', '.join(ENGINES)}")
-        for stage in ("acoustic", "vocoder"):
+        for stage in STAGES:
             value = getattr(self, f"{stage}_precision")
             if value not in PRECISIONS:
                 raise ValueError(f"VOXFARM_{stage.upper()}_PRECISION={value!r}: one of "
@@ -451,8 +453,8 @@ def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.d
         return "torch"
     kind = "decoder" if isinstance(model, HifiganDecoder | HibariDecoder) else "acoustic"
     family = "hibari" if isinstance(model, HibariAcoustic | HibariDecoder) else "piper"
-    precision, why = stage_precision(config, family, "vocoder" if kind == "decoder"
-                                     else "acoustic", calibration is not None)
+    precision, why = stage_precision(config, family, VOCODER if kind == "decoder"
+                                     else ACOUSTIC, calibration is not None)
     if why:
         _LOGGER.warning("%s of %s: %s", kind, model_id, why)
     try:

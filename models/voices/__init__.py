@@ -8,7 +8,8 @@ engine and never tests the engine's name. No torch at import: the web lists voic
 phonemes through here.
 """
 
-from models.voices.base import ACOUSTIC, VOCODER, Batch, Loading, Voice, VoiceBackend
+from models.stages import ACOUSTIC, VOCODER
+from models.voices.base import Batch, Loading, Voice, VoiceBackend
 from models.voices.catalog import (
     ENGINE_NAMES,
     backend_for,

@@ -19,9 +19,6 @@ from typing import Any, ClassVar
 from models.classic.espeak import SAMPLE_RATE as ESPEAK_SAMPLE_RATE
 from models.neural.voice_file import Inference
 
-# The two stages that run a model, spelled as app.broker.stages.Stage spells them (its members
-# compare equal to these strings); models/ imports nothing of app/.
-ACOUSTIC, VOCODER = "acoustic", "vocoder"
 # espeak language-code prefix -> frontend language (Piper voices name an espeak voice too)
 LANGUAGE_PREFIXES = {"en": "en", "cmn": "zh"}
 

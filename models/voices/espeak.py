@@ -30,7 +30,8 @@ from typing import Any
 import espeakng_loader
 
 from models.classic.espeak import get_engine, phonemize
-from models.voices.base import ACOUSTIC, LANGUAGE_PREFIXES, Batch, Loading, Voice, VoiceBackend
+from models.stages import ACOUSTIC
+from models.voices.base import LANGUAGE_PREFIXES, Batch, Loading, Voice, VoiceBackend
 
 _EXCLUDED_BASES = frozenset({"en-shaw"})
 # The base voices variants are offered for, and the variants offered.

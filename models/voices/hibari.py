@@ -15,7 +15,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from models.voices.base import ACOUSTIC, Batch, Loading, Voice, VoiceBackend
+from models.stages import ACOUSTIC
+from models.voices.base import Batch, Loading, Voice, VoiceBackend
 
 
 def _g2p(text: str) -> str:

@@ -34,7 +34,8 @@ from models.neural.voice_file import (
     ids_for,
     piper_phonemes,
 )
-from models.voices.base import ACOUSTIC, LANGUAGE_PREFIXES, Batch, Loading, Voice, VoiceBackend
+from models.stages import ACOUSTIC
+from models.voices.base import LANGUAGE_PREFIXES, Batch, Loading, Voice, VoiceBackend
 
 log = logging.getLogger(__name__)
 
