@@ -215,21 +215,42 @@ def burst(system, texts: list[str]) -> dict:
             "audio s": sum(r[2] for r in ok) / 2 / system.rate}
 
 
-def scenarios(system, tag: str) -> dict[str, float]:
+def scenarios(system, tag: str, singles: int = 5,
+              crowds: tuple[int, ...] = (8, 32)) -> dict[str, float]:
+    """One sentence (`singles` times), a paragraph, then bursts of `crowds` clients, for
+    `system`; the texts are `tag`'s, the same for every system."""
     out: dict[str, float] = {}
-    singles = [system.render(sentence(f"{tag} short", i)) for i in range(5)]
-    out["one sentence: full"] = pct([s[1] for s in singles], .5)
+    runs = [system.render(sentence(f"{tag} short", i)) for i in range(singles)]
+    out["one sentence: full"] = pct([s[1] for s in runs], .5)
     # Audio seconds rendered, so the table shows both systems said as much (the same voice;
     # durations differ only by its noise).
-    out["one sentence: audio s"] = pct([s[2] / 2 / RATE for s in singles], .5)
+    out["one sentence: audio s"] = pct([s[2] / 2 / system.rate for s in runs], .5)
     first, full, size = system.render(paragraph(tag))
     out["paragraph: first audio"], out["paragraph: full"] = first, full
-    out["paragraph: audio s"] = size / 2 / RATE
-    for n in (8, 32):
+    out["paragraph: audio s"] = size / 2 / system.rate
+    for n in crowds:
         crowd = "small" if n == 8 else "large"
         for k, v in burst(system, [client_text(f"{tag} {crowd}", i) for i in range(n)]).items():
             out[f"{n} clients: {k}"] = v
     return out
+
+
+def table(results: dict[str, list[dict[str, float]]], other: str,
+          heading: str) -> dict[str, tuple]:
+    """Print the best round of each row for `other` (the server) and the farm, and their
+    ratio, under `heading`; returns {row: (other's, farm's)}."""
+    print(f"\n{heading}\n")
+    label = other.capitalize() if other == "piper" else other
+    print(f"| {'scenario':<28} | {label:>8} | {'farm':>8} | {'farm/' + label:>10} |")
+    print(f"|{'-' * 30}|{'-' * 10}|{'-' * 10}|{'-' * 12}|")
+    rows = {}
+    for key in results[other][0]:
+        o = min(run[key] for run in results[other])
+        f = min(run[key] for run in results["farm"])
+        rows[key] = (o, f)
+        ratio = f / o if o else float("nan")
+        print(f"| {key:<28} | {o:>8.3f} | {f:>8.3f} | {ratio:>9.2f}x |")
+    return rows
 
 
 def main() -> None:
@@ -258,17 +279,8 @@ def main() -> None:
             finally:
                 system.stop()
 
-    print(f"\nsame voice (en_US-joe-medium), each system alone on this box, {args.rounds} "
-          "rounds A B; best round per row (seconds)\n")
-    print(f"| {'scenario':<28} | {'Piper':>8} | {'farm':>8} | {'farm/Piper':>10} |")
-    print(f"|{'-' * 30}|{'-' * 10}|{'-' * 10}|{'-' * 12}|")
-    rows = {}
-    for key in results["piper"][0]:
-        p = min(run[key] for run in results["piper"])
-        f = min(run[key] for run in results["farm"])
-        rows[key] = (p, f)
-        ratio = f / p if p else float("nan")
-        print(f"| {key:<28} | {p:>8.3f} | {f:>8.3f} | {ratio:>9.2f}x |")
+    rows = table(results, "piper", f"same voice (en_US-joe-medium), each system alone on this "
+                 f"box, {args.rounds} rounds A B; best round per row (seconds)")
     goals = [
         ("one sentence <= 0.7x Piper", rows["one sentence: full"][1]
          <= 0.7 * rows["one sentence: full"][0]),

@@ -40,8 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.bench import bench_piper  # noqa: E402
-from tests.bench.bench_farm import pct  # noqa: E402
-from tests.bench.bench_piper import ROUNDS, burst, client_text, paragraph, sentence  # noqa: E402
+from tests.bench.bench_piper import ROUNDS  # noqa: E402
 
 VOICE = "en_us-hibari-heart"  # the farm's id of the wheel's voice
 RATE = 24000  # its sample rate
@@ -133,37 +132,6 @@ class HibariFarm(bench_piper.Farm):
     rate = RATE
 
 
-def scenarios(system, tag: str, singles: int, crowds: tuple[int, ...]) -> dict[str, float]:
-    """bench_piper's scenarios (its texts, its burst), with the crowd sizes given."""
-    out: dict[str, float] = {}
-    runs = [system.render(sentence(f"{tag} short", i)) for i in range(singles)]
-    out["one sentence: full"] = pct([s[1] for s in runs], .5)
-    out["one sentence: audio s"] = pct([s[2] / 2 / RATE for s in runs], .5)
-    first, full, size = system.render(paragraph(tag))
-    out["paragraph: first audio"], out["paragraph: full"] = first, full
-    out["paragraph: audio s"] = size / 2 / RATE
-    for n in crowds:
-        crowd = "small" if n == 8 else "large"
-        for k, v in burst(system, [client_text(f"{tag} {crowd}", i) for i in range(n)]).items():
-            out[f"{n} clients: {k}"] = v
-    return out
-
-
-def table(results: dict[str, list[dict[str, float]]], rounds: int) -> dict[str, tuple]:
-    print(f"\nthe hibari voice ({VOICE}), each system alone on this box, {rounds} round(s) "
-          "A B; best round per row (seconds)\n")
-    print(f"| {'scenario':<28} | {'wheel':>8} | {'farm':>8} | {'farm/wheel':>10} |")
-    print(f"|{'-' * 30}|{'-' * 10}|{'-' * 10}|{'-' * 12}|")
-    rows = {}
-    for key in results["wheel"][0]:
-        w = min(run[key] for run in results["wheel"])
-        f = min(run[key] for run in results["farm"])
-        rows[key] = (w, f)
-        ratio = f / w if w else float("nan")
-        print(f"| {key:<28} | {w:>8.3f} | {f:>8.3f} | {ratio:>9.2f}x |")
-    return rows
-
-
 def goals(rows: dict[str, tuple], results: dict[str, list[dict[str, float]]], big: int) -> None:
     """The goals beside the wheel's server (docs/benchmarks.md)."""
     checks = [
@@ -207,10 +175,12 @@ def main() -> None:
                 system = HibariFarm(tmp / f"var{r}", Path(args.engine_cache), tmp / "farm.log")
                 print(f"  farm ready after {system.ready_s:.1f} s", flush=True)
             try:
-                results[name].append(scenarios(system, tag, singles, crowds))
+                results[name].append(bench_piper.scenarios(system, tag, singles, crowds))
             finally:
                 system.stop()
-    goals(table(results, rounds), results, crowds[-1])
+    rows = bench_piper.table(results, "wheel", f"the hibari voice ({VOICE}), each system alone "
+                             f"on this box, {rounds} round(s) A B; best round per row (seconds)")
+    goals(rows, results, crowds[-1])
 
 
 if __name__ == "__main__":
