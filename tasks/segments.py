@@ -330,11 +330,13 @@ def _stream_windows(farm, vocoder, voice, features, seg: Segment, pause: np.ndar
     """
     frames = int(features.shape[-1])
     window = farm.settings.vocoder_window_frames or frames  # a plan set before stands
-    if seg.index > 0 and len(vocoder.windows(frames, window)) <= WHOLE_UP_TO_WINDOWS:
-        window = frames  # one window: the whole decode
-    plan = (len(vocoder.windows(frames, window)), window)
-    _, window = farm.jobs.window_plan(seg.owner_id, seg.index, plan)
     cut = vocoder.windows(frames, window)
+    if seg.index > 0 and len(cut) <= WHOLE_UP_TO_WINDOWS:
+        window = frames  # one window: the whole decode
+        cut = vocoder.windows(frames, window)
+    _, planned = farm.jobs.window_plan(seg.owner_id, seg.index, (len(cut), window))
+    if planned != window:  # a retry on a worker with another setting cuts the same windows
+        window, cut = planned, vocoder.windows(frames, planned)
     hop, rate = vocoder.hop_length, vocoder.sample_rate
     segment_samples = frames * hop + len(pause)
     for w, piece in enumerate(cut[start:], start):
