@@ -33,7 +33,7 @@ from app.broker.celery_app import (
     VOCODER_REST_QUEUE,
     VOCODER_TASK,
 )
-from app.broker.messages import JobOwner, Segment, owner_of, segment_in
+from app.broker.messages import Segment, job_place, owner_of, segment_in
 from app.broker.queueing import continue_segment, hand_over, publish_again
 from app.broker.stages import Stage
 from app.obs import metrics
@@ -90,11 +90,10 @@ def _published(sender=None, body=None, routing_key=None, **_: object) -> None:
             args, kwargs = body.get("args") or (), body.get("kwargs") or {}
         else:  # protocol 2: (args, kwargs, embed)
             args, kwargs = body[0], body[1]
-        message = segment_in(args)
-        if message is not None and isinstance(owner_of(message), JobOwner):
-            seg = Segment.from_message(message)
-            runtime.farm().jobs.ledger.mark_queued(seg.owner_id, ledger_kind(sender, kwargs),
-                                                   seg.index)
+        place = job_place(segment_in(args))
+        if place is not None:
+            job_id, index = place
+            runtime.farm().jobs.ledger.mark_queued(job_id, ledger_kind(sender, kwargs), index)
     except Exception:  # noqa: BLE001  (the publish happened; the ledger is a count)
         log.warning("a published segment was not marked in the admission ledger",
                     exc_info=True)
