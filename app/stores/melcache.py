@@ -39,13 +39,6 @@ from app.obs.metrics import MEL_CACHE
 from app.security.sealing import Sealer
 from app.stores.keys import Keys
 
-_HOLD = """
-local ttl = ARGV[1]
-local n = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ttl)
-return n
-"""
-
 # KEYS: the mel, its count, its durations. ARGV: '1' to drop the mel when nobody needs it.
 _RELEASE = """
 local drop = ARGV[1]
@@ -79,27 +72,30 @@ class MelCache:
         self.keys = keys
         self.ttl_s = ttl_s
         self.sealer = sealer or Sealer([])
-        self._hold = r.register_script(_HOLD)
         self._release = r.register_script(_RELEASE)
         self._drop_if_unchanged = r.register_script(_DROP_IF_UNCHANGED)
 
     def hold(self, digest: str) -> int:
         """One more segment will read this mel; returns how many will."""
-        return int(self._hold(keys=[self.keys.mel_refs(digest)], args=[self.ttl_s]))
+        with self.r.pipeline() as p:
+            self._hold_into(p, digest)
+            return int(p.execute()[0])
+
+    def _hold_into(self, p, digest: str) -> None:
+        refs = self.keys.mel_refs(digest)
+        p.incr(refs)
+        p.expire(refs, self.ttl_s)
 
     def hand_on(self, digest: str, hit: bool, blob: bytes | None = None,
                 durations: list[int] | None = None) -> None:
         """What the acoustic stage does once it has its features, in one round trip: on a
         miss `put` them (`blob`, with their `durations`), then `hold` the entry for the
-        vocoder stage and `count` the hit or miss. One MULTI, so the hold is never counted
-        without the features it holds (the INCR and EXPIRE are `_HOLD`'s, inline: a script
-        in a pipeline costs redis-py a SCRIPT EXISTS round trip of its own)."""
+        vocoder stage and count the hit or miss. One MULTI, so the hold is never counted
+        without the features it holds."""
         with self.r.pipeline() as p:
             if blob is not None:
                 self._put_into(p, digest, blob, durations)
-            refs = self.keys.mel_refs(digest)
-            p.incr(refs)
-            p.expire(refs, self.ttl_s)
+            self._hold_into(p, digest)
             p.hincrby(self.keys.stats, "mel_cache_hits" if hit else "mel_cache_misses", 1)
             p.execute()
         MEL_CACHE.labels("hit" if hit else "miss").inc()
@@ -163,18 +159,6 @@ class MelCache:
                                     args=[sealed, sealed_durations or b""])
             return None, None
         return blob, None if raw is None else _durations(raw)
-
-    def get_durations(self, digest: str) -> list[int] | None:
-        """The frames per phoneme id cached with the features, None if there are none (or
-        they fail to open: `get`, which the vocoder stage calls first, drops such an entry)."""
-        key = self.keys.mel_durations(digest)
-        sealed = self.r.get(key)
-        raw = None if sealed is None else self.sealer.open(sealed, key)
-        return None if raw is None else _durations(raw)
-
-    def count(self, hit: bool) -> None:
-        self.r.hincrby(self.keys.stats, "mel_cache_hits" if hit else "mel_cache_misses", 1)
-        MEL_CACHE.labels("hit" if hit else "miss").inc()
 
     def size(self, limit: int = 100_000) -> dict[str, int]:
         """Entries and bytes held now (features only, not their counts). A SCAN of the
