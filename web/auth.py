@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import cast
 
-from flask import Blueprint, Request, g, request
+from flask import Blueprint, Request, g, has_request_context, request
 
 from app.farm import Farm
 from app.security.apikeys import ApiKey, ApiKeys
@@ -71,8 +71,11 @@ def job_or_404(job_id: str, f: Farm | None = None) -> JobRecord:
     """The job `job_id` of `f` (default: the app's farm), as the key asking may see it: 404
     `job_not_found` when there is none (it expired, or never was) or it is another key's,
     which answers exactly as an unknown id does. The one lookup every job route goes
-    through, the door's check included."""
-    job = (f or farm()).jobs.get(job_id)
+    through, the door's check included. The record the door read (with API keys on) serves
+    the view's first lookup of the same job, so a request reads it once; a later lookup
+    (after a long-poll's wait) reads it afresh."""
+    door = g.pop("voxfarm_door_job", None) if has_request_context() else None
+    job = door[1] if door is not None and door[0] == job_id else (f or farm()).jobs.get(job_id)
     key = current_key()
     if job is None or (key is not None and job.owner != key.id):
         raise ApiError(404, "job_not_found", f"no job with id '{job_id}'")
@@ -142,6 +145,6 @@ def _check_owner(f) -> None:
     args = request.view_args or {}
     key = cast(ApiKey, current_key())  # the farm has keys: a request without one was refused
     if "job_id" in args:
-        job_or_404(args["job_id"], f)
+        g.voxfarm_door_job = (args["job_id"], job_or_404(args["job_id"], f))
     if "book_id" in args and f.books.owner(args["book_id"]) not in (None, key.id):
         raise ApiError(404, "book_not_found", f"no book with id '{args['book_id']}'")
