@@ -62,12 +62,17 @@ def submit_job(farm: Farm, segments: Iterable, *, voice: str, speed: float, fmt:
     if count > cap:
         raise TooManySegments(cap)
     with farm.work_slot(key) as slot:
-        tickets: list[str] = []
+        tickets: list[str] = []  # the job's ticket as it stands, once admitted
         published: list[float] = []  # when each segment's publish returned
+
+        def queued(job_id: str, index: int) -> None:
+            # The segment is marked queued and leaves its ticket in one step.
+            tickets[:] = [farm.admission.on_queue(tickets[0], job_id, index)]
+
         try:
             job = submit(farm.celery, farm.jobs, segments,
                          admit=lambda: tickets.append(farm.admission.admit(count)),
-                         published=lambda: published.append(time.time()),
+                         published=lambda: published.append(time.time()), queued=queued,
                          voice=voice, speed=speed, fmt=fmt, chars=chars,
                          sample_rate=sample_rate, request_id=request_id,
                          owner=key.id if key else "",
@@ -85,7 +90,8 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
            request_id: str = "", owner: str = "",
            version_for: Callable[[str, str], str] | None = None,
            max_segments: int | None = None, lease_s: float = 0.0,
-           published: Callable[[], None] | None = None) -> JobRecord:
+           published: Callable[[], None] | None = None,
+           queued: Callable[[str, int], None] | None = None) -> JobRecord:
     """Create the job and enqueue its segments as `segments` yields them.
 
     Publish as you go: segment 0 is on the acoustic queue while the frontend still works
@@ -103,9 +109,10 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
     version each segment is rendered with (the canary's split); asked once per job and voice,
     so one job never mixes versions of a voice. Past `max_segments` segments the job is
     failed and TooManySegments raised. `lease_s`: the job is a stream's (app/stores/listeners.py).
-    Each segment is marked in the admission ledger once it is on the queue
-    (`JobStore.mark_queued`), and `published()` is called the moment its publish returns
-    (admission tells by when a job was published whether the queues' depth holds it).
+    Each segment is marked in the admission ledger once it is on the queue: `queued(job_id,
+    index)` (the job's admission ticket counts it off in the same step), or without it
+    `AdmissionLedger.mark_queued`; `published()` is called the moment its publish returns
+    (admission tells by when a job was published whether depths read elsewhere hold it).
     """
     segments = iter(segments)
     first = next(segments, None)
@@ -142,7 +149,10 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
             if published is not None:
                 published()
             # After the publish: a worker that took it first has marked it taken already.
-            jobs.ledger.mark_queued(job_id, Stage.ACOUSTIC, seg.index)
+            if queued is not None:
+                queued(job_id, seg.index)
+            else:
+                jobs.ledger.mark_queued(job_id, Stage.ACOUSTIC, seg.index)
             count += 1
     except BaseException as exc:  # a failed publish, the frontend, the client leaving
         if job_id is not None:

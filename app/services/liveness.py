@@ -54,8 +54,9 @@ class Liveness:
 
     # -- the GPU memory rule (tasks/runtime.py probes, tasks/segments.py hands over) ---------
 
-    def _short_key(self, stage: str) -> str:
-        # Beside the stage's heartbeat set: worker -> when it last found itself short.
+    def short_key(self, stage: str) -> str:
+        """Beside the stage's heartbeat set: worker -> when it last found itself short (the
+        admission script reads it too)."""
         return f"{self.keys.workers(stage)}:short"
 
     def mark_short(self, stage: str, worker: str, short: bool) -> None:
@@ -64,16 +65,16 @@ class Liveness:
         if short:
             now = time.time()
             pipe = self.redis.pipeline(transaction=False)
-            pipe.zadd(self._short_key(stage), {worker: now})
-            pipe.zremrangebyscore(self._short_key(stage), "-inf", now - WORKER_STALE_S)
+            pipe.zadd(self.short_key(stage), {worker: now})
+            pipe.zremrangebyscore(self.short_key(stage), "-inf", now - WORKER_STALE_S)
             pipe.execute()
         else:
-            self.redis.zrem(self._short_key(stage), worker)
+            self.redis.zrem(self.short_key(stage), worker)
 
     def short_workers(self, stage: str) -> set[str]:
         since = time.time() - WORKER_STALE_S
         return {w.decode() for w in
-                self.redis.zrangebyscore(self._short_key(stage), since, "+inf")}
+                self.redis.zrangebyscore(self.short_key(stage), since, "+inf")}
 
     def room_for(self, stage: str, batch: bool, worker: str) -> str | None:
         """Where `worker`, short of memory, hands a segment of `stage` (a book's if `batch`):
