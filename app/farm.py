@@ -92,6 +92,10 @@ class Farm:
         # Voice versions and the quality canary: which version renders a job (app/canary/).
         self.canary = Canary(self.redis, self.keys, settings)
         self.celery = celery or make_celery(settings)
+        if celery is None and self.celery.conf.broker_url.startswith(("redis://", "rediss://")):
+            # The hardened transport, as the workers', for its push hook: a job's segment is
+            # pushed and counted off its admission ticket in one step (Admission.on_queue).
+            self.celery.conf.broker_transport = "app.broker.redis_transport:Transport"
         # The services, each one concern (app/services/).
         self.liveness = Liveness(self.redis, self.keys)
         self.backlog = Backlog(self.redis, self.keys, self.broker, self.liveness)

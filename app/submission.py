@@ -12,6 +12,7 @@ messages is app/broker/queueing.py's; the web only maps what is raised here to i
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sized
@@ -65,9 +66,9 @@ def submit_job(farm: Farm, segments: Iterable, *, voice: str, speed: float, fmt:
         tickets: list[str] = []  # the job's ticket as it stands, once admitted
         published: list[float] = []  # when each segment's publish returned
 
-        def queued(job_id: str, index: int) -> None:
-            # The segment is marked queued and leaves its ticket in one step.
-            tickets[:] = [farm.admission.on_queue(tickets[0], job_id, index)]
+        def queued(job_id: str, index: int, send: Callable[[], None]) -> None:
+            # The segment is pushed, marked queued and leaves its ticket in one step.
+            tickets[:] = [farm.admission.on_queue(tickets[0], job_id, index, send)]
 
         try:
             job = submit(farm.celery, farm.jobs, segments,
@@ -91,7 +92,8 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
            version_for: Callable[[str, str], str] | None = None,
            max_segments: int | None = None, lease_s: float = 0.0,
            published: Callable[[], None] | None = None,
-           queued: Callable[[str, int], None] | None = None) -> JobRecord:
+           queued: Callable[[str, int, Callable[[], None]], None] | None = None
+           ) -> JobRecord:
     """Create the job and enqueue its segments as `segments` yields them.
 
     Publish as you go: segment 0 is on the acoustic queue while the frontend still works
@@ -109,10 +111,11 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
     version each segment is rendered with (the canary's split); asked once per job and voice,
     so one job never mixes versions of a voice. Past `max_segments` segments the job is
     failed and TooManySegments raised. `lease_s`: the job is a stream's (app/stores/listeners.py).
-    Each segment is marked in the admission ledger once it is on the queue: `queued(job_id,
-    index)` (the job's admission ticket counts it off in the same step), or without it
-    `AdmissionLedger.mark_queued`; `published()` is called the moment its publish returns
-    (admission tells by when a job was published whether depths read elsewhere hold it).
+    Each segment is marked in the admission ledger as it goes on the queue: `queued(job_id,
+    index, send)` publishes it by `send()` (and the job's admission ticket counts it off in
+    the same step), or without it `AdmissionLedger.mark_queued` after the publish;
+    `published()` is called the moment its publish returns (admission tells by when a job
+    was published whether depths read elsewhere hold it).
     """
     segments = iter(segments)
     first = next(segments, None)
@@ -142,16 +145,12 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
             # Kept first: a message the broker loses in a restart is published again from
             # it (`Sweeps.resume_lost_jobs`).
             jobs.note_spec(job_id, body)
-            try:
-                publish_segments(celery, [body])
-            except Exception as exc:  # broker down, pool exhausted, publish timed out
-                raise Unavailable(str(exc)) from exc
-            if published is not None:
-                published()
-            # After the publish: a worker that took it first has marked it taken already.
+            send = functools.partial(_publish, celery, body, published)
             if queued is not None:
-                queued(job_id, seg.index)
+                queued(job_id, seg.index, send)
             else:
+                send()
+                # After the publish: a worker that took it first has marked it taken already.
                 jobs.ledger.mark_queued(job_id, Stage.ACOUSTIC, seg.index)
             count += 1
     except BaseException as exc:  # a failed publish, the frontend, the client leaving
@@ -162,6 +161,16 @@ def submit(celery: Celery, jobs: JobStore, segments: Iterable, *, admit: Callabl
     jobs.seal(job_id, count)
     jobs.mark_published(job_id)
     return cast(JobRecord, jobs.get(job_id))  # made above
+
+
+def _publish(celery: Celery, body: dict, published: Callable[[], None] | None) -> None:
+    """Publish one segment's chain; `published()` the moment it returns."""
+    try:
+        publish_segments(celery, [body])
+    except Exception as exc:  # broker down, pool exhausted, publish timed out
+        raise Unavailable(str(exc)) from exc
+    if published is not None:
+        published()
 
 
 def _abandon(jobs: JobStore, job_id: str, exc: BaseException) -> None:

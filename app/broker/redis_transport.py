@@ -13,16 +13,20 @@ log that names its queue, when it
 What passes on is Celery's to judge: it already refuses a content type other than JSON
 (`accept_content`, so no pickle) and a task name nobody registered, logging both.
 
-Workers on a Redis broker select this transport (`workers.main`); RabbitMQ frames are
-parsed by the AMQP client, which does not stop the worker on a bad body.
+Workers on a Redis broker select this transport (`workers.main`), and so does the web's farm
+(app/farm.py: for `PUSH_HOOK`, below); RabbitMQ frames are parsed by the AMQP client, which
+does not stop the worker on a bad body.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from contextvars import ContextVar
 from queue import Empty
 
 from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
 
 log = logging.getLogger("voxfarm.broker")
 
@@ -46,7 +50,25 @@ def poison_reason(message: object) -> str | None:
     return None
 
 
+# A publish made in this context (thread or greenlet) pushes through `hook(client, list key,
+# message)` instead of kombu's LPUSH: admission's (Admission.on_queue) pushes a job's segment
+# and counts it off the job's ticket in one Lua call, so that no admission between the two
+# counts the segment twice. Used by the web's publishes; batched and expiring queues, which
+# the farm does not use, push as kombu does.
+PUSH_HOOK: ContextVar[Callable[..., None] | None] = ContextVar("push_hook", default=None)
+
+
 class Channel(kombu_redis.Channel):
+    def _put(self, queue, message, **kwargs):
+        hook = PUSH_HOOK.get()
+        if (hook is None or kwargs.get("_publish_batch") is not None
+                or (self._expires and queue in self._expires)):
+            return super()._put(queue, message, **kwargs)
+        key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+        with self.conn_or_acquire() as client:
+            hook(client, key, dumps(message))
+        return None
+
     def _brpop_read(self, **options):
         try:
             return super()._brpop_read(**options)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 
 import redis
 
 from app.broker.celery_app import OVERFLOW_QUEUES, QUEUES, STAGE_QUEUES
 from app.broker.probe import AmqpQueues, RedisQueues
+from app.broker.redis_transport import PUSH_HOOK
 from app.broker.stages import Stage
 from app.errors import FarmError
 from app.services.backlog import Backlog
@@ -125,11 +127,13 @@ end
 redis.call('ZADD', KEYS[1], now + ticket_life, ticket)
 return {0, tostring(ahead)}
 """
-# A segment of an admitted job is on the queue (the queues are on this Redis): the ledger
-# marks it queued (MARK_QUEUED) and, in the same step, its ticket counts one segment less
-# (ARGV[5] the ticket as it stands, ARGV[6] as it becomes, '' when none is left to count).
-# KEYS: job record, its ledger, the admission hash, the unpublished tickets.
-_ON_QUEUE = ("local function mark()\n" + MARK_QUEUED + "\nend\nlocal marked = mark()\n" + """
+# A segment of an admitted job goes on the queue (the queues are on this Redis): pushed (when
+# ARGV[7] is a message for the list KEYS[5]: the publish itself, Admission.on_queue), marked
+# queued in the ledger (MARK_QUEUED) and counted off its ticket (ARGV[5] the ticket as it
+# stands, ARGV[6] as it becomes, '' when none is left to count), all in one step. KEYS: job
+# record, its ledger, the admission hash, the unpublished tickets[, the queue's list].
+_ON_QUEUE = ("if ARGV[7] then redis.call('LPUSH', KEYS[5], ARGV[7]) end\n"
+             "local function mark()\n" + MARK_QUEUED + "\nend\nlocal marked = mark()\n" + """
 local life = redis.call('ZSCORE', KEYS[4], ARGV[5])
 if life then
   redis.call('ZREM', KEYS[4], ARGV[5])
@@ -277,22 +281,39 @@ class Admission:
                              f"job, and the bound is {settings.max_queue_wait_s:g} s")
         return f"{ticket_id}:{segments}"  # the zset's member, as the script wrote it
 
-    def on_queue(self, ticket: str, job_id: str, segment: int) -> str:
-        """Segment `segment` of the job admitted with `ticket` is on the acoustic stage's
-        queue: the admission ledger marks it queued (app/stores/ledger.py) and, when the queues
-        are on this Redis, its ticket counts one segment less in the same step, so no
-        admission between the two counts it twice. Returns the ticket as it stands now ('':
-        nothing of it counts any more), for the next segment and for `admitted`."""
+    def on_queue(self, ticket: str, job_id: str, segment: int, send: Callable[[], None]) -> str:
+        """Publish segment `segment` of the job admitted with `ticket` by `send()` and mark it
+        queued in the admission ledger (app/stores/ledger.py). Where the queues are on this
+        Redis, the push, the mark and the ticket's counting it off are one Lua call (the
+        transport's push hook, app/broker/redis_transport.py), so no admission sees the
+        segment both on the queue and in the ticket; a publish that did not come through
+        the hook (a Celery app without it) is marked and counted off right after. Returns
+        the ticket as it stands now ('': nothing of it counts any more), for the next segment
+        and for `admitted`."""
         if not self.reads_queues or not ticket:
+            send()
             self.ledger.mark_queued(job_id, Stage.ACOUSTIC, segment)
             return ticket
         ticket_id, left = ticket.rsplit(":", 1)
         after = f"{ticket_id}:{int(left) - 1}" if int(left) > 1 else ""
-        self._on_queue_script(keys=[self.keys.job(job_id), self.keys.queued(job_id),
-                                    self.keys.admission, self.keys.admitting],
-                              args=[Stage.ACOUSTIC, segment,
-                                    dead_field(LEDGER_STAGES[Stage.ACOUSTIC]),
-                                    self.ledger.ttl_s, ticket, after])
+        keys = [self.keys.job(job_id), self.keys.queued(job_id), self.keys.admission,
+                self.keys.admitting]
+        args: list[str | int] = [Stage.ACOUSTIC, segment,
+                                 dead_field(LEDGER_STAGES[Stage.ACOUSTIC]), self.ledger.ttl_s,
+                                 ticket, after]
+        pushed: list[str] = []
+
+        def push(client: redis.Redis, queue_key: str, message: str) -> None:
+            self._on_queue_script(keys=[*keys, queue_key], args=[*args, message], client=client)
+            pushed.append(queue_key)
+
+        hooked = PUSH_HOOK.set(push)
+        try:
+            send()
+        finally:
+            PUSH_HOOK.reset(hooked)
+        if not pushed:
+            self._on_queue_script(keys=keys, args=args)
         return after
 
     def admitted(self, ticket: str, published_at: float | None) -> None:

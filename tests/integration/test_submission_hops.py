@@ -4,8 +4,8 @@ real Redis (docs/benchmarks.md, "Per-segment fixed cost").
 Admission is one Lua call before the job exists: the workers' heartbeats, slots and shortness
 marks, the stages' run times, the queues' depths (the broker is the store's Redis) and the
 tickets are read in it at one moment. A segment leaves its job's ticket in the step that
-marks it queued, so an admission while a job is being published counts each of its segments
-once: on the queue or in the ticket. Round trips are counted where redis-py writes a request
+pushes it on the queue and marks it queued, so an admission while a job is being published
+counts each of its segments once: on the queue or in the ticket. Round trips are counted where redis-py writes a request
 to its socket (a pipeline is one write), as tests/integration/test_segment_hops.py does.
 """
 
@@ -54,10 +54,14 @@ def test_a_job_is_admitted_in_one_round_trip_before_its_record(redis_url, tmp_pa
         job_key = farm.keys.job(resp.get_json()["id"]).encode()
         first_write = next(i for i, c in enumerate(sent) if job_key in request(c))
         assert first_write == 1, sent[:first_write]  # admission, then the job's record
+        # The segment's push, its queued mark and its ticket's count are one step: no
+        # LPUSH of its own.
+        assert not [c for c in sent if b"LPUSH" in request(c)[:40]]
+        assert farm.backlog.stage_depth("acoustic") == 2
         # The whole request: admission, the record (and its read back), the voice's
-        # version, the spec, the publish, the queued mark with the ticket, the seal, the
-        # published mark, the answer's record. Was 17 (7 of them admission's).
-        assert len(sent) <= 10, len(sent)
+        # version, the spec, the push with its mark and ticket, the seal, the published
+        # mark, the answer's record. Was 17 (7 of them admission's, 2 the push and mark).
+        assert len(sent) <= 9, [request(c)[:40] for c in sent]
         # The ticket went with the segment: nothing of the job counts twice.
         assert farm.redis.zcard(farm.keys.admitting) == 0
 
