@@ -135,10 +135,13 @@ class VoiceSettings(_Group):
     # Converted models and compiled blobs kept between starts (a warm start skips the
     # conversion and the compilation); empty: VAR_DIR/engine-cache.
     engine_cache: str = ""
-    # Each stage's compiled precision (models/engine.py; docs/models.md, "Precision"): f32 (as
-    # before), bf16, int8 (static scales, where the stage has a calibration set) or auto.
-    acoustic_precision: Literal["f32", "bf16", "int8", "auto"] = "f32"
-    vocoder_precision: Literal["f32", "bf16", "int8", "auto"] = "f32"
+    # Each stage's compiled precision (models/engine.py; docs/models.md, "Precision"): f32,
+    # bf16, int8 (static scales, where the stage has a calibration set) or auto, the default:
+    # per voice and stage the fastest precision that passed the perceptual bound (today the
+    # hibari decoder int8, the rest f32). Its cost, an int8 build of a few seconds at a
+    # pool's first start, is paid once per engine cache (docs/models.md, "Precision").
+    acoustic_precision: Literal["f32", "bf16", "int8", "auto"] = "auto"
+    vocoder_precision: Literal["f32", "bf16", "int8", "auto"] = "auto"
     # The GPU memory rule (docs/operations.md, "GPU memory"): a CUDA worker with less than
     # this share of its device's memory free runs no forward pass and never falls back to its
     # CPU; it hands the segment to a pool with room, and the web answers 507 while no pool of

@@ -32,11 +32,11 @@ docs/models.md, "Precision"), so it is paid once per engine cache: the int8 mode
 keyed by the calibration set's digest as well as the model's and the precision, and a pool
 finding it there only compiles from cached blobs (under a second).
 
-Why OpenVINO, and why f32 by default: docs/models.md, "Inference engines" and "Precision"
-(figures in docs/benchmarks.md). Compilation costs seconds, so two caches keep a warm start
-fast: the converted model (OpenVINO IR, keyed by the voice's content hash, this module's graph
-version, the OpenVINO version and the precision) and OpenVINO's own ``CACHE_DIR`` of compiled
-blobs.
+Why OpenVINO, and why f32 unless measured otherwise: docs/models.md, "Inference engines" and
+"Precision" (figures in docs/benchmarks.md). Compilation costs seconds, so two caches keep a
+warm start fast: the converted model (OpenVINO IR, keyed by the voice's content hash, this
+module's graph version, the OpenVINO version and the precision) and OpenVINO's own
+``CACHE_DIR`` of compiled blobs.
 
 A stage that cannot be converted or compiled (an operator the engine lacks, an engine that is
 not installed) stays in torch for that voice with one log line naming why; it never fails the
@@ -96,10 +96,12 @@ class EngineConfig:
     ``engine``: ``auto`` (OpenVINO on a CPU device, torch on CUDA), ``torch`` (eager
     everywhere) or ``openvino``. ``cache_dir``: converted models and compiled blobs.
     ``threads``: inference threads per process (the pools share the cores: one by default).
-    ``acoustic_precision``, ``vocoder_precision``: one of ``PRECISIONS`` per stage. ``f32`` by
-    default: OpenVINO's own default on CPUs with bf16 units is bf16, which moved the VITS flow's
-    latent by 0.26 against torch, and a duration's ceiling can flip on far less; a stage runs
-    bf16 or int8 only where it is asked to (or ``auto`` picks it by measurement).
+    ``acoustic_precision``, ``vocoder_precision``: one of ``PRECISIONS`` per stage. ``f32``
+    here, the engine's exact mode (the parity tests and the benches build on it): OpenVINO's
+    own default on CPUs with bf16 units is bf16, which moved the VITS flow's latent by 0.26
+    against torch, and a duration's ceiling can flip on far less; a stage runs bf16 or int8
+    only where it is asked to, or where ``auto`` picks it by measurement. A farm's settings
+    ask for ``auto`` by default (app/settings.py).
     """
 
     engine: str = "auto"

@@ -1,9 +1,12 @@
 """The compiled engine through a real farm: the shared farm's pools run the neural stages on
-OpenVINO (the default on CPU, VOXFARM_ENGINE=auto), a farm with VOXFARM_ENGINE=torch runs them
-eager, and the same requests sound the same on both: every sample within 1e-3 of full scale
-(the test prints the worst difference in 16-bit steps), the same length, word times equal.
-The same request twice on the compiled farm gives the same bytes, cache hit or miss
-(tests/integration/test_neural.py)."""
+OpenVINO (the default on CPU, VOXFARM_ENGINE=auto) at the default precisions (auto: the hibari
+decoder int8, the rest f32), a farm with VOXFARM_ENGINE=torch runs them eager, and the same
+requests sound the same on both: the same length, word times equal, and a stage compiled at
+f32 every sample within 1e-3 of full scale (the test prints the worst difference in 16-bit
+steps); at int8 the samples move by design, so there the bound is the perceptual one the
+precision was chosen by (models/audio/perceptual.py: log-mel distance to eager f32 within
+its margin). The same request twice on the compiled farm gives the same bytes, cache hit or
+miss (tests/integration/test_neural.py, test_hibari.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from models.audio.perceptual import LOG_MEL_MARGIN, log_mel_distance
+from models.engine import EngineConfig, stage_precision
+from models.stages import VOCODER
 from tests.helpers import ROOT, running_farm
 from tests.integration.test_neural import PIPER, audio_of
 
@@ -60,7 +66,10 @@ def test_the_pools_run_the_compiled_engine_and_sound_as_eager_torch_does(
         cache = ROOT / cache  # the workers run in the checkout
     converted = {p.name for p in cache.glob("ir/piper-en_US-joe-medium-*/*.xml")}
     assert {"encode.xml", "flow.xml", "decode.xml"} <= converted
-    assert list(cache.glob("ir/hibari-vocoder-*-decoder-*/parts.xml"))  # the default voice's
+    # The default voice's decoder, at the precision the farm asks for (auto: int8, its
+    # folder keyed by the calibration set's digest).
+    tag = "-int8-*" if precision_of(farm, "hibari") == "int8" else ""
+    assert list(cache.glob(f"ir/hibari-vocoder-*-decoder-*{tag}/parts.xml"))
 
     with running_farm(redis_url, 12, tmp_path, engine="torch") as tf:
         from web import create_app
@@ -69,13 +78,33 @@ def test_the_pools_run_the_compiled_engine_and_sound_as_eager_torch_does(
         eager = [audio_of(eager_client, text, **voice) for voice in VOICES for text in TEXTS]
         eager_words = [words(eager_client, job) for _, job in eager]
         assert "OpenVINO" not in logs(tf)
-    worst = 0
-    for (c_wav, c_job), (e_wav, _), e_words in zip(compiled, eager, eager_words, strict=True):
+    worst, heard = {}, {}
+    for n, ((c_wav, c_job), (e_wav, _), e_words) in enumerate(
+            zip(compiled, eager, eager_words, strict=True)):
         c, e = pcm(c_wav), pcm(e_wav)
         assert len(c) == len(e) > 22050 // 2  # the same durations, hence the same length
         assert np.abs(e).max() > 1000  # speech, not silence
-        worst = max(worst, int(np.abs(c - e).max()))
+        voice = "piper" if n < len(TEXTS) else "hibari"
+        worst[voice] = max(worst.get(voice, 0), int(np.abs(c - e).max()))
+        heard.setdefault(voice, []).append(log_mel_distance(c / 32768, e / 32768, rate(c_wav)))
         assert words(client, c_job) == e_words
-    print(f"\ncompiled vs eager through the farm: at most {worst} steps of 16-bit PCM")
-    assert worst <= 1e-3 * 32768
-    assert worst > 0  # two engines did run: bit-equal audio would mean both ran torch
+    print(f"\ncompiled vs eager through the farm: at most {worst} steps of 16-bit PCM, "
+          f"log-mel {({v: round(float(np.mean(d)), 4) for v, d in heard.items()})}")
+    for voice in ("piper", "hibari"):
+        assert worst[voice] > 0  # two engines did run: bit-equal audio would mean both ran torch
+        if precision_of(farm, voice) == "f32":
+            assert worst[voice] <= 1e-3 * 32768, voice
+        else:  # int8: the bound the precision was chosen by, over this voice's clips
+            assert np.mean(heard[voice]) <= LOG_MEL_MARGIN, voice
+
+
+def rate(wav: bytes) -> int:
+    with wave.open(io.BytesIO(wav)) as w:
+        return w.getframerate()
+
+
+def precision_of(tf, family: str) -> str:
+    """The precision the farm's vocoder pools compile a voice family's decoder at (both
+    families' decoders have a calibration set)."""
+    asked = EngineConfig(vocoder_precision=tf.settings.vocoder_precision)
+    return stage_precision(asked, family, VOCODER, True)[0]

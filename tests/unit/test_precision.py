@@ -31,7 +31,8 @@ def test_each_stage_takes_a_precision_and_refuses_others():
 def test_the_settings_read_each_stages_precision(monkeypatch):
     from app.settings import Settings
 
-    assert (Settings().acoustic_precision, Settings().vocoder_precision) == ("f32", "f32")
+    # A farm runs what was measured (auto); the engine alone, without settings, stays f32.
+    assert (Settings().acoustic_precision, Settings().vocoder_precision) == ("auto", "auto")
     monkeypatch.setenv("VOXFARM_VOCODER_PRECISION", "int8")
     monkeypatch.setenv("VOXFARM_ACOUSTIC_PRECISION", "auto")
     settings = Settings.from_env()
