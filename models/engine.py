@@ -53,7 +53,6 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from models.compiled import CompiledGraph
 from models.stages import ACOUSTIC, STAGES, VOCODER
 
 _LOGGER = logging.getLogger(__name__)
@@ -146,21 +146,6 @@ def resolve(engine: str, device: str | torch.device) -> str:
 # -- OpenVINO ----------------------------------------------------------------------------------
 
 
-class CompiledGraph:
-    """One compiled OpenVINO model and its infer request: arrays in, arrays out."""
-
-    def __init__(self, compiled: Any, name: str) -> None:
-        self.name = name
-        self._request = compiled.create_infer_request()
-        self._lock = threading.Lock()
-
-    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        with self._lock:
-            results = self._request.infer(list(inputs), share_inputs=False)
-            # Copies: the request reuses its output buffers on the next call.
-            return [np.array(results[i]) for i in range(len(results))]
-
-
 def _ov_core():
     # openvino is the worker extra's, loaded only where a stage compiles
     import openvino as ov
@@ -191,6 +176,9 @@ class GraphSpec:
     shapes: tuple[tuple[int, ...], ...]
     # At int8: NNCF's node-name patterns of the layers that stay float.
     int8_float: tuple[str, ...] = ()
+    # Whether a pass on an idle host may run it on more threads (models/compiled.py): only
+    # where the thread count does not change its numbers.
+    widens: bool = True
 
 
 def _locked(path: Path):
@@ -250,7 +238,6 @@ def compile_graphs(specs: Sequence[GraphSpec], key: str, config: EngineConfig,
     inputs: dict[str, list[Any]] | None = None
     folder = cache / "ir" / f"{key}-g{GRAPH_VERSION}-ov{ov.__version__.split('-')[0]}{tag}"
     properties = {
-        "INFERENCE_NUM_THREADS": max(1, config.threads),
         "PERFORMANCE_HINT": "LATENCY",
         # int8 runs its quantised layers in int8 and the rest (norms, GELU) at f32.
         "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
@@ -288,8 +275,11 @@ def compile_graphs(specs: Sequence[GraphSpec], key: str, config: EngineConfig,
                     shutil.rmtree(staging, ignore_errors=True)
                 _LOGGER.info("converted %s for OpenVINO in %.1f s", spec.name,
                              time.perf_counter() - started)
-        graphs[spec.name] = CompiledGraph(core.compile_model(str(xml), "CPU", properties),
-                                          spec.name)
+        def compile_for(n: int, xml: Path = xml) -> Any:  # the variant for n threads
+            return core.compile_model(str(xml), "CPU", properties | {"INFERENCE_NUM_THREADS": n})
+
+        graphs[spec.name] = CompiledGraph(compile_for, max(1, config.threads), spec.name,
+                                          spec.widens)
     return graphs
 
 
@@ -388,9 +378,11 @@ def _vits_specs(acoustic) -> list[GraphSpec]:
 
 def _decoder_specs(decoder) -> list[GraphSpec]:
     frames, channels = 96, decoder.cfg.in_channels
+    # At two threads a few samples a sentence moved by one 16-bit step against one thread
+    # (2026-12-06): it keeps the pool's count, so a request's bytes never depend on the host.
     return [GraphSpec("decode", _DecodeGraph(decoder),
                       (torch.randn(1, channels, frames), torch.tensor([frames])),
-                      ((-1, channels, -1), (-1,)))]
+                      ((-1, channels, -1), (-1,)), widens=False)]
 
 
 def _hibari_decoder_specs(decoder) -> list[GraphSpec]:

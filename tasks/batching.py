@@ -17,6 +17,8 @@ thread that runs every forward pass of the process:
 So a lone request never lingers, and an interactive item waits behind at most one batch.
 
 With batching off every call runs at once in the task's own thread, as without this module.
+Either way each forward pass runs inside `cores.forward_pass`, which marks the process busy
+on the host and picks the threads the pass takes (tasks/cores.py).
 
 Celery's thread pool enforces no task time limit, so the batcher keeps the one a prefork pool
 has: a forward pass running past `task_time_limit` ends the process, as a prefork pool kills
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.obs import metrics
+from tasks import cores
 
 log = logging.getLogger("voxfarm.workers")
 
@@ -138,7 +141,8 @@ class Batcher:
             metrics.BATCH_SIZE.labels(self.stage).observe(len(batch))
             self._running_since = time.monotonic()
             try:
-                results = batch[0].run([item.value for item in batch])
+                with cores.forward_pass(self.stage):
+                    results = batch[0].run([item.value for item in batch])
                 if len(results) != len(batch):
                     raise RuntimeError(f"a batch of {len(batch)} got {len(results)} results")
             except BaseException as exc:  # every item of the call fails with it
@@ -173,9 +177,11 @@ def working(stage: str) -> Iterator[None]:
         yield
 
 
-def run(stage: str, key: Hashable, run: Run, value: Any) -> Any:
-    """`run([value])[0]`, batched with other threads' items of `key` where `stage` batches."""
+def run(stage: str, key: Hashable | None, run: Run, value: Any) -> Any:
+    """`run([value])[0]`, batched with other threads' items of `key` where `stage` batches
+    (at once where it does not, or for a model that does not batch: `key` None)."""
     found = _batchers.get(stage)
-    if found is None:
-        return run([value])[0]
+    if found is None or key is None:
+        with cores.forward_pass(stage):
+            return run([value])[0]
     return found.submit(key, run, value)

@@ -12,6 +12,7 @@ fork too, since probing CUDA in a prefork parent would initialise CUDA before it
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -19,6 +20,7 @@ import threading
 from app.broker.stages import Stage
 from app.farm import Farm
 from app.settings import Settings
+from tasks import cores
 
 _lock = threading.RLock()
 _state: dict = {"pid": None}
@@ -131,9 +133,14 @@ def warm_up(queue: str) -> None:
     # torch-free; each engine imports its model code as it loads
     from models.voices import backend_for, list_voices
 
-    farm()  # reads the settings, the voices directory among them
+    chosen = farm().settings  # reads the settings, the voices directory among them
     log = logging.getLogger("voxfarm.workers")
     stage = Stage.ACOUSTIC if queue == Stage.ACOUSTIC else Stage.VOCODER
+    # Every model process of the farm counts its passes in the host's ledger; a vocoder pass
+    # on an otherwise idle host takes the idle cores (tasks/cores.py).
+    cores.configure(cores.Config(cores.ledger_path(chosen.redis_url, chosen.key_prefix),
+                                 narrow=_threads or 1, cap=chosen.wide_threads,
+                                 on_cpu=device() == "cpu"))
     warmed: set[str] = set()
     voices = sorted(list_voices(), key=lambda voice: not backend_for(voice).required)
     for voice in voices:
@@ -143,10 +150,12 @@ def warm_up(queue: str) -> None:
             continue
         warmed.add(key)
         if backend.required:
-            backend.warm_up(stage, model_for(stage, voice))
+            cores.warm_up(stage, functools.partial(backend.warm_up, stage,
+                                                   model_for(stage, voice)))
             continue
         try:
-            backend.warm_up(stage, model_for(stage, voice))
+            cores.warm_up(stage, functools.partial(backend.warm_up, stage,
+                                                   model_for(stage, voice)))
         except Exception as exc:  # a broken voice file must not stop the others
             log.error("voice %s cannot be loaded: %s", voice.name, exc)
     # after multiproc.prepare(): prometheus_client picks its mode when first imported

@@ -278,8 +278,6 @@ def _batched(stage: Stage, work):
     """The result of a forward pass an engine describes (models.voices.Batch), in a batch
     with other segments' (or windows') of the same key where the pool batches
     (tasks/batching.py); at once for a model that does not batch."""
-    if work.key is None:
-        return work.run([work.item])[0]
     return batching.run(stage, work.key, work.run, work.item)
 
 

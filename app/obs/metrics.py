@@ -136,6 +136,10 @@ MODELS_WARM = Gauge(
     "voxfarm_model_processes_warm",
     "Pool processes whose models are loaded and have answered their warm-up call.",
     multiprocess_mode="livesum")
+WIDE_PASSES = Counter(
+    "voxfarm_wide_passes_total",
+    "Forward passes run on more threads than the pool's own, the host's other model "
+    "processes being idle (tasks/cores.py).", ["stage"])
 # Segments that gave way after their first window to listeners waiting for their first
 # audio (tasks/segments.py, VOXFARM_VOCODER_YIELD): the rest went to the vocoder lead queue.
 VOCODER_YIELDS = Counter(
