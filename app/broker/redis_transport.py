@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import contextmanager
 from contextvars import ContextVar
 from queue import Empty
 
@@ -59,6 +60,26 @@ PUSH_HOOK: ContextVar[Callable[..., None] | None] = ContextVar("push_hook", defa
 
 
 class Channel(kombu_redis.Channel):
+    # The client of `conn_or_acquire`, made once per connection pool (see there).
+    _shared_client = None
+
+    @contextmanager
+    def conn_or_acquire(self, client=None):
+        """kombu's, except that a call without a client reuses one client of the channel's
+        pool instead of building a new redis-py client each time: every publish (a chain's
+        next stage, a task event) and every ack acquires one, and building one costs 60-140
+        us of CPU (docs/benchmarks.md, "Per-segment fixed cost"). A redis-py client is safe
+        to share between threads: each command takes a connection from the pool. A pool
+        rebuilt after a fork (kombu's `_after_fork`) gets a client of its own."""
+        if client:
+            yield client
+            return
+        pool = self.pool
+        shared = self._shared_client
+        if shared is None or shared.connection_pool is not pool:
+            shared = self._shared_client = self._create_client()
+        yield shared
+
     def _put(self, queue, message, **kwargs):
         hook = PUSH_HOOK.get()
         if (hook is None or kwargs.get("_publish_batch") is not None
