@@ -290,12 +290,14 @@ class Admission:
         the hook (a Celery app without it) is marked and counted off right after. Returns
         the ticket as it stands now ('': nothing of it counts any more), for the next segment
         and for `admitted`."""
-        if not self.reads_queues or not ticket:
+        if not self.reads_queues:
             send()
             self.ledger.mark_queued(job_id, Stage.ACOUSTIC, segment)
             return ticket
-        ticket_id, left = ticket.rsplit(":", 1)
-        after = f"{ticket_id}:{int(left) - 1}" if int(left) > 1 else ""
+        after = ""  # a segment past what the ticket held (a lazy job's) is only marked
+        if ticket:
+            ticket_id, left = ticket.rsplit(":", 1)
+            after = f"{ticket_id}:{int(left) - 1}" if int(left) > 1 else ""
         keys = [self.keys.job(job_id), self.keys.queued(job_id), self.keys.admission,
                 self.keys.admitting]
         args: list[str | int] = [Stage.ACOUSTIC, segment,

@@ -5,8 +5,9 @@ Admission is one Lua call before the job exists: the workers' heartbeats, slots 
 marks, the stages' run times, the queues' depths (the broker is the store's Redis) and the
 tickets are read in it at one moment. A segment leaves its job's ticket in the step that
 pushes it on the queue and marks it queued, so an admission while a job is being published
-counts each of its segments once: on the queue or in the ticket. Round trips are counted where redis-py writes a request
-to its socket (a pipeline is one write), as tests/integration/test_segment_hops.py does.
+counts each of its segments once: on the queue or in the ticket. Round trips are counted
+where redis-py writes a request to its socket (a pipeline is one write), as
+tests/integration/test_segment_hops.py does.
 """
 
 from __future__ import annotations
@@ -62,7 +63,18 @@ def test_a_job_is_admitted_in_one_round_trip_before_its_record(redis_url, tmp_pa
         # version, the spec, the push with its mark and ticket, the seal, the published
         # mark, the answer's record. Was 17 (7 of them admission's, 2 the push and mark).
         assert len(sent) <= 9, [request(c)[:40] for c in sent]
-        # The ticket went with the segment: nothing of the job counts twice.
+        # A text's later segments (segmented as they are published) are each pushed and
+        # marked in one round trip too: one request names the job's ledger per segment.
+        text = " ".join(f"The {place} opens its doors a little after sunrise, every day."
+                        for place in ("harbour", "library", "market"))
+        with round_trips(monkeypatch) as more:
+            resp = client.post("/v1/jobs", json={"text": text})
+        assert resp.get_json()["segments"]["total"] == 3, resp.get_json()
+        assert not [c for c in more if b"LPUSH" in request(c)[:40]]
+        ledger = farm.keys.queued(resp.get_json()["id"]).encode()
+        assert len([c for c in more if ledger in request(c)]) == 3
+        assert farm.backlog.stage_depth("acoustic") == 5
+        # The tickets went with their segments: nothing of the jobs counts twice.
         assert farm.redis.zcard(farm.keys.admitting) == 0
 
 
