@@ -128,8 +128,10 @@ class VoiceSettings(_Group):
     # `voxfarm worker`: torch threads per process (0: the CLI's default, one).
     torch_threads: Count = 0
     # A CPU vocoder pass takes the cores no other model process of the farm is busy on, up
-    # to this many threads (tasks/cores.py; 0: the CPUs the process may use; 1: off).
-    wide_threads: Count = 0
+    # to this many threads (tasks/cores.py; 0: the CPUs the process may use). 1, off, by
+    # default: on the 2-core box a lone request through the farm measured slower wide, the
+    # web, Redis and the stream using the core the pass took (docs/benchmarks.md).
+    wide_threads: Count = 1
     # What runs the neural models (models/engine.py; docs/models.md, "Inference engines"):
     # auto: compiled by OpenVINO on a CPU device, torch on CUDA; torch: eager everywhere;
     # openvino: compiled wherever the device is a CPU. A stage the engine cannot compile

@@ -7,8 +7,12 @@ slot of a small shared file, the ledger, and marks itself busy around each forwa
 (acoustic and vocoder, interactive and batch pools alike). Before a vocoder pass a process
 counts the others busy and takes `cores - busy others` threads (at least its own narrow
 count, at most `VOXFARM_WIDE_THREADS`): alone on the box it decodes on every core, and under
-load it stays at one thread. The models give the same bytes at any thread count (the
-engine's check: tests/unit/test_cores.py), so a wide pass changes the time, never the audio.
+load it stays at one thread. A pass that widens gives the same bytes at any thread count
+(tests/unit/test_cores.py; a graph whose numbers would move keeps its one thread:
+models/compiled.py), so a wide pass changes the time, never the audio.
+Off by default (`VOXFARM_WIDE_THREADS=1`): on the 2-core box a lone request through the farm
+measured slower wide, the web and Redis working on the core the pass took
+(docs/benchmarks.md, "Wide vocoder passes").
 
 The ledger is a file under /dev/shm (the temporary directory where there is none), named by
 the farm's Redis and key prefix, so two farms on one host keep apart. It holds `SLOTS` fixed
@@ -224,6 +228,8 @@ def forward_pass(stage: str) -> Iterator[int]:
     try:
         yield threads
     finally:
+        if threads != config.narrow:  # the task's own torch work (codecs, PCM) on one thread
+            compiled.use_threads(config.narrow)
         with _lock:
             _state["depth"] -= 1
             if ledger is not None and not _state["depth"]:
