@@ -72,18 +72,24 @@ class Roles:
     def cpu_s(self) -> dict[str, float]:
         """CPU seconds so far of each role's processes, and of each pool's parent alone
         (`ROLE parent`: the prefork pool's consumer, which receives, hands over, acks and
-        sends the task events; its child runs the task)."""
+        sends the task events; its child runs the task), and of the threads of its children
+        beside their main one (`ROLE other threads`: a wide vocoder pass's inference
+        threads, tasks/cores.py, which the model's figure here, on one thread, leaves out)."""
         total: dict[str, float] = {}
         for role, procs in self.processes().items():
-            seconds = []
+            seconds, beside = [], 0.0
             for p in procs:
                 try:
                     t = p.cpu_times()
                     seconds.append(t.user + t.system)
+                    if p is not procs[0]:
+                        beside += sum(th.user_time + th.system_time for th in p.threads()
+                                      if th.id != p.pid)
                 except psutil.NoSuchProcess:
                     seconds.append(0.0)
             total[role] = sum(seconds)
             total[f"{role} parent"] = seconds[0]
+            total[f"{role} other threads"] = beside
         return total
 
     def ports(self) -> dict[int, str]:
@@ -336,7 +342,8 @@ def main() -> None:
     for i, stage in enumerate(stages):
         print(f"| {stage:<38} | {timed[1][0][i] * 1e3:>10.1f}ms | "
               f"{timed[10][0][i] * 1e3:>10.1f}ms |")
-    for role in ("web", "acoustic", "acoustic parent", "vocoder", "vocoder parent", "redis"):
+    for role in ("web", "acoustic", "acoustic parent", "vocoder", "vocoder parent",
+                 "vocoder other threads", "redis"):
         print(f"| {'CPU per segment: ' + role:<38} | {timed[1][1][role] * 1e3:>10.1f}ms | "
               f"{timed[10][1][role] * 1e3:>10.1f}ms |")
     pools = {n: timed[n][1]["acoustic"] + timed[n][1]["vocoder"] for n in (1, 10)}
