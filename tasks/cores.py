@@ -218,10 +218,12 @@ def forward_pass(stage: str) -> Iterator[int]:
         _state["depth"] += 1
         if ledger is not None:
             ledger.mark(True)
-    threads = config.narrow
-    if ledger is not None and ledger.slot is not None:
-        threads = pass_threads(stage, config.narrow, config.cap, usable_cores(),
-                               ledger.busy_others(), config.on_cpu)
+    threads, cpus = config.narrow, usable_cores()
+    # The others are counted only where this pass could widen (off by default: no scan).
+    if ledger is not None and ledger.slot is not None and pass_threads(
+            stage, config.narrow, config.cap, cpus, 0, config.on_cpu) > config.narrow:
+        threads = pass_threads(stage, config.narrow, config.cap, cpus, ledger.busy_others(),
+                               config.on_cpu)
     compiled.use_threads(threads)
     if threads > config.narrow:
         metrics.WIDE_PASSES.labels(stage).inc()
