@@ -1,11 +1,11 @@
 """Settings from the environment (12-factor), declared once with pydantic-settings.
 
 Every knob is one field, declared in the group it belongs to (Redis, voices, admission,
-reliability, places and processes, security, the canary; `app/setting_groups.py`) and read
-from a `VOXFARM_<FIELD>` variable (`VOXFARM_MEL_CACHE_TTL` for `mel_cache_ttl`). A field
-whose variable is named otherwise says so with `Env(...)` (`store_dir` is `VOXFARM_STORE`);
-`redis_url` also takes the conventional `REDIS_URL`. The groups are mixins of one flat `Settings`, so code reads
-`settings.job_ttl` wherever the field sits.
+reliability, places and processes, security, the canary; `app/setting_groups.py`) and read from
+a `VOXFARM_<FIELD>` variable (`VOXFARM_MEL_CACHE_TTL` for `mel_cache_ttl`). A field whose
+variable is named otherwise says so with `Env(...)` (`store_dir` is `VOXFARM_STORE`);
+`redis_url` also takes the conventional `REDIS_URL`. The groups are mixins of one flat
+`Settings`, so code reads `settings.job_ttl` wherever the field sits.
 
 Values are validated as they are read: types, ranges (a share is 0..1, a count never
 negative), the embedded Redis's memory bound and the at-rest keyring, so a bad value stops the
