@@ -1,4 +1,4 @@
-"""Source-filter synthesis in torch: the decoder's five spectral parts and f0 -> 24 kHz audio.
+"""Source-filter synthesis: the decoder's five spectral parts and f0 -> 24 kHz audio.
 
 The same signal model as the wheel's numpy ``hibari/dsp.py`` (written again here, windowed):
 
@@ -9,12 +9,20 @@ under 40 Hz) filtered by the harmonic part, complex Gaussian noise ``Z`` shaped 
 and a free-phase part; then one inverse STFT (n_fft 1200, hop 300, periodic Hann, centred).
 Magnitudes are capped at exp(7) as the wheel caps them.
 
+Host-side, whatever the decoder's device: the element-wise work (tanh, exp, sin, cos, the
+complex products, the overlap-add) runs in numpy, whose AVX-512 float32 kernels took 2-7x less
+CPU than torch's one-thread ones here (torch.polar alone was a third of the old torch DSP), and
+the two FFTs in ``torch.fft`` (MKL, the fastest of numpy, scipy and torch for these sizes).
+Tensors in, a tensor out on the parts' device; numpy arrays and tensors share memory on the way.
+Figures: docs/benchmarks.md, "The hibari voice", "The DSP on the host".
+
 Windowed synthesis. ``synthesize(parts, f0, noise, first)`` renders the frames of ``parts`` that
 start at frame ``first`` of a segment whose whole f0 track and noise are given: the pulse
 phase is the running sum of f0 from the segment's start (float64), and the noise is the
 segment's, sliced, so a window's samples equal the whole segment's everywhere except within
 ``CONTEXT_FRAMES`` of a window edge that is not the segment's edge (the STFT's reflect padding
-and the overlap-add's tapered normalisation there). The caller decodes with that much context.
+and the overlap-add's tapered normalisation there). The caller decodes with that much context,
+and renders only ``RENDER_MARGIN`` frames either side of those it keeps.
 
 Noise: ``segment_noise(seed, frames)`` is numpy's ``default_rng(seed).standard_normal`` in the
 wheel's layout, so one seed gives byte-identical audio on every run, and the wheel's own
@@ -34,21 +42,17 @@ VOICED_HZ = 40.0  # f0 below this is unvoiced: no pulses
 PULSE_MAX_HZ = 11000.0  # highest harmonic in the pulse train
 LOG_MAGNITUDE_CAP = 7.0
 CONTEXT_FRAMES = 2  # STFT frames a window edge disturbs: n_fft spans 4 hops, centred
+# Frames to render either side of the frames wanted: a hop's samples take frames -1..+2 of the
+# overlap-add, and each frame's STFT of the pulses (made from f0, not the parts) spans 2 more
+# hops each way, so only the parts of the frames wanted and 2 after them must be exact.
+RENDER_MARGIN = 3
+_BLOCKS = N_FFT // HOP  # hops per STFT frame
 
 # float64 then float32, as the wheel computes them
 _WINDOW = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
-_SOURCE_WINDOW = _WINDOW / (N_FFT / 4)  # so exp(lh) is the harmonic's magnitude
-_RAMP = (((np.arange(HOP) + 0.5) / HOP - 0.5) % 1.0).astype(np.float32)  # linear interpolation
-
-
-@functools.lru_cache(maxsize=8)
-def _constants(device: torch.device) -> dict[str, torch.Tensor]:
-    return {
-        "window": torch.from_numpy(_WINDOW).to(device),
-        "source_window": torch.from_numpy(_SOURCE_WINDOW).to(device),
-        "u": torch.from_numpy(_RAMP).to(device),
-        "v": torch.from_numpy((1.0 - _RAMP).astype(np.float32)).to(device),
-    }
+_SOURCE_WINDOW = _WINDOW / np.float32(N_FFT / 4)  # so exp(lh) is the harmonic's magnitude
+_RAMP_U = (((np.arange(HOP) + 0.5) / HOP - 0.5) % 1.0).astype(np.float32)  # linear interpolation
+_RAMP_V = (1.0 - _RAMP_U).astype(np.float32)
 
 
 @functools.lru_cache(maxsize=4)
@@ -63,76 +67,107 @@ def segment_noise(seed: int, frames: int, device: torch.device | str = "cpu") ->
     return _noise_cpu(int(seed), int(frames)).to(device)
 
 
-def instantaneous_f0(f0: torch.Tensor) -> torch.Tensor:
-    """``(F,)`` f0 per frame -> ``(F * 300,)`` per sample, linearly interpolated between frame
-    centres (edge frames held), as ``torch.nn.functional.interpolate(align_corners=False)``."""
-    c = _constants(f0.device)
-    u, v, half = c["u"], c["v"], HOP // 2
-    padded = torch.cat([f0[:1], f0, f0[-1:]]).float()
-    first = padded[:-2, None] * v[:half] + padded[1:-1, None] * u[:half]
-    second = padded[1:-1, None] * v[half:] + padded[2:, None] * u[half:]
-    return torch.cat([first, second], dim=1).reshape(-1)
+def instantaneous_f0(f0: np.ndarray, stop: int) -> np.ndarray:
+    """``(F,)`` f0 per frame -> ``(stop * 300,)`` per sample for frames ``[0, stop)``, linearly
+    interpolated between frame centres (edge frames held), as
+    ``torch.nn.functional.interpolate(align_corners=False)``."""
+    half = HOP // 2
+    padded = np.concatenate([f0[:1], f0, f0[-1:]]).astype(np.float32)[: stop + 2]
+    out = np.empty((stop, HOP), np.float32)
+    np.multiply(padded[:stop, None], _RAMP_V[:half], out=out[:, :half])
+    out[:, :half] += padded[1: stop + 1, None] * _RAMP_U[:half]
+    np.multiply(padded[1: stop + 1, None], _RAMP_V[half:], out=out[:, half:])
+    out[:, half:] += padded[2: stop + 2, None] * _RAMP_U[half:]
+    return out.reshape(-1)
 
 
-def pulses(f0: torch.Tensor, first: int, count: int) -> torch.Tensor:
-    """The pulse train's samples for frames ``[first, first + count)`` of a segment whose whole
-    f0 track is ``f0`` ``(F,)``; phase accumulated from the segment's first sample."""
-    f = instantaneous_f0(f0)
-    start, stop = first * HOP, (first + count) * HOP
-    voiced = f[start:stop] > VOICED_HZ
-    f = f.clamp(min=VOICED_HZ)
-    cycles = torch.cumsum(f[:stop].double(), dim=0)[start:] * (1.0 / SAMPLE_RATE)
-    t = ((cycles - torch.floor(cycles)) * (2 * np.pi)).float()  # phase in [0, 2 pi)
-    f = f[start:stop]
-    harmonics = torch.floor(PULSE_MAX_HZ / f) + 0.5
-    s = torch.sin(t * 0.5) * 2
-    near_zero = s.abs() <= 2e-3  # the Dirichlet kernel's limit there is H + 1/2
-    e = torch.sin(harmonics * t) / torch.where(near_zero, torch.ones_like(s), s)
-    e = torch.where(near_zero, harmonics, e) - 0.5
-    return torch.where(voiced, e, torch.zeros_like(e))
+def pulses(f0: np.ndarray, first: int, count: int) -> np.ndarray:
+    """The pulse train's ``(count * 300,)`` samples for frames ``[first, first + count)`` of a
+    segment whose whole f0 track is ``f0`` ``(F,)``; phase accumulated from the segment's first
+    sample: ``sum_{h <= H} cos(h t) = sin((H + 1/2) t) / (2 sin(t / 2)) - 1/2``."""
+    f = instantaneous_f0(f0, first + count)
+    start = first * HOP
+    voiced = f[start:] > VOICED_HZ
+    np.maximum(f, VOICED_HZ, out=f)
+    cycles = np.cumsum(f, dtype=np.float64)[start:]
+    cycles *= 1.0 / SAMPLE_RATE
+    np.modf(cycles, cycles)
+    cycles *= 2 * np.pi
+    t = cycles.astype(np.float32)  # phase in [0, 2 pi)
+    harmonics = np.floor(np.float32(PULSE_MAX_HZ) / f[start:])
+    harmonics += np.float32(0.5)
+    s = np.sin(t * np.float32(0.5))
+    s *= np.float32(2)
+    near_zero = np.abs(s) <= np.float32(2e-3)  # the Dirichlet kernel's limit there is H + 1/2
+    np.copyto(s, np.float32(1), where=near_zero)
+    e = np.sin(harmonics * t)
+    e /= s
+    np.copyto(e, harmonics, where=near_zero)
+    e -= np.float32(0.5)
+    np.copyto(e, np.float32(0), where=~voiced)
+    return e
 
 
-def stft(x: torch.Tensor, frames: int) -> torch.Tensor:
-    """Centred STFT (reflect padding, source window) -> ``(601, frames)`` complex64."""
-    c = _constants(x.device)
-    half = N_FFT // 2
-    if x.numel() > half:
-        padded = torch.nn.functional.pad(x[None, None], (half, half), mode="reflect")[0, 0]
-    else:  # a window of one or two frames: torch reflects once only, numpy as often as needed
-        padded = torch.from_numpy(np.pad(x.cpu().numpy(), half, mode="reflect")).to(x.device)
-    windows = padded.unfold(0, N_FFT, HOP)[:frames] * c["source_window"]
-    return torch.fft.rfft(windows, dim=1).T
+def stft(x: np.ndarray, frames: int) -> np.ndarray:
+    """Centred STFT (reflect padding, source window) -> ``(frames, 601)`` complex64."""
+    padded = np.pad(x, N_FFT // 2, mode="reflect")  # reflects as often as a short piece needs
+    windows = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP][:frames]
+    windows = windows * _SOURCE_WINDOW  # (frames, 1200)
+    return torch.fft.rfft(torch.from_numpy(windows), dim=1).numpy()
 
 
-def overlap_add(spec: torch.Tensor) -> torch.Tensor:
+@functools.lru_cache(maxsize=16)
+def _overlap_norm(frames: int) -> np.ndarray:
+    """``(frames + 3, 300)``: 1 / the summed squared window under each output sample (constant
+    inside, tapered at the ends)."""
+    weights = (_WINDOW * _WINDOW).reshape(_BLOCKS, HOP)
+    total = np.zeros((frames + _BLOCKS - 1, HOP), np.float32)
+    for k in range(_BLOCKS):
+        total[k: k + frames] += weights[k]
+    return np.float32(1) / np.maximum(total, np.float32(1e-11))
+
+
+def overlap_add(spec: np.ndarray) -> np.ndarray:
     """Inverse centred STFT (Hann, hop 300) of ``(601, F)`` -> ``(F * 300,)`` samples."""
-    c = _constants(spec.device)
     frames = spec.shape[1]
-    blocks = N_FFT // HOP
-    pieces = (torch.fft.irfft(spec.T, n=N_FFT, dim=1) * c["window"]).reshape(frames, blocks, HOP)
-    weights = (c["window"] ** 2).reshape(blocks, HOP)
-    out = spec.real.new_zeros(frames + blocks - 1, HOP)
-    norm = spec.real.new_zeros(frames + blocks - 1, HOP)
-    for k in range(blocks):
-        out[k: k + frames] += pieces[:, k]
-        norm[k: k + frames] += weights[k]
-    out = out / norm.clamp(min=1e-11)
+    pieces = torch.fft.irfft(torch.from_numpy(spec).T, n=N_FFT, dim=1).numpy()
+    pieces *= _WINDOW
+    blocks = pieces.reshape(frames, _BLOCKS, HOP)
+    out = np.zeros((frames + _BLOCKS - 1, HOP), np.float32)
+    for k in range(_BLOCKS):
+        out[k: k + frames] += blocks[:, k]
+    out *= _overlap_norm(frames)
     half = N_FFT // 2
     return out.reshape(-1)[half: half + frames * HOP]
 
 
-def _capped_exp(x: torch.Tensor) -> torch.Tensor:
-    return torch.exp(x.clamp(max=LOG_MAGNITUDE_CAP))
+def _capped_exp(x: np.ndarray) -> np.ndarray:
+    out = np.minimum(x, np.float32(LOG_MAGNITUDE_CAP))
+    return np.exp(out, out=out)
+
+
+def _rotation(magnitude: np.ndarray, angle: np.ndarray) -> np.ndarray:
+    """``magnitude * e^{i angle}`` as complex64, each written into the result's own planes."""
+    out = np.empty(angle.shape, np.complex64)
+    np.cos(angle, out=out.real)
+    np.sin(angle, out=out.imag)
+    out *= magnitude
+    return out
 
 
 def synthesize(parts: torch.Tensor, f0: torch.Tensor, noise: torch.Tensor,
                first: int = 0) -> torch.Tensor:
     """Audio for the frames of ``parts`` ``(3005, n)``, frames ``[first, first + n)`` of a
-    segment whose whole f0 ``(F,)`` and noise ``(601, F)`` are given -> ``(n * 300,)``."""
+    segment whose whole f0 ``(F,)`` and noise ``(601, F)`` are given -> ``(n * 300,)`` on the
+    parts' device."""
     n = parts.shape[1]
-    lh, theta, ln, lr, phi = parts.float().split(BINS, dim=0)
-    spec = stft(pulses(f0, first, n), n)
-    spec = spec * torch.polar(_capped_exp(lh), torch.tanh(theta) * np.pi)
-    spec = spec + noise[:, first: first + n] * _capped_exp(ln)
-    spec = spec + torch.polar(_capped_exp(lr), phi)
-    return overlap_add(spec)
+    host = parts.detach().to("cpu", torch.float32).numpy()
+    lh, theta, ln, lr, phi = np.split(host, 5)  # (601, n) each
+    source = stft(pulses(f0.detach().cpu().numpy(), first, n), n).T  # (601, n)
+    angle = np.tanh(theta)
+    angle *= np.float32(np.pi)
+    spec = _rotation(_capped_exp(lh), angle)
+    spec *= source
+    spec += noise.detach().cpu().numpy()[:, first: first + n] * _capped_exp(ln)
+    spec += _rotation(_capped_exp(lr), phi)
+    return torch.from_numpy(overlap_add(spec)).to(parts.device)

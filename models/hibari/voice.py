@@ -105,8 +105,11 @@ class HibariVoice:
         first, last = max(0, start - context), min(total, stop + context)
         parts = self.decoder(frames[None, :DECODER_CHANNELS, first:last])[0]
         noise = dsp.segment_noise(seed, total, self.device)
-        audio = dsp.synthesize(parts, frames[DECODER_CHANNELS], noise, first)
-        audio = audio[(start - first) * self.hop: (stop - first) * self.hop]
+        # the DSP renders only what its kept samples need (far less than the decoder's context)
+        lo, hi = max(first, start - dsp.RENDER_MARGIN), min(last, stop + dsp.RENDER_MARGIN)
+        audio = dsp.synthesize(parts[:, lo - first: hi - first], frames[DECODER_CHANNELS],
+                               noise, lo)
+        audio = audio[(start - lo) * self.hop: (stop - lo) * self.hop]
         return audio.clamp(-1.0, 1.0)
 
     def synthesize(self, phonemes: str, seed: int = 0, speed: float = 1.0) -> torch.Tensor:
