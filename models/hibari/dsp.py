@@ -17,12 +17,13 @@ Tensors in, a tensor out on the parts' device; numpy arrays and tensors share me
 Figures: docs/benchmarks.md, "The hibari voice", "The DSP on the host".
 
 Windowed synthesis. ``synthesize(parts, f0, noise, first)`` renders the frames of ``parts`` that
-start at frame ``first`` of a segment whose whole f0 track and noise are given: the pulse
-phase is the running sum of f0 from the segment's start (float64), and the noise is the
-segment's, sliced, so a window's samples equal the whole segment's everywhere except within
-``CONTEXT_FRAMES`` of a window edge that is not the segment's edge (the STFT's reflect padding
-and the overlap-add's tapered normalisation there). The caller decodes with that much context,
-and renders only ``RENDER_MARGIN`` frames either side of those it keeps.
+start at frame ``first`` of a segment whose whole f0 track and noise are given: the pulse train
+is the segment's (its phase the running sum of f0 from the segment's start, float64), and so is
+the noise, both made once per segment (cached) and sliced, so a window's samples equal the
+whole segment's everywhere except within ``CONTEXT_FRAMES`` of a window edge that is not the
+segment's edge (the STFT's reflect padding and the overlap-add's tapered normalisation there).
+The caller decodes with that much context, and renders only ``RENDER_MARGIN`` frames either
+side of those it keeps.
 
 Noise: ``segment_noise(seed, frames)`` is numpy's ``default_rng(seed).standard_normal`` in the
 wheel's layout, so one seed gives byte-identical audio on every run, and the wheel's own
@@ -89,9 +90,11 @@ def pulses(f0: np.ndarray, first: int, count: int) -> np.ndarray:
     start = first * HOP
     voiced = f[start:] > VOICED_HZ
     np.maximum(f, VOICED_HZ, out=f)
-    cycles = np.cumsum(f, dtype=np.float64)[start:]
+    cycles = f.astype(np.float64)  # a float32 -> float64 cumsum casts in a slow buffered loop
+    np.cumsum(cycles, out=cycles)
+    cycles = cycles[start:]
     cycles *= 1.0 / SAMPLE_RATE
-    np.modf(cycles, cycles)
+    cycles -= np.floor(cycles)
     cycles *= 2 * np.pi
     t = cycles.astype(np.float32)  # phase in [0, 2 pi)
     harmonics = np.floor(np.float32(PULSE_MAX_HZ) / f[start:])
@@ -106,6 +109,14 @@ def pulses(f0: np.ndarray, first: int, count: int) -> np.ndarray:
     e -= np.float32(0.5)
     np.copyto(e, np.float32(0), where=~voiced)
     return e
+
+
+@functools.lru_cache(maxsize=4)
+def _segment_pulses(f0: bytes) -> np.ndarray:
+    """The whole segment's pulse train, by its f0's bytes: a segment's windows slice one train
+    (each window's own would run f0's phase sum from the segment's start again)."""
+    track = np.frombuffer(f0, np.float32)
+    return pulses(track, 0, len(track))
 
 
 def stft(x: np.ndarray, frames: int) -> np.ndarray:
@@ -163,7 +174,8 @@ def synthesize(parts: torch.Tensor, f0: torch.Tensor, noise: torch.Tensor,
     n = parts.shape[1]
     host = parts.detach().to("cpu", torch.float32).numpy()
     lh, theta, ln, lr, phi = np.split(host, 5)  # (601, n) each
-    source = stft(pulses(f0.detach().cpu().numpy(), first, n), n).T  # (601, n)
+    train = _segment_pulses(f0.detach().to("cpu", torch.float32).numpy().tobytes())
+    source = stft(train[first * HOP: (first + n) * HOP], n).T  # (601, n)
     angle = np.tanh(theta)
     angle *= np.float32(np.pi)
     spec = _rotation(_capped_exp(lh), angle)
