@@ -13,7 +13,7 @@ so there is no second model definition) and compiles them for this CPU:
   frame length (whole segments, streaming windows, batches with their masks);
 - the hibari voice's ConvNeXt decoder (``models.hibari.decoder.HibariDecoder.parts_stage``:
   ``dec_in``, eight blocks, norm, head, float weights), one graph for any length (whole
-  segments and streaming windows, unpadded). Its DSP and the seeded noise stay in torch, after
+  segments and streaming windows, unpadded). Its DSP and the seeded noise stay outside, after
   the graph. Its acoustic half stays eager: its int8 layers multiply with ``torch._int_mm``,
   which OpenVINO 2026.4.1 cannot convert (``No conversion rule found for operations:
   aten::_int_mm``), and the float path they replace changed durations (models/hibari/layers.py).

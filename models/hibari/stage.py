@@ -13,7 +13,7 @@ voice is loaded once per process and shared by both halves where one process run
 
 Engines: given the pool's ``EngineConfig`` (tasks/runtime.py), each half hands its torch module
 to ``models.engine.accelerate``, as the Piper halves do: on CPU the decoder runs as one compiled
-OpenVINO graph (any length; the DSP and its seeded noise stay in torch) at the vocoder's
+OpenVINO graph (any length; the DSP and its seeded noise stay outside it) at the vocoder's
 precision (int8 with static scales calibrated on the voice's own frames,
 models/hibari/calibration.py), and the acoustic half stays eager with one log line (its int8
 products have no OpenVINO conversion).
