@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("hibari", reason="the hibari-tts wheel (worker extra) is not installed")
 
 from models.errors import InvalidPhonemes, SpeechError  # noqa: E402
+from models.hibari import dsp  # noqa: E402
 from models.hibari.g2p import phonemize  # noqa: E402
 from models.hibari.voice import HibariVoice, load_voice  # noqa: E402
 
@@ -90,6 +91,27 @@ def test_windows_without_context_do_not(voice, features):
     """The comparison above can fail: with no context the window edges are audibly wrong."""
     whole = voice.decode(features.frames, seed=3)
     assert (windowed(voice, features.frames, 3, 37, 0) - whole).abs().max().item() > WINDOWED_TOL
+
+
+def test_the_dsp_renders_only_its_margin_around_a_window(voice, features):
+    """On the same parts, the DSP's windows rendered with ``RENDER_MARGIN`` frames either side
+    join to the whole segment's samples bit for bit (what lets a window skip most of the
+    decoder's context); one frame less is audibly off at the edges."""
+    frames, total = features.frames, features.frames.shape[1]
+    parts, f0, noise = voice.parts(frames), frames[130], dsp.segment_noise(4, total)
+    whole = dsp.synthesize(parts, f0, noise)
+
+    def joined(margin: int) -> torch.Tensor:
+        pieces = []
+        for start in range(0, total, 37):
+            stop = min(total, start + 37)
+            lo, hi = max(0, start - margin), min(total, stop + margin)
+            audio = dsp.synthesize(parts[:, lo:hi], f0, noise, lo)
+            pieces.append(audio[(start - lo) * dsp.HOP: (stop - lo) * dsp.HOP])
+        return torch.cat(pieces)
+
+    assert torch.equal(joined(dsp.RENDER_MARGIN), whole)
+    assert (joined(dsp.RENDER_MARGIN - 1) - whole).abs().max().item() > WINDOWED_TOL
 
 
 def test_the_smallest_pieces_decode(voice):
