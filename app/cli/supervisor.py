@@ -204,6 +204,11 @@ _LOUD_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
 
 # Flower's records (tornado's format): "[W 261202 08:18:54 inspector:98] ...".
 _TORNADO_RECORD = re.compile(r"\[([DIWEC]) \d{6} ")
+# Flower asks the workers for their state every few seconds and warns when none answers in
+# time ("Inspect method stats failed"): what a pool that is still loading its models does,
+# the longer the slower its start (a first int8 build, a busy host). A pool that is down says
+# so in the farm's own lines; this one stays in flower.log.
+_FLOWER_INSPECT = re.compile(r"inspector:\d+\] Inspect method \w+ failed")
 
 
 def worth_showing(line: str, is_stderr: bool) -> bool:
@@ -222,5 +227,5 @@ def worth_showing(line: str, is_stderr: bool) -> bool:
             pass
     tornado = _TORNADO_RECORD.match(text)
     if tornado:
-        return tornado[1] in "WEC"
+        return tornado[1] in "WEC" and not _FLOWER_INSPECT.search(text)
     return is_stderr
