@@ -199,6 +199,22 @@ def _locked(path: Path):
     return _Lock()
 
 
+def _reference_quantizers() -> None:
+    """Have NNCF quantise with torch's own operations instead of compiling its C++ extension.
+
+    The extension only speeds quantisation-aware training; post-training calibration writes a
+    byte-identical int8 model without it (measured on the hibari decoder). Compiling it cost
+    a machine's first int8 build about 30 s, needs a C++ compiler, and under load ran past
+    NNCF's 60 s loading timeout, which failed the build on a busy fresh machine."""
+    # nncf.torch loads torch hooks: only where a stage builds int8
+    from nncf.torch.quantization.extensions import QuantizedFunctionsCPU
+    from nncf.torch.quantization.reference import ReferenceQuantizedFunctions
+
+    # ExtensionNamespace loads lazily into this attribute on first use (NNCF 3.4)
+    if getattr(QuantizedFunctionsCPU, "_loaded_namespace", None) is None:
+        QuantizedFunctionsCPU._loaded_namespace = ReferenceQuantizedFunctions
+
+
 def _quantized(spec: GraphSpec, inputs: list[Any]) -> nn.Module:
     """A copy of ``spec.module`` with static int8 scales calibrated on ``inputs`` (NNCF): each
     quantised tensor's range is read once from the calibration set and fixed. The MIXED
@@ -208,6 +224,7 @@ def _quantized(spec: GraphSpec, inputs: list[Any]) -> nn.Module:
     # nncf is needed only where a stage builds int8, once per converted model
     import nncf
 
+    _reference_quantizers()
     ignored = nncf.IgnoredScope(patterns=list(spec.int8_float), validate=False)
     with torch.no_grad():
         return nncf.quantize(copy.deepcopy(spec.module).eval(), nncf.Dataset(inputs),
