@@ -24,6 +24,22 @@ LANGUAGE_PREFIXES = {"en": "en", "cmn": "zh"}
 
 
 @dataclass(frozen=True)
+class Shape:
+    """How a voice is shaped from its base: ``pitch`` in semitones, ``formant`` a ratio of the
+    spectral envelope's frequencies, ``rate`` a speed factor, ``language`` the frontend language
+    it speaks ("" for its base's). The identity shape changes nothing."""
+
+    pitch: float = 0.0
+    formant: float = 1.0
+    rate: float = 1.0
+    language: str = ""
+
+    @property
+    def is_identity(self) -> bool:
+        return self == Shape()
+
+
+@dataclass(frozen=True)
 class Voice:
     """A voice users can ask for.
 
@@ -51,6 +67,16 @@ class Voice:
     speaker: str | None = None
     version: str = ""
     inference: Inference = Inference()
+    gender: str = ""  # "female", "male", or "" where nobody said
+    # What it is made of: "model" (a voice file or pack as installed), "shaped" (a base voice
+    # with ``shape`` applied) or "mix" (a weighted mix of style voices of one model, ``mix``).
+    kind: str = "model"
+    shape: Shape = Shape()
+    # A mix's parts: (model voice name, weight), the weights summing to 1.
+    mix: tuple[tuple[str, float], ...] = ()
+    # The engine's own handle of the voice inside ``model_path`` (a Kokoro pack's key in its
+    # .npz); "" where the file is the voice.
+    style: str = ""
 
     @property
     def voice_name(self) -> str:
@@ -101,6 +127,10 @@ class VoiceBackend(ABC):
     # Its decoder adds noise (hibari's source-filter): the pipeline seeds it from the cached
     # features' bytes (app/stores/features.py, `features_seed`), so a hit renders as a miss.
     decoder_noise: ClassVar[bool] = False
+    # What of a Shape it can apply ("pitch", "formant"; every engine applies "rate" as speed),
+    # and whether its voices mix (a weighted mix of style vectors of one model).
+    shapes: ClassVar[frozenset[str]] = frozenset()
+    mixes: ClassVar[bool] = False
     # Its models must load for the pool to serve at all (the fallback every pool runs): a
     # failure to warm one stops the warm-up, where another engine's is logged and skipped.
     required: ClassVar[bool] = False
