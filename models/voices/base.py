@@ -131,6 +131,9 @@ class VoiceBackend(ABC):
     # and whether its voices mix (a weighted mix of style vectors of one model).
     shapes: ClassVar[frozenset[str]] = frozenset()
     mixes: ClassVar[bool] = False
+    # Where its voices come in a listing of one language (GET /v1/voices, the page's picker):
+    # lower first, the most natural-sounding engine first, eSpeak's variants last.
+    listing_rank: ClassVar[int] = 50
     # Its models must load for the pool to serve at all (the fallback every pool runs): a
     # failure to warm one stops the warm-up, where another engine's is logged and skipped.
     required: ClassVar[bool] = False

@@ -91,6 +91,7 @@ class EspeakBackend(VoiceBackend):
     frames_per_phoneme = False  # word times from eSpeak's own word starts
     streams_windows = False
     has_versions = False
+    listing_rank = 90  # formant synthesis: the least natural, listed last
     required = True
 
     def list_voices(self, voices_dir: str) -> list[Voice]:

@@ -45,6 +45,7 @@ class HibariBackend(VoiceBackend):
     frames_per_phoneme = True
     streams_windows = True
     has_versions = False
+    listing_rank = 10  # the most natural English voice the farm has
     decoder_noise = True
 
     def list_voices(self, voices_dir: str) -> list[Voice]:

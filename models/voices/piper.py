@@ -95,6 +95,7 @@ class PiperBackend(VoiceBackend):
     frames_per_phoneme = True
     streams_windows = True
     has_versions = True
+    listing_rank = 30  # neural, but flatter than hibari and Kokoro
 
     def list_voices(self, voices_dir: str) -> list[Voice]:
         files = []
