@@ -12,16 +12,19 @@
    read aloud is worse than silence, and brackets must never reach espeak, which would take
    ``[[...]]`` as raw phoneme input.
 2. Normalisation (:func:`normalize`): numbers, money, dates, times, abbreviations and units to
-   words -- ``models.text.text_en`` (num2words) and ``models.text.text_zh`` (cn2an).
+   words -- ``models.text.text_en`` (num2words) and ``models.text.text_zh`` (cn2an);
+   Japanese keeps its digits for the G2P to read (``models.kokoro.japanese``).
 3. Segmentation (:func:`split_segments`): sentences; a sentence longer than the limit is cut at
    clause punctuation, a clause still too long at word boundaries (spaces in English, jieba
-   words in Chinese); very short sentences are merged with a neighbour.
+   words in Chinese, OpenJTalk's morphemes in Japanese); very short sentences are merged
+   with a neighbour.
 4. G2P through libespeak-ng (English), hibari's own misaki port for the hibari voice
    (``models.hibari.g2p``, pure Python plus a small OOV net; it runs in the same frontend
    thread as eSpeak), or jieba + pypinyin + espeak (Mandarin, polyphones resolved by word:
-   see ``models.text.text_zh``). A run of digit words (a long number read digit by digit)
-   is the digit words' own phonemes joined, for a voice that says it exactly so (hibari),
-   rather than thousands of words through its G2P. A segment whose phonemes exceed
+   see ``models.text.text_zh``), or Kokoro's Japanese G2P (misaki's romaniser on OpenJTalk's
+   readings) for a Kokoro voice speaking Japanese. A run of digit words (a long number read
+   digit by digit) is the digit words' own phonemes joined, for a voice that says it exactly
+   so (hibari), rather than thousands of words through its G2P. A segment whose phonemes exceed
    :data:`MAX_SEGMENT_PHONEMES` is halved at a word boundary until it fits, so the bound holds
    whatever the text.
 
@@ -66,6 +69,11 @@ _LEADING_MARK = re.compile(r"\s*([.,;:!?])[.,;:!?\"'”’)\]]*")
 def normalize(text: str, language: str) -> str:
     """Spell out numbers, symbols and abbreviations as words; collapse whitespace."""
     check_language(language)
+    if language == "ja":
+        # the Japanese frontend loads only once Japanese text comes
+        from models.kokoro.japanese import normalize as normalize_ja
+
+        return normalize_ja(text)
     return normalize_en(text) if language == "en" else normalize_zh(text)
 
 
@@ -120,11 +128,12 @@ def _word_spans(text: str, phonemes: str, language: str, voice: Voice,
         return _said_alone(word, voice)
 
     spans = align_words(words, phonemes, say)
-    if language != "zh":  # English words are split at spaces: punctuation is on them
+    if language == "en":  # English words are split at spaces: punctuation is on them
         return tuple(WordSpan(_unmark(word, marked), span[0], span[1], *source)
                      for word, span, source in zip(words, spans, sources, strict=True)
                      if span)
-    # jieba makes punctuation a word of its own, which says nothing: it goes onto the word
+    # jieba (and OpenJTalk, for Japanese) makes punctuation a word of its own, which says
+    # nothing: it goes onto the word
     # before it (an opening mark onto the word after), so captions keep the text's
     # punctuation as English ones do.
     kept: list[list] = []

@@ -16,13 +16,13 @@ from models.text.text_zh import words as zh_words
 
 # Character limits for segmentation, chosen so a segment's phonemes usually fit the bound at
 # the first try: English mnemonics run about one character per letter, Mandarin ones 6-10 per
-# Han character.
-DEFAULT_MAX_CHARS = {"en": 250, "zh": 36}
+# Han character, Kokoro's Japanese phonemes 2-4 per kana or kanji.
+DEFAULT_MAX_CHARS = {"en": 250, "zh": 36, "ja": 90}
 # Sentences shorter than this are merged with a neighbour (when the result fits the limit).
-MIN_SEGMENT_CHARS = {"en": 24, "zh": 6}
+MIN_SEGMENT_CHARS = {"en": 24, "zh": 6, "ja": 8}
 DEFAULT_BREAK_MS = 500
 MAX_BREAK_MS = 10_000
-LANGUAGES = ("en", "zh")
+LANGUAGES = ("en", "zh", "ja")
 
 BREAK_TAG = re.compile(
     r"\[\s*break(?:\s*=\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>ms|s)?)?\s*\]", re.IGNORECASE
@@ -31,12 +31,15 @@ _OTHER_TAG = re.compile(r"\[[^\[\]]*\]")
 _SENTENCE_END = {
     "en": re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+|\n+"),
     "zh": re.compile(r"(?<=[。！？!?…；;])[\"'”’」』）)]*\s*|(?<=[.])\s+|\n+"),
+    "ja": re.compile(r"(?<=[。！？!?…])[\"'”’」』）)]*\s*|(?<=[.．])\s+|\n+"),
 }
 _CLAUSE_END = {
     "en": re.compile(r"(?<=[,;:—–])\s+"),
     "zh": re.compile(r"(?<=[，、；：,;:—])\s*"),
+    "ja": re.compile(r"(?<=[、，；：,;:])\s*"),
 }
-JOINER = {"en": " ", "zh": ""}
+# Japanese, like Chinese, has no spaces between words: its pieces join with nothing.
+JOINER = {"en": " ", "zh": "", "ja": ""}
 
 def check_language(language: str) -> None:
     if language not in LANGUAGES:
@@ -47,6 +50,11 @@ def word_tokens(text: str, language: str) -> list[str]:
     """Word-boundary tokens; joining them with the language's joiner gives the text back."""
     if language == "en":
         return text.split()
+    if language == "ja":
+        # OpenJTalk's dictionary loads only once Japanese text comes
+        from models.kokoro.japanese import words as ja_words
+
+        return ja_words(text)
     return [token for token in zh_words(text) if token]
 
 

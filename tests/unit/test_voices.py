@@ -33,7 +33,7 @@ def test_list_is_sorted_reasonable_and_only_supported_languages() -> None:
     names = [voice.name for voice in voices]
     assert names == sorted(names) and len(set(names)) == len(names)
     assert 20 <= len(voices) <= 100
-    assert {voice.language for voice in voices} == {"en", "zh"}
+    assert {voice.language for voice in voices} == {"en", "zh", "ja"}
     assert "en-gb" not in names  # espeak's language code, not a voice name it accepts
     assert not any(name.startswith("yue") for name in names)
     # Variants only on the three main base voices.
