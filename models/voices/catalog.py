@@ -16,12 +16,14 @@ from models.errors import UnknownSpeaker, UnknownVoice
 from models.voices.base import Voice, VoiceBackend
 from models.voices.espeak import EspeakBackend
 from models.voices.hibari import HibariBackend
+from models.voices.kokoro import KokoroBackend
 from models.voices.piper import PiperBackend, piper_config
 
 # Every engine, by the name its voices carry in Voice.engine. Listed in this order (a voice
 # of a later engine that takes an earlier one's name wins it).
 _BACKENDS: dict[str, VoiceBackend] = {
-    backend.name: backend for backend in (EspeakBackend(), PiperBackend(), HibariBackend())}
+    backend.name: backend for backend in (EspeakBackend(), PiperBackend(), HibariBackend(),
+                                          KokoroBackend())}
 # The engine names a voice may carry (the API's voice listing declares them).
 ENGINE_NAMES = tuple(_BACKENDS)
 # A speaker given by index: ASCII digits (int() would also take " 0", "+0" and "٠").
