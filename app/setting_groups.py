@@ -118,6 +118,11 @@ class VoiceSettings(_Group):
     # Converted models and compiled blobs kept between starts (a warm start skips the
     # conversion and the compilation); empty: VAR_DIR/engine-cache.
     engine_cache: str = ""
+    # Engines whose models a pool loads on their first segment instead of at its start, a
+    # comma list ("kokoro"). Empty, the default: every model warm before the pool serves, so
+    # no listener pays a load. The test suite's many short-lived farms set "kokoro", whose
+    # 82M parameters would cost each farm's start seconds and memory no test of theirs uses.
+    lazy_engines: str = ""
     # Each stage's compiled precision (models/engine.py; docs/models.md, "Precision"): f32,
     # bf16, int8 (static scales, where the stage has a calibration set) or auto, the default:
     # per voice and stage the fastest precision that passed the perceptual bound (today the

@@ -142,11 +142,13 @@ def warm_up(queue: str) -> None:
                                  narrow=_threads or 1, cap=chosen.wide_threads,
                                  on_cpu=device() == "cpu"))
     warmed: set[str] = set()
+    # Engines that load on first use (the setting lazy_engines) are left cold here.
+    lazy = {name.strip() for name in chosen.lazy_engines.split(",") if name.strip()}
     voices = sorted(list_voices(), key=lambda voice: not backend_for(voice).required)
     for voice in voices:
         backend = backend_for(voice)
         key = backend.model_key(stage, voice)
-        if key in warmed:
+        if key in warmed or (backend.name in lazy and not backend.required):
             continue
         warmed.add(key)
         if backend.required:

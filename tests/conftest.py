@@ -16,6 +16,10 @@ from app.local.embedded_redis import EmbeddedRedis
 from tests import brokers
 from tests.helpers import FarmUnderTest, gunicorn_server, running_farm, slowdown
 
+# The test farms inherit the environment: each would load Kokoro-82M (82M parameters) at its
+# pools' start for no test of its own. Kokoro's tests ask for it warm (lazy_engines="").
+os.environ.setdefault("VOXFARM_LAZY_ENGINES", "kokoro")
+
 
 def pytest_report_header(config) -> str:
     if not brokers.use_amqp():
