@@ -43,6 +43,7 @@ from app.stores.listeners import ListenerLeases, StoreContact
 from app.stores.melcache import MelCache
 from app.stores.redis_conn import blocking_client, redis_client
 from app.stores.states import BOOK_ACTIVE, JOB_FINAL
+from app.stores.voice_records import VoiceRecords
 from app.stores.waits import WaitPlaces
 from app.submission import submit_job
 
@@ -91,6 +92,8 @@ class Farm:
                                settings.key_max_active)
         # Voice versions and the quality canary: which version renders a job (app/canary/).
         self.canary = Canary(self.redis, self.keys, settings)
+        # Custom voices: names users give to voice specs (app/stores/voice_records.py).
+        self.voice_records = VoiceRecords(self.redis, self.keys)
         self.celery = celery or make_celery(settings)
         if celery is None and self.celery.conf.broker_url.startswith(("redis://", "rediss://")):
             # The hardened transport, as the workers', for its push hook: a job's segment is

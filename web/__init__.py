@@ -52,11 +52,13 @@ def create_app(settings: Settings, farm: Farm | None = None) -> Flask:
     from web.openapi import openapi
     from web.page import page
     from web.streams import streams
+    from web.voices import voices_api
     from web.ws import ws_bp
 
     app.register_blueprint(api)
     app.register_blueprint(books_api)
     app.register_blueprint(models_admin)
+    app.register_blueprint(voices_api)
     app.register_blueprint(streams)
     app.register_blueprint(openai_compat)
     app.register_blueprint(captioned)

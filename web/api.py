@@ -1,4 +1,4 @@
-"""The REST API, v1: jobs, their chunks and audio, voices, stats, health.
+"""The REST API, v1: jobs, their chunks and audio, stats, health (voices: web/voices.py).
 
 Thin on purpose: validate, call one function of the farm or the frontend, answer with the
 response model the document shows (web/schemas/responses.py). Each view declares its path
@@ -23,7 +23,7 @@ from models.audio.encode import CONTENT_TYPES, encode, wav_bytes
 from models.errors import BreakTooLong, NoSpeakableText
 from models.text import captions
 from models.text.frontend import iter_run_segments, prepare
-from models.voices import backend_for, list_voices
+from models.voices import backend_for
 from web import apidoc as doc
 from web.auth import current_key, job_or_404
 from web.errors import ApiError
@@ -300,17 +300,6 @@ def get_captions(job_id: str):
             audio_seconds=job.audio_seconds, words=words, cues=captions.cues(words)))
     return Response(captions.render(words, fmt), content_type=captions.CONTENT_TYPES[fmt],
                     headers={"Content-Disposition": f'inline; filename="{job_id}.{fmt}"'})
-
-
-@doc.route(api, "/v1/voices", "get", doc.op("farm", "listVoices", "The voices offered", {
-    "200": doc.json(responses.Voices, "every voice name `voice` accepts")}))
-def voices():
-    default = farm().settings.default_voice
-    return jsonify(responses.Voices.answer(default=default, voices=[
-        {"name": vc.name, "engine": vc.engine, "language": vc.language,
-         "display_name": vc.display_name, "variant": vc.variant,
-         "sample_rate": vc.sample_rate, "speakers": list(vc.speakers)}
-        for vc in list_voices()]))
 
 
 @doc.route(api, "/v1/stats", "get", doc.op(

@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from itertools import accumulate
 from typing import Any, TypeVar
 
-from flask import Request, current_app
+from flask import Request, current_app, g
 from pydantic import BaseModel, ValidationError
 
 from app.farm import Farm
 from app.offload import offload
 from app.settings import Settings
+from app.stores.voice_records import OPEN, PUBLIC, closest_names, key_scope
 from models.errors import (
     BreakTooLong,
     InvalidLexicon,
     InvalidPhonemes,
+    InvalidVoiceSpec,
     NoSpeakableText,
     SsmlError,
     UnknownSpeaker,
@@ -36,11 +38,13 @@ from models.text.phoneme_input import phoneme_segments
 from models.text.runs import Segment, TextRun
 from models.text.ssml import MAX_SSML_CHARS, looks_like_ssml
 from models.text.ssml import parse as parse_ssml
-from models.voices import Voice, get_voice
+from models.voices import Voice, get_voice, list_voices
+from models.voices.catalog import resolving
 from web.errors import ApiError, too_large
 from web.schemas.constants import OPENAI_VOICES
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 def farm() -> Farm:
@@ -216,24 +220,71 @@ def openai_voice_table() -> dict[str, str]:
     return table
 
 
+def voice_scopes() -> list[str]:
+    """The custom-voice namespaces this request sees, its own first (app/stores/
+    voice_records.py): the key's then the public ones, or with keys off everyone's."""
+    # The key web.auth's door put on the request (its `current_key`), read as it does:
+    # web.auth imports this module, so this one cannot import it.
+    key = g.get("voxfarm_key")
+    return [key_scope(key.id) if key is not None else OPEN, PUBLIC]
+
+
+def _known_names() -> list[str]:
+    """Every name `voice` takes here: OpenAI's, the farm's, the request's custom voices."""
+    return [*openai_voice_table(), *(v.name for v in list_voices()),
+            *farm().voice_records.visible(voice_scopes())]
+
+
 def voice_or_422(name: str, field: str = "voice") -> Voice:
-    """The voice called `name` (`NAME:SPEAKER` for one speaker, or an OpenAI voice name:
-    `openai_voice_table`), or the API's one 422 for it (every entry point's), which lists
-    every name the field takes, the OpenAI names first, as `GET /v1/audio/voices` does.
+    """The voice called `name`: a farm voice (`NAME:SPEAKER` for one speaker), an OpenAI voice
+    name (`openai_voice_table`), a voice spec (`a+b`, `a(2)+b(1)`, `BASE[pitch=-2]`), or a
+    custom voice of the request's (`NAME`, `NAME@VERSION`) as its spec; or the API's one 422
+    for it (every entry point's), whose `suggestions` (and message) give the closest names.
 
     OpenAI's names are voices on every route, not only on OpenAI's: `/v1/audio/voices` lists
     them, and a client that picked one there should not learn that it works on one route
-    alone. The voice list is read once at app start, so this touches no engine and may run
+    alone. Built-in voices and specs touch no engine and no Redis; a custom name costs one
+    small round trip (the namespaces' tokens: app/stores/voice_records.py), so this may run
     on the hub."""
     table = openai_voice_table()
+    asked = table.get(name.lower(), name)
     try:
-        return get_voice(table.get(name.lower(), name))
+        try:
+            return get_voice(asked)
+        except UnknownVoice:
+            found = farm().voice_records.find(asked, voice_scopes())
+            if found is None:
+                raise
+        record, number = found
+        version = record.version(number)
+        if version is None:
+            raise ApiError(422, "unknown_voice_version", f"the voice '{record.name}' has no "
+                           f"version {number}", field=field,
+                           valid=[f"{record.name}@{v.version}" for v in record.versions])
+        return get_voice(version.spec)
     except UnknownVoice as exc:
-        raise ApiError(422, "unknown_voice", f"unknown voice '{name}'", field=field,
-                       valid=[*table, *exc.valid]) from None
+        close = closest_names(exc.name, _known_names())
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ApiError(422, "unknown_voice", f"unknown voice '{exc.name}'{hint}", field=field,
+                       suggestions=close, valid=[*table, *exc.valid]) from None
     except UnknownSpeaker as exc:
         raise ApiError(422, "unknown_speaker", str(exc), field=field,
                        valid=exc.valid) from None
+    except InvalidVoiceSpec as exc:
+        raise ApiError(422, "invalid_voice", str(exc), field=field,
+                       detail=exc.field) from None
+
+
+def with_custom_voices(fn: Callable[..., T]) -> Callable[..., T]:
+    """`fn` run where `get_voice` knows this request's custom voices (an SSML `<voice>`
+    naming one): the names are read now, on the hub, and the call reads a snapshot of them,
+    so it may run in the frontend thread (app/offload.py)."""
+    resolve = farm().voice_records.resolver(voice_scopes())
+
+    def within(*args: Any) -> T:
+        with resolving(resolve):
+            return fn(*args)
+    return within
 
 
 def break_error(exc: BreakTooLong, field: str) -> ApiError:
@@ -307,7 +358,7 @@ def ssml_or_422(text: str, text_type: str | None, voice: Voice, speed: float,
                        f"the most parsed is {MAX_SSML_CHARS}", field=field,
                        limit=MAX_SSML_CHARS)
     try:
-        return offload("frontend", parse_ssml, text, voice, speed)
+        return offload("frontend", with_custom_voices(parse_ssml), text, voice, speed)
     except SsmlError as exc:
         extra: dict[str, Any] = {"element": exc.element} if exc.element else {}
         raise ApiError(422, exc.code, str(exc), field=field, **extra, line=exc.line,

@@ -7,12 +7,14 @@
     voxfarm flower                          Flower against the farm's broker
     voxfarm say "text" -o out.wav           synthesize through a farm's HTTP API
     voxfarm book render FILE -o DIR         render a book through a farm's HTTP API
+    voxfarm voices [--language L ...]       the voices a farm takes, custom ones included
 
 `voxfarm up` writes where the farm listens to `<var>/farm.json` (app/local/farmstate.py); `say`,
 `book render` and `flower` read it, so they find the farm `make run` started by themselves.
 Flags and environment variables (VOXFARM_SERVER, VOXFARM_REDIS_URL) win over the file.
 
-One module a command (app/cli/up.py, pools.py, say.py, book.py, keys.py, models.py); the
+One module a command (app/cli/up.py, pools.py, say.py, book.py, keys.py, models.py,
+voices.py); the
 Procfile's parser and the supervisor `up` runs are modules of their own. Commands import
 what they run lazily: `say` needs neither Celery workers nor torch.
 """
@@ -27,6 +29,7 @@ from app.cli.models import models
 from app.cli.pools import flower, worker
 from app.cli.say import say
 from app.cli.up import up
+from app.cli.voices import voices
 
 
 @click.group()
@@ -34,5 +37,5 @@ def main() -> None:
     """voxfarm: a text-to-speech synthesis farm."""
 
 
-for command in (up, worker, models, flower, say, book, keys, at_rest_key):
+for command in (up, worker, models, flower, say, book, keys, at_rest_key, voices):
     main.add_command(command)

@@ -52,6 +52,11 @@ Layout (prefix `vf` by default):
     {p}:voice:{name}:{v}:stats   hash  a version's segments, failures and score sums
     {p}:voice:{name}:{v}:scored  set   "job:segment" scored (a redelivered score counts once)
     {p}:voice:{name}:{v}:latency:{stage} list  recent run seconds of the stage, newest first
+    {p}:cvoices:{scope}   hash   custom voice name -> JSON record (its versions' specs) of one
+                                 namespace: "key:ID" (an API key's own), "public" (an admin
+                                 key's for all), "open" (with keys off: everyone's)
+    {p}:cvoices:{scope}:gen string a token changed by every write of the namespace (what
+                                 the per-process caches compare: app/stores/voice_records.py)
 """
 
 from __future__ import annotations
@@ -171,6 +176,12 @@ class Keys:
     @property
     def versioned_voices(self) -> str:
         return f"{self.prefix}:voices"
+
+    def custom_voices(self, scope: str) -> str:
+        return f"{self.prefix}:cvoices:{scope}"
+
+    def custom_voices_gen(self, scope: str) -> str:
+        return f"{self.prefix}:cvoices:{scope}:gen"
 
     def voice(self, name: str) -> str:
         return f"{self.prefix}:voice:{name}"

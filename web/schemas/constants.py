@@ -28,3 +28,6 @@ RESPONSE_FORMATS: dict[str, tuple[str, int | None]] = {
 OPENAI_SPEED_MIN, OPENAI_SPEED_MAX = 0.25, 4.0
 STREAM_FORMATS = ("audio", "sse")  # raw audio bytes (OpenAI's default) or server-sent events
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "voxfarm")
+# What a voice is made of (models.voices.Voice.kind): a model as installed, a shaped base, a mix.
+VOICE_KINDS = ("model", "shaped", "mix")
+VOICE_GENDERS = ("female", "male")

@@ -15,6 +15,7 @@ from app.stores.books import DEFAULT_FORMATS
 from models.books.parse import EXTENSIONS as BOOK_EXTENSIONS
 from models.neural.voice_file import INFERENCE_RANGES  # what a voice version may override
 from models.text.captions import CAPTION_FORMATS
+from models.voices import ENGINE_NAMES
 from web.schemas.constants import (
     BOOK_AUDIO_TYPES,
     BOOK_CAPTION_FORMATS,
@@ -23,6 +24,8 @@ from web.schemas.constants import (
     OPENAI_VOICES,
     RESPONSE_FORMATS,
     STREAM_FORMATS,
+    VOICE_GENDERS,
+    VOICE_KINDS,
 )
 from web.schemas.document import refusal
 from web.schemas.fields import (
@@ -268,3 +271,39 @@ class CanaryRequest(RequestModel):
         None, description="share of new interactive jobs (default VOXFARM_CANARY_SHARE)")
     note: str = ""
     null_is_unset: ClassVar = frozenset({"noise_scale", "length_scale", "noise_w", "share"})
+
+
+class VoiceShaping(RequestModel):
+    """A custom voice's definition: a `base` voice shaped, or a `mix` of style voices of one
+    model (shaped too, if asked). The ranges and what each engine can apply are the voice
+    spec's (docs/models.md, "Voices as data"); a refusal names its field."""
+
+    base: Name = Field(None, description="a voice from `GET /v1/voices` to shape (or `mix`)")
+    mix: dict[str, float] = Field(None, description="style voices of one model and their "
+                                  "weights (normalised to sum 1): `{\"jf_alpha\": 0.6, "
+                                  "\"jm_kumo\": 0.4}`")
+    pitch: float = Field(None, description="semitones, -12..12")
+    formant: float = Field(None, description="the spectral envelope's frequency ratio, "
+                           "0.75..1.33")
+    rate: float = Field(None, description="a speed factor, 0.5..2.0")
+    language: str = Field(None, description="a frontend language the base's engine speaks "
+                          "(default: the base's)")
+    null_is_unset: ClassVar = frozenset({"base", "mix", "pitch", "formant", "rate",
+                                         "language"})
+    model_config = ConfigDict(json_schema_extra={
+        "oneOf": [{"required": ["base"]}, {"required": ["mix"]}]})
+
+
+class CustomVoiceRequest(VoiceShaping):
+    name: str = Field(description="lowercase letters, digits, `-`, `_` and `.`, at most 64 "
+                      "characters; not a voice's name already", json_schema_extra={
+                          "pattern": "^[a-z0-9][a-z0-9._-]{0,63}$"})
+    public: bool = Field(False, description="for every API key (an admin key only); "
+                         "default: the calling key's own")
+
+
+class VoicesQuery(RequestModel):
+    language: str = Field(None, description="only voices of this frontend language")
+    engine: Annotated[str, OneOf(ENGINE_NAMES)] = None
+    gender: Annotated[str, OneOf(VOICE_GENDERS)] = None
+    kind: Annotated[str, OneOf(VOICE_KINDS)] = None

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.stores.states import BookState, JobState
 from models.voices import ENGINE_NAMES
-from web.schemas.constants import OPENAI_MODELS, RESPONSE_FORMATS
+from web.schemas.constants import OPENAI_MODELS, RESPONSE_FORMATS, VOICE_KINDS
 from web.schemas.fields import OneOf
 
 
@@ -36,6 +36,7 @@ class ErrorDetail(ResponseModel):
                                                        "a list")
     limit: int = None
     state: str = None
+    suggestions: list[str] = Field(None, description="an unknown voice: the closest names")
 
 
 class Error(ResponseModel):
@@ -173,6 +174,9 @@ class Captions(ResponseModel):
 
 
 class Voice(ResponseModel):
+    """A voice `voice` accepts: one the farm offers, or a custom voice (a name for a voice
+    spec: `spec`, `version`, `scope` and what it was made of)."""
+
     name: str
     engine: Annotated[str, OneOf(ENGINE_NAMES)]
     language: str
@@ -181,11 +185,50 @@ class Voice(ResponseModel):
     sample_rate: int
     speakers: list[str] = Field(description="a multi-speaker voice's speakers, addressed as "
                                             "NAME:SPEAKER")
+    gender: str = Field(description="`female`, `male`, or empty where nobody said")
+    kind: Annotated[str, OneOf(VOICE_KINDS)] = Field(
+        description="`model`: as installed; `shaped`: a base voice shaped; `mix`: a weighted "
+                    "mix of style voices of one model")
+    rate: float = Field(description="its speed factor (1: the model's own)")
+    custom: bool = Field(description="a custom voice (`POST /v1/voices`)")
+    spec: str = Field(None, description="custom voices: what it renders as (a job carries "
+                                        "this)")
+    version: str = Field(None, description="custom voices: the newest version's id")
+    base: str | None = Field(None, description="custom voices: the voice shaped (None for "
+                                               "a mix)")
+    mix: dict[str, float] | None = Field(None, description="custom voices: a mix's parts "
+                                                           "and weights")
+    pitch: float = Field(None, description="custom voices: semitones")
+    formant: float = Field(None, description="custom voices: the envelope's frequency ratio")
+    scope: Literal["key", "public", "shared"] = Field(
+        None, description="custom voices: the calling key's own, every key's (an admin "
+                          "published it), or with keys off everyone's")
+
+
+class CustomVoiceVersion(ResponseModel):
+    version: str
+    spec: str
+    created_at: str
+    base: str | None = None
+    mix: dict[str, float] | None = None
+    pitch: float
+    formant: float
+    rate: float
+    language: str
+
+
+class CustomVoice(Voice):
+    """A voice by name: a custom voice has its versions, oldest first (`NAME@2` names the
+    second; the name alone, the newest)."""
+
+    versions: list[CustomVoiceVersion] = Field(None, description="custom voices only")
 
 
 class Voices(ResponseModel):
     default: str = None
-    voices: list[Voice] = Field(description="every voice name `voice` accepts")
+    voices: list[Voice] = Field(description="every voice name `voice` accepts (but OpenAI's "
+                                            "names), ordered by language, then quality "
+                                            "(neural first), then name; custom voices too")
 
 
 class QueueStats(ResponseModel):

@@ -147,13 +147,22 @@
     try {
       const { data } = await api("GET", "/v1/voices");
       select.textContent = "";
+      // One group a language, in the server's order (language, then quality): custom
+      // voices sit in their language's group, marked as such.
+      const groups = new Map();
       for (const v of data.voices) {
+        if (!groups.has(v.language)) {
+          const group = document.createElement("optgroup");
+          group.label = v.language;
+          groups.set(v.language, group);
+          select.append(group);
+        }
         const opt = document.createElement("option");
         opt.value = v.name;
-        opt.textContent = v.display_name && v.display_name !== v.name
-          ? `${v.name} — ${v.display_name}` : v.name;
+        const detail = v.custom ? `custom: ${v.spec}` : v.display_name;
+        opt.textContent = detail && detail !== v.name ? `${v.name} — ${detail}` : v.name;
         if (v.name === preferred) opt.selected = true;
-        select.append(opt);
+        groups.get(v.language).append(opt);
       }
     } catch (err) {
       showError(err);
