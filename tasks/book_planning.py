@@ -22,6 +22,7 @@ from app.broker.queueing import send_prepare, start_feed
 from app.offload import offload
 from app.stores.books import PlanCheckpoint, plan_key, prefix
 from app.stores.states import BookState
+from app.stores.voice_records import scopes_of
 from models.errors import NoSpeakableText
 
 log = logging.getLogger("voxfarm.books")
@@ -74,22 +75,28 @@ def _spec(s) -> dict:
             **({"rate": s.rate} if s.rate != 1.0 else {})}
 
 
-def _chapter_segments(chapters: list[dict], start: int, voice: str, speed: float = 1.0
+def _chapter_segments(chapters: list[dict], start: int, voice: str, speed: float = 1.0,
+                      custom_voices: Callable[[str], str | None] | None = None
                       ) -> Iterator[tuple[int, dict | None]]:
     """The segments of `chapters[start:]` one at a time, as the text frontend makes them:
     (chapter, segment spec) for each, then (chapter, None) once the chapter is complete (a
     chapter of punctuation or symbols has nothing to hear and only that). Advanced a turn at
-    a time in the frontend thread (`_turn`), never by two threads at once."""
+    a time in the frontend thread (`_turn`), never by two threads at once. `custom_voices`:
+    the book owner's custom voices (a snapshot: app/stores/voice_records.py), for an SSML
+    `<voice>` naming one."""
     # the frontend and encoders load on first use: every pool imports this
     from models.text import ssml
     from models.text.frontend import iter_run_segments, iter_segments
     from models.voices import get_voice
+    from models.voices.catalog import resolving
 
     for n in range(start, len(chapters)):
         text = chapters[n]["text"]
         try:
             if ssml.looks_like_ssml(text):  # a JSON chapter in SSML, checked at upload
-                segments = iter_run_segments(ssml.parse(text, get_voice(voice), speed), voice)
+                with resolving(custom_voices or (lambda name: None)):
+                    runs = ssml.parse(text, get_voice(voice), speed)
+                segments = iter_run_segments(runs, voice)
             else:
                 segments = iter_segments(text, voice)
             for s in segments:
@@ -211,7 +218,8 @@ class BookPlan:
         try:
             outcome = plan_chapters(
                 _chapter_segments(self.chapters, self.point.next_chapter, self.rec["voice"],
-                                  self.rec["speed"]),
+                                  self.rec["speed"], self.farm.voice_records.resolver(
+                                      scopes_of(self.rec.get("owner", "")))),
                 turn_s=settings.book_plan_turn_s, deadline=self.started + self.limit_s,
                 slice_end=self.started + min(settings.book_plan_slice_s, self.limit_s),
                 checkpoint=self.checkpoint)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from app.farm import Farm
 from app.offload import offload
 from app.settings import Settings
-from app.stores.voice_records import OPEN, PUBLIC, closest_names, key_scope
+from app.stores.voice_records import closest_names, scopes_of
 from models.errors import (
     BreakTooLong,
     InvalidLexicon,
@@ -226,7 +226,7 @@ def voice_scopes() -> list[str]:
     # The key web.auth's door put on the request (its `current_key`), read as it does:
     # web.auth imports this module, so this one cannot import it.
     key = g.get("voxfarm_key")
-    return [key_scope(key.id) if key is not None else OPEN, PUBLIC]
+    return scopes_of(key.id if key is not None else "")
 
 
 def _known_names() -> list[str]:

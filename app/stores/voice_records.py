@@ -65,6 +65,12 @@ def key_scope(key_id: str) -> str:
     return f"key:{key_id}"
 
 
+def scopes_of(owner: str) -> list[str]:
+    """The namespaces that work of ``owner`` (an API key's id; "" with keys off) sees, its own
+    first: what a request of that key, and the planning of its book, resolve names in."""
+    return [key_scope(owner) if owner else OPEN, PUBLIC]
+
+
 def split_version(name: str) -> tuple[str, int | None]:
     """``NAME@2`` -> ("name", 2); a name without a version -> (name, None)."""
     found = _VERSIONED.fullmatch(name.strip().lower())
