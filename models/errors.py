@@ -121,3 +121,17 @@ class SsmlError(SpeechError):
     def __reduce__(self):  # keep the fields when the error crosses a process boundary
         return (type(self), (self.code, self.problem, self.element, self.offset, self.line,
                              self.column, self.extra))
+
+
+class InvalidVoiceSpec(SpeechError, ValueError):
+    """A voice spec (a shaped or mixed voice: models/voices/spec.py) the farm refuses:
+    ``field`` names what is wrong ("voice" for the spelling as a whole, "base", "mix",
+    "pitch", "formant", "rate", "language"), ``message`` says why in a user's words."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(message)
+
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return (type(self), (self.field, self.message))

@@ -14,12 +14,16 @@ from models.voices.catalog import (
     ENGINE_NAMES,
     backend_for,
     backends,
+    canonical_spec,
+    describe,
     get_voice,
     list_voices,
+    resolving,
     use_voices_dir,
     voices_dir,
 )
 from models.voices.piper import default_piper_model, piper_config
+from models.voices.spec import parse_spec
 
 __all__ = [
     "ACOUSTIC",
@@ -31,10 +35,14 @@ __all__ = [
     "VoiceBackend",
     "backend_for",
     "backends",
+    "canonical_spec",
+    "describe",
     "default_piper_model",
     "get_voice",
     "list_voices",
+    "parse_spec",
     "piper_config",
+    "resolving",
     "use_voices_dir",
     "voices_dir",
 ]

@@ -93,6 +93,10 @@ class EspeakBackend(VoiceBackend):
     has_versions = False
     listing_rank = 90  # formant synthesis: the least natural, listed last
     required = True
+    # It applies a Shape's rate only (as speed): its mel comes from eSpeak's own formant
+    # synthesis, pitch and formants chosen by the voice variant (en-us+f3, ...).
+    shape_refusals = {"pitch": "its pitch is its eSpeak variant's (pick another variant)",
+                      "formant": "its formants are its eSpeak variant's (pick another variant)"}
 
     def list_voices(self, voices_dir: str) -> list[Voice]:
         bases: dict[str, Voice] = {}
@@ -162,6 +166,8 @@ class EspeakBackend(VoiceBackend):
     def acoustic_batch(self, model: Any, voice: Voice, phonemes: str, voice_name: str,
                        speed: float, seed: int) -> Batch:
         timed = self.timed(model)
+        if voice.kind != "model":  # a shaped voice's spec: eSpeak is given its own voice
+            voice_name = f"{voice.base}+{voice.variant}" if voice.variant else voice.base
 
         def run(items: list[str]) -> list:
             if timed:

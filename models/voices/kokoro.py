@@ -246,6 +246,9 @@ class KokoroBackend(VoiceBackend):
     decoder_noise = True
     shapes = frozenset({"pitch"})
     mixes = True
+    # Any of its styles speaks each language its G2P has (a Japanese style in English: the
+    # catalog's `jf_alpha[lang=en]`).
+    languages = frozenset(LANGUAGES.values())
 
     def list_voices(self, voices_dir: str) -> list[Voice]:
         """The wheel's Japanese voices, then the packs in ``voices_dir`` (a pack's name taken
