@@ -185,8 +185,11 @@ def _synthesize(task: SegmentTask, seg: Segment, reroutes: int) -> str:
         _run_here_or_hand_over(task, Stage.ACOUSTIC, seg, (seg.to_message(),), {}, reroutes)
         # An engine that draws noise seeds it by the key: the same request renders the same
         # audio, hit or miss. Batched with other segments where the pool batches.
+        # A shaped voice's rate multiplies the request's speed (every engine applies it
+        # there); the key covers it, as the spec in `seg.voice` names the rate.
         features, durations = _batched(Stage.ACOUSTIC, backend.acoustic_batch(
-            model, voice, seg.phonemes, seg.voice, seg.speed, noise_seed(content)))
+            model, voice, seg.phonemes, seg.voice, seg.speed * voice.shape.rate,
+            noise_seed(content)))
         blob = mel_to_bytes(features)
     # Put (on a miss), hold for the vocoder stage (which releases it) and count, in one
     # round trip.

@@ -166,14 +166,51 @@ def _rotation(magnitude: np.ndarray, angle: np.ndarray) -> np.ndarray:
     return out
 
 
+def shift_pitch(f0: torch.Tensor, semitones: float) -> torch.Tensor:
+    """f0 ``(F,)`` times ``2 ** (semitones / 12)`` where voiced; unvoiced frames stay as they
+    are, and a voiced frame stays voiced (at least just over ``VOICED_HZ``)."""
+    if semitones == 0.0:
+        return f0
+    voiced = f0 > VOICED_HZ
+    shifted = (f0 * 2.0 ** (semitones / 12.0)).clamp(min=VOICED_HZ + 1.0)
+    return torch.where(voiced, shifted, f0)
+
+
+@functools.lru_cache(maxsize=16)
+def _formant_map(ratio: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each bin ``k``: the bins below and above ``k / ratio`` and the weight of the one
+    above (a bin past the top takes the top bin's value)."""
+    source = np.minimum(np.arange(BINS, dtype=np.float64) / ratio, BINS - 1)
+    below = np.floor(source).astype(np.intp)
+    above = np.minimum(below + 1, BINS - 1)
+    weight = (source - below).astype(np.float32)[:, None]
+    return below, above, weight
+
+
+def warp_formants(part: np.ndarray, ratio: float) -> np.ndarray:
+    """A ``(601, n)`` spectral part's frequencies scaled by ``ratio`` (its value at bin ``k``
+    is the part's at ``k / ratio``, linearly interpolated): the envelope's formants move up
+    by ``ratio`` (down below 1). Frame by frame, so windows still join exactly."""
+    if ratio == 1.0:
+        return part
+    below, above, weight = _formant_map(float(ratio))
+    out = part[below] * (np.float32(1) - weight)
+    out += part[above] * weight
+    return out
+
+
 def synthesize(parts: torch.Tensor, f0: torch.Tensor, noise: torch.Tensor,
-               first: int = 0) -> torch.Tensor:
+               first: int = 0, formant: float = 1.0) -> torch.Tensor:
     """Audio for the frames of ``parts`` ``(3005, n)``, frames ``[first, first + n)`` of a
     segment whose whole f0 ``(F,)`` and noise ``(601, F)`` are given -> ``(n * 300,)`` on the
-    parts' device."""
+    parts' device. ``formant``: the ratio the envelope's frequencies are scaled by (the
+    harmonic and noise magnitudes, the residual's magnitude and the harmonic filter's phase;
+    the residual's free phase is left as the decoder drew it)."""
     n = parts.shape[1]
     host = parts.detach().to("cpu", torch.float32).numpy()
     lh, theta, ln, lr, phi = np.split(host, 5)  # (601, n) each
+    if formant != 1.0:
+        lh, theta, ln, lr = (warp_formants(part, formant) for part in (lh, theta, ln, lr))
     train = _segment_pulses(f0.detach().to("cpu", torch.float32).numpy().tobytes())
     source = stft(train[first * HOP: (first + n) * HOP], n).T  # (601, n)
     angle = np.tanh(theta)

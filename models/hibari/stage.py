@@ -145,20 +145,22 @@ class HibariVocoder(_HibariHalf, Vocoder):
         the Piper vocoder does."""
         return stream_windows(frames, window, int(self.voice.WINDOW_CONTEXT), growth)
 
-    def vocode_windows(self, pieces: Sequence[tuple[torch.Tensor, Window, int]],
-                       max_batch: int | None = None) -> list[torch.Tensor]:
-        """The audio of each ``(frames, window, seed)``: ``(window.end - window.start) *
-        300`` samples, decoded with the window's context so that the windows joined equal
-        the whole segment's decode (within 1e-3, ``HibariVoice.decode_window``)."""
+    def vocode_windows(self, pieces: Sequence[tuple], max_batch: int | None = None
+                       ) -> list[torch.Tensor]:
+        """The audio of each ``(frames, window, seed)`` or ``(frames, window, seed, pitch,
+        formant)`` (a shaped voice: semitones, envelope ratio): ``(window.end -
+        window.start) * 300`` samples, decoded with the window's context so that the windows
+        joined equal the whole segment's decode (within 1e-3, ``HibariVoice.decode_window``)."""
         out = []
         context = int(self.voice.WINDOW_CONTEXT)
-        for frames, window, seed in pieces:
+        for frames, window, seed, *shape in pieces:
+            pitch, formant = shape if shape else (0.0, 1.0)
             frames = frames.to(self.device, torch.float32)
             if window.start == 0 and window.end == int(frames.shape[1]):
-                audio = self.voice.decode(frames, seed)
+                audio = self.voice.decode(frames, seed, pitch, formant)
             else:
                 audio = self.voice.decode_window(frames, seed, window.start, window.end,
-                                                 context)
+                                                 context, pitch, formant)
             out.append(audio.reshape(-1))
         return out
 

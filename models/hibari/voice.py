@@ -87,17 +87,20 @@ class HibariVoice:
         return self.decoder(frames_131[None, :DECODER_CHANNELS].to(self.device).float())[0]
 
     @torch.inference_mode()
-    def decode(self, frames_131: torch.Tensor, seed: int) -> torch.Tensor:
+    def decode(self, frames_131: torch.Tensor, seed: int, pitch: float = 0.0,
+               formant: float = 1.0) -> torch.Tensor:
         """``(131, F)`` -> ``(F * 300,)`` float32 audio in [-1, 1] on the voice's device."""
-        return self.decode_window(frames_131, seed, 0, frames_131.shape[1], 0)
+        return self.decode_window(frames_131, seed, 0, frames_131.shape[1], 0, pitch, formant)
 
     @torch.inference_mode()
     def decode_window(self, frames_131: torch.Tensor, seed: int, start: int, stop: int,
-                      context: int) -> torch.Tensor:
+                      context: int, pitch: float = 0.0, formant: float = 1.0) -> torch.Tensor:
         """Samples of frames ``[start, stop)`` of the segment ``frames_131`` (all its frames:
         f0's phase and the noise are the segment's), decoded with ``context`` frames either side
         of the window. With ``context >= WINDOW_CONTEXT`` the windows of a segment, joined,
-        equal ``decode`` of it."""
+        equal ``decode`` of it. A shaped voice: f0 shifted by ``pitch`` semitones and the
+        envelope's frequencies scaled by ``formant`` before the DSP (both per frame, so the
+        windows still join exactly)."""
         total = frames_131.shape[1]
         if not 0 <= start < stop <= total:
             raise ValueError(f"window [{start}, {stop}) is not inside the {total} frames")
@@ -107,8 +110,8 @@ class HibariVoice:
         noise = dsp.segment_noise(seed, total, self.device)
         # the DSP renders only what its kept samples need (far less than the decoder's context)
         lo, hi = max(first, start - dsp.RENDER_MARGIN), min(last, stop + dsp.RENDER_MARGIN)
-        audio = dsp.synthesize(parts[:, lo - first: hi - first], frames[DECODER_CHANNELS],
-                               noise, lo)
+        f0 = dsp.shift_pitch(frames[DECODER_CHANNELS], pitch)
+        audio = dsp.synthesize(parts[:, lo - first: hi - first], f0, noise, lo, formant)
         audio = audio[(start - lo) * self.hop: (stop - lo) * self.hop]
         return audio.clamp(-1.0, 1.0)
 

@@ -47,6 +47,9 @@ class HibariBackend(VoiceBackend):
     has_versions = False
     listing_rank = 10  # the most natural English voice the farm has
     decoder_noise = True
+    # Its vocoder shifts f0 and scales the spectral envelope's frequencies before the DSP
+    # (models/hibari/dsp.py, `shaped`); rate is the acoustic half's speed.
+    shapes = frozenset({"pitch", "formant"})
 
     def list_voices(self, voices_dir: str) -> list[Voice]:
         """hibari's voice ``heart``, when the ``hibari-tts`` wheel is installed."""
@@ -59,7 +62,8 @@ class HibariBackend(VoiceBackend):
         return [Voice(name=hibari_voice.NAME, language="en",
                       display_name=f"{hibari_voice.NAME} (hibari neural, Kokoro-distilled)",
                       base="en-us", variant=None, engine=self.name,
-                      sample_rate=hibari_voice.SAMPLE_RATE, model_path=str(path))]
+                      sample_rate=hibari_voice.SAMPLE_RATE, model_path=str(path),
+                      gender="female")]
 
     def phrase_phonemes(self, text: str, voice: Voice, ipa: bool) -> str:
         return _g2p(text)
@@ -132,7 +136,9 @@ class HibariBackend(VoiceBackend):
         def run(items: list) -> list:
             return vocoder.vocode_windows(items)
 
-        return Batch(vocoder.model_id, run, (features, piece, seed))
+        # A shaped voice's pitch and formant ratio ride with each piece (applied per frame).
+        shape = voice.shape
+        return Batch(vocoder.model_id, run, (features, piece, seed, shape.pitch, shape.formant))
 
     def word_times(self, vocoder: Any, phonemes: str, spans: Sequence[Any],
                    durations: Sequence[int], samples: int) -> list[dict]:
