@@ -425,8 +425,11 @@ def _stages(model, model_id: str, config: EngineConfig, precision: str,
     """The compiled stages object for ``model`` at ``precision``."""
     # breaks the cycle: the voice modules import this one for accelerate()
     from models.hibari.decoder import HibariDecoder
+    from models.kokoro.compiled import KOKORO_MODULES, kokoro_stages
     from models.neural.hifigan import HifiganDecoder
 
+    if isinstance(model, KOKORO_MODULES):
+        return kokoro_stages(model, model_id, config, precision, calibration)
     if isinstance(model, HibariDecoder):
         return CompiledHibariDecoder(compile_graphs(
             _hibari_decoder_specs(model), f"{model_id}-decoder", config, precision, calibration))
@@ -443,27 +446,31 @@ def _stages(model, model_id: str, config: EngineConfig, precision: str,
 
 def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.device,
                calibration: Calibration | None = None) -> str:
-    """Run ``model``'s stages (a ``VitsAcoustic``, a ``HifiganDecoder``, or the hibari
-    voice's ``HibariDecoder`` or ``HibariAcoustic``) on the engine the config picks for
-    ``device``, at the stage's precision (``stage_precision``; ``calibration`` gives the
-    inputs that fix int8's static scales, where the stage has them); returns the engine that
-    runs them (``torch`` or ``openvino``). Any failure leaves the model in eager torch with
-    one log line naming why.
+    """Run ``model``'s stages (a ``VitsAcoustic``, a ``HifiganDecoder``, the hibari voice's
+    ``HibariDecoder`` or ``HibariAcoustic``, Kokoro's ``KokoroDecoder`` or ``KokoroAcoustic``)
+    on the engine the config picks for ``device``, at the stage's precision
+    (``stage_precision``; ``calibration`` gives the inputs that fix int8's static scales,
+    where the stage has them); returns the engine that runs them (``torch`` or
+    ``openvino``). Any failure leaves the model in eager torch with one log line naming why.
     """
     # breaks the cycle: the voice modules import this one for accelerate()
     from models.hibari.acoustic import HibariAcoustic
     from models.hibari.decoder import HibariDecoder
+    from models.kokoro.compiled import KOKORO_MODULES, KokoroDecoder
     from models.neural.hifigan import HifiganDecoder
     from models.neural.vits import VitsAcoustic
 
     engine = resolve(config.engine, device)
-    if not isinstance(model, HifiganDecoder | VitsAcoustic | HibariDecoder | HibariAcoustic):
+    if not isinstance(model, HifiganDecoder | VitsAcoustic | HibariDecoder | HibariAcoustic
+                      | KOKORO_MODULES):
         raise TypeError(f"no compiled stages for {type(model).__name__}")
     model.stages = None
     if engine == "torch":
         return "torch"
-    kind = "decoder" if isinstance(model, HifiganDecoder | HibariDecoder) else "acoustic"
-    family = "hibari" if isinstance(model, HibariAcoustic | HibariDecoder) else "piper"
+    kind = ("decoder" if isinstance(model, HifiganDecoder | HibariDecoder | KokoroDecoder)
+            else "acoustic")
+    family = ("kokoro" if isinstance(model, KOKORO_MODULES) else "hibari"
+              if isinstance(model, HibariAcoustic | HibariDecoder) else "piper")
     precision, why = stage_precision(config, family, VOCODER if kind == "decoder"
                                      else ACOUSTIC, calibration is not None)
     if why:

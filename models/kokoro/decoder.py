@@ -11,6 +11,7 @@ energy have two per frame.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,7 +24,13 @@ _PREFIX = "decoder.decoder"
 
 
 class KokoroDecoder(nn.Module):
-    """``features (B, 512, F), f0 (B, 2F), energy (B, 2F), style (B, 128) -> (B, 600 F)``."""
+    """``features (B, 512, F), f0 (B, 2F), energy (B, 2F), style (B, 128) -> (B, 600 F)``.
+
+    ``stages``: where set (``models.engine.accelerate``), an object whose ``decode_stage``
+    replaces this module's (a compiled graph); the harmonic source stays in torch before it.
+    """
+
+    stages: Any = None
 
     def __init__(self, weights: KokoroWeights) -> None:
         super().__init__()
@@ -43,6 +50,15 @@ class KokoroDecoder(nn.Module):
     def forward(self, features: torch.Tensor, f0: torch.Tensor, energy: torch.Tensor,
                 style: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
         """``source``: the harmonic source's spectrum, if known (``Generator.source``)."""
+        if source is None:
+            source = self.generator.source(f0)
+        stages = self if self.stages is None else self.stages
+        return stages.decode_stage(features, f0, energy, style, source)
+
+    def decode_stage(self, features: torch.Tensor, f0: torch.Tensor, energy: torch.Tensor,
+                     style: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """Everything after the harmonic source, the part an engine compiles: the same
+        arguments, ``source (B, 22, 120 F + 1)`` -> audio ``(B, 600 F)``."""
         f0_half = self.f0_conv(f0.unsqueeze(1))  # (B, 1, F)
         energy_half = self.n_conv(energy.unsqueeze(1))
         x = self.encode(torch.cat([features, f0_half, energy_half], dim=1), style)
