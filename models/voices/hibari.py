@@ -1,6 +1,9 @@
 """hibari: ``en_us-hibari-heart``, the Kokoro-distilled voice ``heart`` inside the
 ``hibari-tts`` wheel (24 kHz; its own G2P and phoneme set, ``models.hibari.vocab``). The
-wheel's other voices download at run time, so they are not offered.
+wheel's other voices (emma, fenrir, fable, kore) would download at run time, so they are
+offered only where an operator drops their files into the voices directory: a file whose
+SHA-256 the wheel's ``voices.json`` names becomes ``en_us-hibari-NAME`` or
+``en_gb-hibari-NAME`` (British voices read through the G2P's British lexicon), one model each.
 
 Its phonemes are misaki's symbols (IPA with ``A I O W Y`` for its diphthongs); a space is its
 word boundary, a tab or line break none. Its acoustic half draws no noise; its decoder adds
@@ -19,19 +22,20 @@ from models.stages import ACOUSTIC
 from models.voices.base import Batch, Loading, Voice, VoiceBackend
 
 
-def _g2p(text: str) -> str:
-    """hibari's phonemes for ``text``: its G2P's, kept to its vocab (the G2P can pass a
-    quote mark the model has no id for; its own runtime drops those the same way)."""
+def _g2p(text: str, accent: str = "en-us") -> str:
+    """hibari's phonemes for ``text`` in ``accent`` (``en-us``, or ``en-gb`` for the British
+    voices): its G2P's, kept to its vocab (the G2P can pass a quote mark the model has no id
+    for; its own runtime drops those the same way)."""
     # hibari's G2P loads its lexicons once a hibari voice is asked for
     from models.hibari.g2p import phonemize as hibari_phonemize
     from models.hibari.vocab import keep_vocab
 
-    return keep_vocab(hibari_phonemize(text))
+    return keep_vocab(hibari_phonemize(text, accent))
 
 
 @functools.lru_cache(maxsize=8192)
-def _word_phonemes(word: str) -> str:
-    return _g2p(word)
+def _word_phonemes(word: str, accent: str) -> str:
+    return _g2p(word, accent)
 
 
 class HibariBackend(VoiceBackend):
@@ -52,24 +56,34 @@ class HibariBackend(VoiceBackend):
     shapes = frozenset({"pitch", "formant"})
 
     def list_voices(self, voices_dir: str) -> list[Voice]:
-        """hibari's voice ``heart``, when the ``hibari-tts`` wheel is installed."""
+        """hibari's voice ``heart``, when the ``hibari-tts`` wheel is installed, and the
+        wheel's other voices (``voices.json``: emma, fenrir, fable, kore) whose files an
+        operator dropped into ``voices_dir``, each found by its SHA-256 (the wheel would
+        download them, so they are never fetched here)."""
         # the hibari wheel is looked for only when the voices are listed
         from models.hibari import vocab as hibari_voice
 
         path = hibari_voice.model_path()
         if path is None:
             return []
-        return [Voice(name=hibari_voice.NAME, language="en",
-                      display_name=f"{hibari_voice.NAME} (hibari neural, Kokoro-distilled)",
-                      base="en-us", variant=None, engine=self.name,
-                      sample_rate=hibari_voice.SAMPLE_RATE, model_path=str(path),
-                      gender="female")]
+        voices = [Voice(name=hibari_voice.NAME, language="en",
+                        display_name=f"{hibari_voice.NAME} (hibari neural, Kokoro-distilled)",
+                        base="en-us", variant=None, engine=self.name,
+                        sample_rate=hibari_voice.SAMPLE_RATE, model_path=str(path),
+                        gender="female")]
+        for found in hibari_voice.voice_files(voices_dir) if voices_dir else ():
+            voices.append(Voice(name=found.name, language="en",
+                                display_name=f"{found.name} (hibari neural, Kokoro-distilled)",
+                                base="en-gb" if found.british else "en-us", variant=None,
+                                engine=self.name, sample_rate=hibari_voice.SAMPLE_RATE,
+                                model_path=str(found.path), gender=found.gender))
+        return voices
 
     def phrase_phonemes(self, text: str, voice: Voice, ipa: bool) -> str:
-        return _g2p(text)
+        return _g2p(text, voice.base)
 
     def word_phonemes(self, word: str, voice: Voice) -> str:
-        return _word_phonemes(word)
+        return _word_phonemes(word, voice.base)
 
     def says_something(self, phonemes: str, voice: Voice) -> bool:
         # the hibari wheel's vocab loads once a hibari voice is asked for
@@ -94,7 +108,9 @@ class HibariBackend(VoiceBackend):
         phonemize("Hello.")
 
     def model_key(self, stage: str, voice: Voice) -> str:
-        return f"hibari-{stage}"  # the voice inside is loaded once and shared
+        # One model a voice file (heart's, or a dropped one), loaded once and shared by the
+        # voices shaped from it.
+        return f"hibari-{stage}:{voice.model_path}"
 
     def load(self, stage: str, voice: Voice, loading: Loading) -> Any:
         # models load after the fork, in the process that runs them
@@ -103,7 +119,7 @@ class HibariBackend(VoiceBackend):
 
         cls = HibariAcoustic if stage == ACOUSTIC else HibariVocoder
         try:
-            return cls(device=loading.device, engine=loading.engine)
+            return cls(device=loading.device, engine=loading.engine, path=voice.model_path)
         except (OSError, ValueError) as exc:  # final: a retry reads the same files
             raise VoiceUnavailable(f"the hibari voice cannot be loaded: {exc}") from exc
 

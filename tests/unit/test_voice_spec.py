@@ -5,6 +5,7 @@ mixes, and the hook that resolves a custom name."""
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 
 import pytest
 
@@ -169,3 +170,52 @@ def test_the_resolver_turns_a_custom_name_into_its_spec():
             get_voice("loop")
     with pytest.raises(UnknownVoice):
         get_voice("narrator")  # the hook is gone with the block
+
+
+def test_a_dropped_hibari_voice_file_is_offered_by_its_sha256(tmp_path, caplog):
+    """The wheel's voices.json names the files it would download; a file whose SHA-256 is
+    there becomes a voice named by its accent, one that matches nothing is left out (said in
+    the log). No real extra voice ships here: a copy of voices.json names a test file."""
+    vocab = pytest.importorskip("models.hibari.vocab")
+    if vocab.package_dir() is None:
+        pytest.skip("the hibari-tts wheel is not installed")
+    import hashlib
+    import json
+
+    listed = json.loads((vocab.package_dir() / "assets" / "voices.json").read_text())
+    (tmp_path / "voices").mkdir()
+    ours = tmp_path / "voices" / "bf_emma.int8.onnx"
+    ours.write_bytes(b"not the real emma")
+    stranger = tmp_path / "voices" / "stranger.onnx"
+    stranger.write_bytes(b"nobody's voice")
+    listed["emma"]["sha256"] = hashlib.sha256(ours.read_bytes()).hexdigest()
+    catalog = tmp_path / "voices.json"
+    catalog.write_text(json.dumps(listed))
+    with caplog.at_level("INFO", logger="models.hibari.vocab"):
+        found = vocab.voice_files(tmp_path / "voices", catalog)
+    assert [(f.name, f.gender, f.british, f.path) for f in found] == [
+        ("en_gb-hibari-emma", "female", True, ours)]
+    assert "stranger.onnx is not one of hibari's voices" in caplog.text
+    # With the wheel's own voices.json neither file matches: only heart is offered.
+    assert vocab.voice_files(tmp_path / "voices") == []
+    from models.voices.hibari import HibariBackend
+
+    names = [voice.name for voice in HibariBackend().list_voices(str(tmp_path / "voices"))]
+    assert names == [HEART]
+
+
+def test_a_british_hibari_voice_reads_through_the_british_lexicon():
+    pytest.importorskip("hibari")
+    from models.hibari.g2p import phonemize
+    from models.voices.hibari import HibariBackend
+
+    assert phonemize("Hello there.", "en-gb") != phonemize("Hello there.", "en-us")
+    heart = get_voice(HEART)
+    dropped = replace(heart, name="en_gb-hibari-emma", base="en-gb", model_path="/x/emma.onnx")
+    backend = HibariBackend()
+    assert backend.phrase_phonemes("Hello there.", dropped, False) == phonemize(
+        "Hello there.", "en-gb")
+    # one model a voice file; a shaped voice shares its base's
+    assert backend.model_key("vocoder", dropped) != backend.model_key("vocoder", heart)
+    assert backend.model_key("vocoder", get_voice(f"{HEART}[pitch=1]")) == \
+        backend.model_key("vocoder", heart)
