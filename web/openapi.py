@@ -35,6 +35,7 @@ from web import (  # noqa: F401
     openai_compat,
     page,
     streams,
+    voices,
     ws,
 )
 from web import apidoc as doc
@@ -71,6 +72,8 @@ _PATH_PARAMS: dict[str, dict] = {
     "n": {"description": "the chapter's index", "schema": {"type": "integer", "minimum": 0}},
     "model_id": {"schema": {"type": "string"}},
     "voice": {"description": "a Piper voice's name", "schema": {"type": "string"}},
+    "name": {"description": "a voice's name: the farm's, or a custom voice's",
+             "schema": {"type": "string"}},
 }
 
 
@@ -146,7 +149,7 @@ def build_spec(settings: Settings, served: set[str] | None = None) -> dict:
                            "use the OpenAI speech API. Every error has one shape: "
                            "`{\"error\": {\"code\", \"message\", \"field\"?}}`.",
         },
-        "tags": [{"name": n} for n in ("jobs", "streaming", "openai", "books", "farm",
+        "tags": [{"name": n} for n in ("jobs", "streaming", "openai", "books", "voices", "farm",
                                        "admin", "health", "docs")],
         "paths": paths,
         "components": {"schemas": defs.get("$defs", {}), "securitySchemes": {
