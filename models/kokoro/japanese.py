@@ -86,8 +86,14 @@ def _cut_run(text: str) -> list[str]:
     return words
 
 
+def _is_kanji(word: str) -> bool:
+    return len(word) == 1 and unicodedata.name(word, "").startswith("CJK UNIFIED IDEOGRAPH")
+
+
 def words(text: str) -> list[str]:
-    """``text`` cut into words: OpenJTalk's morphemes as written, a number one word.
+    """``text`` cut into words: OpenJTalk's morphemes as written, a number one word with the
+    one-kanji counter after it (``14日``, ``1234円``: the G2P reads them fused, ``14日`` as
+    ``ʥɨː joʔka``, so apart neither would find its own phonemes).
     ``"".join(words(text)) == text``."""
     out: list[str] = []
     at = 0
@@ -98,7 +104,13 @@ def words(text: str) -> list[str]:
         at = match.end()
     if at < len(text):
         out.extend(_cut_run(text[at:]))
-    return [word for word in out if word]
+    joined: list[str] = []
+    for word in out:
+        if joined and _is_kanji(word) and _NUMBER.fullmatch(joined[-1]):
+            joined[-1] += word
+        elif word:
+            joined.append(word)
+    return joined
 
 
 # Digit groups (``1,234``): the G2P would read the comma as a pause between two numbers.

@@ -54,7 +54,13 @@ from models.text.segmenting import (
 )
 from models.text.text_en import DIGIT_WORDS, normalize_en
 from models.text.text_zh import normalize_zh
-from models.text.words import WordSpan, align_words, source_spans
+from models.text.words import (
+    JAPANESE_MAX_SPAN,
+    MAX_SPAN,
+    WordSpan,
+    align_words,
+    source_spans,
+)
 from models.voices import Voice, backend_for, get_voice
 
 # Bound on one segment's phoneme count, measured as espeak mnemonic characters (whitespace
@@ -127,7 +133,8 @@ def _word_spans(text: str, phonemes: str, language: str, voice: Voice,
             return _g2p(word, voice, ipa=False, fixed=fixed)
         return _said_alone(word, voice)
 
-    spans = align_words(words, phonemes, say)
+    spans = align_words(words, phonemes, say,
+                        max_span=JAPANESE_MAX_SPAN if language == "ja" else MAX_SPAN)
     if language == "en":  # English words are split at spaces: punctuation is on them
         return tuple(WordSpan(_unmark(word, marked), span[0], span[1], *source)
                      for word, span, source in zip(words, spans, sources, strict=True)

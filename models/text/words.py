@@ -37,7 +37,10 @@ _MARKS = frozenset("ˈˌːˑ")
 # Punctuation espeak/Piper leave at a group's edges (clause marks) and quotes or brackets.
 _EDGE_PUNCTUATION = ".,;:!?¡¿…—–-\"'«»“”‘’()[]{}"
 # Words per group, or groups per word, that one step of the alignment may pair.
-_MAX_SPAN = 4
+MAX_SPAN = 4
+# The same for Japanese, whose G2P writes a number with its counter as a group a digit's
+# place (``1234円``: ``seɴ ɲi çakɯ saɴ ʥɨː jo eɴ``, seven groups for one word).
+JAPANESE_MAX_SPAN = 16
 # Price of pairing more than one with one: a one-to-one pairing wins unless the lengths say
 # otherwise by more than this per extra word or group.
 _SPAN_COST = 0.75
@@ -96,7 +99,8 @@ def phoneme_groups(phonemes: str) -> list[tuple[int, int]]:
     return groups
 
 
-def _pair(word_cores: list[str], group_cores: list[str]) -> list[tuple[int, int, int, int]]:
+def _pair(word_cores: list[str], group_cores: list[str],
+          max_span: int = MAX_SPAN) -> list[tuple[int, int, int, int]]:
     """Monotone blocks ``(first word, words, first group, groups)`` pairing every word and
     every group, cheapest by phoneme counts (a word with no phonemes takes no group)."""
     n, m = len(word_cores), len(group_cores)
@@ -133,12 +137,12 @@ def _pair(word_cores: list[str], group_cores: list[str]) -> list[tuple[int, int,
                 continue
             here += firsts_w[i] != firsts_g[j]  # both start with the same sound, usually
             total = 0
-            for k in range(1, min(_MAX_SPAN, n - i) + 1):  # k words said as one group
+            for k in range(1, min(max_span, n - i) + 1):  # k words said as one group
                 total += wl[i + k - 1]
                 relax(i + k, j + 1, here + abs(total - gl[j]) + _SPAN_COST * (k - 1),
                       (i, k, j, 1))
             total = gl[j]
-            for k in range(2, min(_MAX_SPAN, m - j) + 1):  # one word said as k groups
+            for k in range(2, min(max_span, m - j) + 1):  # one word said as k groups
                 total += gl[j + k - 1]
                 relax(i + 1, j + k, here + abs(wl[i] - total) + _SPAN_COST * (k - 1),
                       (i, 1, j, k))
@@ -188,12 +192,13 @@ def _said_as_alone(word_cores: list[str], group_cores: list[str]) -> bool:
     return word_cores == group_cores
 
 
-def align_words(words: Sequence[str], phonemes: str,
-                word_phonemes: Callable[[str], str]) -> list[tuple[int, int] | None]:
+def align_words(words: Sequence[str], phonemes: str, word_phonemes: Callable[[str], str],
+                max_span: int = MAX_SPAN) -> list[tuple[int, int] | None]:
     """Each word's ``(start, end)`` in ``phonemes`` (None for a word with no phonemes there).
 
     ``words`` are the segment's tokens in order, ``phonemes`` the segment's (NFD) phrase
-    phonemes, ``word_phonemes(word)`` a word's phonemes said alone (same phonemizer).
+    phonemes, ``word_phonemes(word)`` a word's phonemes said alone (same phonemizer);
+    ``max_span`` the most groups one word may take, or words one group.
     """
     phonemes = unicodedata.normalize("NFD", phonemes)
     groups = phoneme_groups(phonemes)
@@ -206,7 +211,8 @@ def align_words(words: Sequence[str], phonemes: str,
     spans: list[tuple[int, int] | None] = [None] * len(words)
     if not words or not groups:
         return spans
-    for first_word, count, first_group, group_count in _pair(word_cores, group_cores):
+    for first_word, count, first_group, group_count in _pair(word_cores, group_cores,
+                                                             max_span):
         if count == 0 or group_count == 0:
             continue
         start, end = groups[first_group][0], groups[first_group + group_count - 1][1]
