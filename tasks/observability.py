@@ -27,6 +27,8 @@ from app.broker.messages import job_place
 from app.broker.stages import PIPELINE, Stage
 from app.obs import metrics, multiproc, tracing
 from app.obs.logging_setup import configure_logging
+from models.errors import SpeechError
+from models.voices import backend_for, get_voice
 from tasks import runtime
 
 seglog = logging.getLogger("voxfarm.segments")
@@ -51,6 +53,18 @@ def _job_segment(args, kwargs) -> tuple[str, int] | tuple[None, None]:
         if (place := job_place(a)) is not None:
             return place
     return None, None
+
+
+def _engine(args, kwargs) -> str | None:
+    """The voice engine of a segment task's message (None for any other task, or a voice
+    that no longer resolves: the task's own outcome says why)."""
+    for a in (*(args or ()), *(kwargs or {}).values()):
+        if isinstance(a, dict) and isinstance(a.get("voice"), str) and "phonemes" in a:
+            try:
+                return backend_for(get_voice(a["voice"])).name
+            except (SpeechError, ValueError):
+                return None
+    return None
 
 
 def _rest(kwargs) -> bool:
@@ -99,6 +113,8 @@ def _postrun(task_id: str, task, args=None, kwargs=None, state=None, **_: object
         run_s = time.perf_counter() - start
         stage = _stage(task.name)
         metrics.TASK_RUN.labels(stage).observe(run_s)
+        if stage in PIPELINE and (engine := _engine(args, kwargs)) is not None:
+            metrics.ENGINE_RUN.labels(stage, engine).observe(run_s)
         metrics.TASKS.labels(stage, state or "UNKNOWN").inc()
         # A segment that gave way after its first window is counted when its rest is done,
         # with the time the first part ran (`spent_s`): the estimate is a whole segment's.

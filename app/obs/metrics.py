@@ -54,6 +54,11 @@ MEL_TO_VOCODER_WAIT = Histogram(
 TASK_RUN = Histogram(
     "voxfarm_task_run_seconds", "Run time of one segment task, by stage.",
     ["stage"], buckets=RUN_BUCKETS)
+ENGINE_RUN = Histogram(
+    "voxfarm_engine_run_seconds",
+    "Run time of one segment task (a job's or a book's), by stage and the voice engine that "
+    "rendered it (hibari, kokoro, piper, espeak): what each engine costs the pools.",
+    ["stage", "engine"], buckets=RUN_BUCKETS)
 BATCH_SIZE = Histogram(
     "voxfarm_batch_size",
     "Items (segments or windows, of any jobs) in one forward pass of a pool with dynamic "

@@ -147,6 +147,9 @@ def test_metrics_move_by_what_happened(obs):
     assert d("acoustic", "voxfarm_task_run_seconds_count", stage="acoustic") == n
     assert d("vocoder", "voxfarm_task_run_seconds_count", stage="vocoder") == n
     assert d("vocoder", "voxfarm_tasks_total", stage="vocoder", outcome="SUCCESS") == n
+    # ... and each run is counted under the engine of the job's voice (the default, hibari).
+    for stage in ("acoustic", "vocoder"):
+        assert d(stage, "voxfarm_engine_run_seconds_count", stage=stage, engine="hibari") == n
     assert d("vocoder", "voxfarm_segments_total") == n
     assert d("vocoder", "voxfarm_audio_seconds_total") == pytest.approx(job["audio_seconds"],
                                                                         abs=0.01)
