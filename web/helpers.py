@@ -8,12 +8,14 @@ body, the WebSocket as an error event, the OpenAI endpoints with OpenAI's fields
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from itertools import accumulate
+from pathlib import Path
 from typing import Any, TypeVar
 
 from flask import Request, current_app, g
@@ -29,6 +31,7 @@ from models.errors import (
     InvalidPhonemes,
     InvalidVoiceSpec,
     NoSpeakableText,
+    SpeechError,
     SsmlError,
     UnknownSpeaker,
     UnknownVoice,
@@ -206,14 +209,30 @@ def openai_errors() -> Iterator[None]:
 # -- what needs the voice --------------------------------------------------------------------
 
 
+@functools.cache
+def _openai_voice_data() -> dict[str, dict[str, str]]:
+    """web/openai_voices.json, read once: the OpenAI route's vocabulary, so it lives beside
+    the web (workers only ever see the specs it maps to)."""
+    path = Path(__file__).with_name("openai_voices.json")
+    return {name: entry for name, entry in json.loads(path.read_text("utf-8")).items()
+            if not name.startswith("_")}
+
+
 def openai_voice_table() -> dict[str, str]:
-    """OpenAI's voice names -> the farm's voices: each is the farm's default voice (the
-    neural English one: the bundled voice has one speaker, and a neural voice beats eSpeak's
-    variants for every name) unless the `openai_voices` setting maps it elsewhere
-    ("alloy=en_us-joe-medium,fable=en+m3", or a speaker: "nova=NAME:SPEAKER")."""
-    settings = farm().settings
-    table = dict.fromkeys(OPENAI_VOICES, settings.default_voice)
-    for item in settings.openai_voices.split(","):
+    """OpenAI's voice names -> the farm's voices: 13 distinct voices (web/openai_voices.json,
+    each a spec chosen for its gender and held intelligible by tests/integration/
+    test_openai_voices.py; its `fallback` where the voice's engine is not installed here)
+    unless the `openai_voices` setting maps a name elsewhere ("alloy=en_us-joe-medium,
+    fable=en+m3", a speaker "nova=NAME:SPEAKER", or a spec "onyx=jm_kumo[pitch=-3,lang=en]": a
+    comma inside [...] is the spec's)."""
+    table = {}
+    for name in OPENAI_VOICES:
+        entry = _openai_voice_data()[name]
+        try:
+            table[name] = get_voice(entry["voice"]).name
+        except SpeechError:  # its engine is not installed in this process
+            table[name] = entry["fallback"]
+    for item in re.split(r",(?![^\[]*\])", farm().settings.openai_voices):
         name, _, voice = item.partition("=")
         if name.strip() and voice.strip():
             table[name.strip().lower()] = voice.strip()

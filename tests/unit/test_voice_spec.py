@@ -219,3 +219,27 @@ def test_a_british_hibari_voice_reads_through_the_british_lexicon():
     assert backend.model_key("vocoder", dropped) != backend.model_key("vocoder", heart)
     assert backend.model_key("vocoder", get_voice(f"{HEART}[pitch=1]")) == \
         backend.model_key("vocoder", heart)
+
+
+def test_the_openai_table_is_13_distinct_canonical_voices_with_fallbacks():
+    """web/openai_voices.json: a spec for each OpenAI name, distinct, canonical (what a job
+    records), both genders; each fallback (a process without Kokoro) distinct too and made of
+    the core install's voices. Their intelligibility: tests/integration/test_openai_voices.py."""
+    import json
+    from pathlib import Path
+
+    from web.schemas.constants import OPENAI_VOICES
+
+    path = Path(__file__).resolve().parents[2] / "web" / "openai_voices.json"
+    table = json.loads(path.read_text("utf-8"))
+    entries = [table[name] for name in OPENAI_VOICES]
+    assert len({e["voice"] for e in entries}) == len({e["fallback"] for e in entries}) == 13
+    assert {"female", "male"} <= {e["gender"] for e in entries} and all(e["why"] for e in entries)
+    for entry in entries:
+        fallback = get_voice(entry["fallback"])
+        assert fallback.name == entry["fallback"] and fallback.engine in ("hibari", "piper")
+        if KOKORO or entry["voice"] == entry["fallback"]:
+            voice = get_voice(entry["voice"])
+            assert voice.name == entry["voice"], entry  # canonical: a job records it so
+            assert voice.language == "en"
+    assert table["alloy"]["voice"] == "en_us-hibari-heart"  # OpenAI's default is the farm's

@@ -129,8 +129,9 @@ class SpeechRequest(RequestModel):
                                     "the farm has one engine")
     input: SpokenText
     voice: Name = Field(description="an OpenAI voice name (" + ", ".join(OPENAI_VOICES) +
-                                    ": the farm's default voice unless `openai_voices` maps "
-                                    "it) or a farm voice from `GET /v1/voices`")
+                                    ": each a distinct farm voice, alloy the default one, "
+                                    "unless `openai_voices` maps it) or a farm voice from "
+                                    "`GET /v1/voices`")
     response_format: Annotated[str, OneOf(tuple(RESPONSE_FORMATS))] = "mp3"
     speed: OpenAISpeed = 1.0
     stream_format: Annotated[str, OneOf(STREAM_FORMATS)] = Field(
