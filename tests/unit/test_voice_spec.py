@@ -4,8 +4,11 @@ mixes, and the hook that resolves a custom name."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pickle
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -179,9 +182,6 @@ def test_a_dropped_hibari_voice_file_is_offered_by_its_sha256(tmp_path, caplog):
     vocab = pytest.importorskip("models.hibari.vocab")
     if vocab.package_dir() is None:
         pytest.skip("the hibari-tts wheel is not installed")
-    import hashlib
-    import json
-
     listed = json.loads((vocab.package_dir() / "assets" / "voices.json").read_text())
     (tmp_path / "voices").mkdir()
     ours = tmp_path / "voices" / "bf_emma.int8.onnx"
@@ -198,6 +198,7 @@ def test_a_dropped_hibari_voice_file_is_offered_by_its_sha256(tmp_path, caplog):
     assert "stranger.onnx is not one of hibari's voices" in caplog.text
     # With the wheel's own voices.json neither file matches: only heart is offered.
     assert vocab.voice_files(tmp_path / "voices") == []
+    # the engine module itself, to list a voices directory of this test's own
     from models.voices.hibari import HibariBackend
 
     names = [voice.name for voice in HibariBackend().list_voices(str(tmp_path / "voices"))]
@@ -206,6 +207,7 @@ def test_a_dropped_hibari_voice_file_is_offered_by_its_sha256(tmp_path, caplog):
 
 def test_a_british_hibari_voice_reads_through_the_british_lexicon():
     pytest.importorskip("hibari")
+    # hibari's G2P and engine module: only where the wheel is installed
     from models.hibari.g2p import phonemize
     from models.voices.hibari import HibariBackend
 
@@ -225,9 +227,7 @@ def test_the_openai_table_is_13_distinct_canonical_voices_with_fallbacks():
     """web/openai_voices.json: a spec for each OpenAI name, distinct, canonical (what a job
     records), both genders; each fallback (a process without Kokoro) distinct too and made of
     the core install's voices. Their intelligibility: tests/integration/test_openai_voices.py."""
-    import json
-    from pathlib import Path
-
+    # the web's constants: the one list of OpenAI's names
     from web.schemas.constants import OPENAI_VOICES
 
     path = Path(__file__).resolve().parents[2] / "web" / "openai_voices.json"
