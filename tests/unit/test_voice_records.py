@@ -196,3 +196,18 @@ def test_with_keys_a_voice_is_its_keys_and_an_admin_may_publish_one(app_farm):
     assert client.get("/v1/voices/town", headers=bob).json["scope"] == "public"
     assert client.delete("/v1/voices/town", headers=bob).status_code == 403
     assert client.delete("/v1/voices/town", headers=admin).status_code == 204
+
+
+def test_the_cli_table_has_a_column_each_and_marks_custom_voices():
+    from app.cli.voices import table
+
+    out = table([
+        {"name": HEART, "language": "en", "gender": "female", "engine": "hibari", "rate": 1.0,
+         "kind": "model", "custom": False},
+        {"name": "narrator", "language": "en", "gender": "female", "engine": "hibari",
+         "rate": 1.1, "kind": "shaped", "custom": True, "scope": "key"}]).splitlines()
+    assert out[0].split() == ["NAME", "LANGUAGE", "GENDER", "ENGINE", "RATE", "KIND"]
+    assert out[1].split() == [HEART, "en", "female", "hibari", "1", "model"]
+    assert out[2].split() == ["narrator", "en", "female", "hibari", "1.1", "shaped", "(key)"]
+    assert len({line.index("LANGUAGE") if "LANGUAGE" in line else line.index(" en ") + 1
+                for line in out}) == 1  # aligned
