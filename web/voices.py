@@ -163,7 +163,7 @@ def _taken(name: str) -> bool:
     except (UnknownVoice, UnknownSpeaker, InvalidVoiceSpec):
         pass
     return (name in openai_voice_table()
-            or name in farm().voice_records.visible(voice_scopes()))
+            or farm().voice_records.exists(name, voice_scopes()))
 
 
 def _own_scope(public: bool) -> str:

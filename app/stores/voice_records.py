@@ -246,6 +246,14 @@ class VoiceRecords:
             self._cache.pop(next(iter(self._cache)))
         self._cache[scope] = (token, records)
 
+    def exists(self, name: str, scopes: Sequence[str]) -> bool:
+        """Whether a caller seeing ``scopes`` sees a record ``name``: one round trip that
+        reads no record (a namespace's cache is not reloaded for it)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for scope in scopes:
+                pipe.hexists(self.keys.custom_voices(scope), name)
+            return any(pipe.execute())
+
     def find(self, name: str, scopes: Sequence[str]) -> tuple[VoiceRecord, int | None] | None:
         """The record ``name`` (``NAME@VERSION`` too) names for a caller seeing ``scopes``,
         and the version asked (None: the newest); None when it names none."""
