@@ -145,8 +145,8 @@ def test_every_registered_backend_implements_the_whole_interface():
         for name, hint in attributes.items():
             assert hasattr(cls, name), f"{cls.__name__} does not say {name}"
             # The annotation's type inside ClassVar[...]: str unless it says otherwise.
-            wanted = next((t for t in (bool, int, frozenset) if f"[{t.__name__}" in str(hint)),
-                          str)
+            wanted = next((t for t in (bool, int, frozenset, tuple)
+                           if f"[{t.__name__}" in str(hint)), str)
             assert isinstance(getattr(cls, name), wanted), f"{cls.__name__}.{name}"
         for name in methods:
             assert callable(getattr(backend, name)), f"{cls.__name__}.{name}"
