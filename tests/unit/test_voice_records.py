@@ -5,6 +5,7 @@ rendered (tests/integration/test_custom_voices.py renders)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -211,3 +212,33 @@ def test_the_cli_table_has_a_column_each_and_marks_custom_voices():
     assert out[2].split() == ["narrator", "en", "female", "hibari", "1.1", "shaped", "(key)"]
     assert len({line.index("LANGUAGE") if "LANGUAGE" in line else line.index(" en ") + 1
                 for line in out}) == 1  # aligned
+
+
+def test_the_answers_are_what_the_document_says(app_farm):
+    """Each voices answer validates against the schema the document gives its status."""
+    import jsonschema_rs
+
+    from web.openapi import build_spec
+
+    client, farm = app_farm
+    spec = json.loads(json.dumps(build_spec(farm.settings)))
+
+    def check(path: str, method: str, resp) -> None:
+        answers = spec["paths"][path][method]["responses"]
+        assert str(resp.status_code) in answers, (path, method, resp.status_code)
+        schema = answers[str(resp.status_code)]["content"]["application/json"]["schema"]
+        validator = jsonschema_rs.Draft202012Validator({**schema,
+                                                        "components": spec["components"]})
+        assert not [e.message for e in validator.iter_errors(resp.json)], resp.json
+
+    check("/v1/voices", "post", client.post("/v1/voices", json=SHAPED))
+    check("/v1/voices", "post", client.post("/v1/voices", json=SHAPED))  # 409
+    check("/v1/voices", "post", client.post("/v1/voices", json={**SHAPED, "pitch": 99}))
+    check("/v1/voices", "get", client.get("/v1/voices"))
+    check("/v1/voices/{name}", "get", client.get("/v1/voices/narrator"))
+    check("/v1/voices/{name}", "get", client.get(f"/v1/voices/{HEART}"))
+    check("/v1/voices/{name}", "get", client.get("/v1/voices/nobody"))  # 404
+    check("/v1/voices/{name}/versions", "post",
+          client.post("/v1/voices/narrator/versions", json={"base": HEART, "rate": 1.2}))
+    check("/v1/voices/{name}", "delete", client.delete(f"/v1/voices/{HEART}"))  # 403
+    assert client.delete("/v1/voices/narrator").status_code == 204
