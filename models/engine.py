@@ -86,6 +86,8 @@ AUTO_PRECISION: dict[tuple[str, str], str] = {
     ("piper", VOCODER): "f32",
     # Same day: bf16 changed durations in 11 of 24 sentences; int8 does not convert.
     ("piper", ACOUSTIC): "f32",
+    # 24 sentences, 2026-12-06: bf16 log-mel 0.177 from eager (OpenVINO f32 0.102), WER +0.048.
+    ("kokoro", VOCODER): "f32",
 }
 
 
