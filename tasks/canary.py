@@ -1,7 +1,8 @@
 """The voice canary in the segment workers (app/canary/ holds the store and the rule).
 
-* `voice_for(farm, segment)`: the voice a segment renders with, its version's file and
-  inference overrides applied (both stages call it, so they agree).
+* `voice_for(farm, segment)`: the voice a segment renders with, its version's file (as its
+  engine takes one: `VoiceBackend.at_version`) and inference overrides applied (both stages
+  call it, so they agree).
 * `install()` connects two task signals in every worker process: around each segment stage
   of a versioned voice it counts the version's segments and failures and keeps its run times
   (an acoustic stage's only when it ran the model: a cache hit times Redis, not the version);
@@ -42,15 +43,18 @@ def voice_for(farm, segment: Segment) -> Voice:
     logged."""
     voice = get_voice(segment.voice)
     version_id = segment.version
-    if not version_id or not backend_for(voice).has_versions:
+    backend = backend_for(voice)
+    if not version_id or not backend.has_versions:
         return voice
     version = farm.canary.version(voice.voice_name, version_id)
     if version is None:
         log.warning("voice %s has no version %s; rendering the voice as offered",
                     voice.voice_name, version_id)
         return voice
-    return replace(voice, model_path=version.file or voice.model_path, version=version.id,
-                   inference=version.inference)
+    # The engine says what a version's file changes (a Piper voice's model, a Kokoro
+    # voice's style pack).
+    at_version = backend.at_version(voice, version.file) if version.file else voice
+    return replace(at_version, version=version.id, inference=version.inference)
 
 
 def _spec(args) -> Segment | None:

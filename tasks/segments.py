@@ -170,9 +170,11 @@ def _synthesize(task: SegmentTask, seg: Segment, reroutes: int) -> str:
     voice = canary.voice_for(farm, seg)
     backend = backend_for(voice)
     model = runtime.acoustic_for(voice)
-    # The key names the model, so a hit is always this model's features; the speaker is part
+    # The key names the model (and, where one model renders many voices, a version's
+    # styles: `features_id`), so a hit is always this model's features; the speaker is part
     # of the voice name ("NAME:SPEAKER"). With API keys on it is the owner's alone.
-    content = mel_cache_key(model.model_id, seg.phonemes, seg.voice, seg.speed)
+    content = mel_cache_key(backend.features_id(model, voice), seg.phonemes, seg.voice,
+                            seg.speed)
     digest = scoped_key(content, cache_owner(farm, seg))
     # The entry holds the timing beside the features, which the vocoder stage turns into word
     # timestamps, hit or miss: a neural voice's frames per phoneme id, eSpeak's word starts.

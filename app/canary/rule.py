@@ -1,7 +1,8 @@
-"""The canary's rule, pure: what an operator may ask for (a Piper voice, a readable
-voice file, overrides within range), which jobs a candidate renders, and the decision
-to promote, roll back or wait, from the two versions' figures. No Redis: the store
-(app/canary/store.py) keeps the versions, the figures and the decisions."""
+"""The canary's rule, pure: what an operator may ask for (a voice whose engine has versions,
+a readable version file that fits it, overrides its engine takes, within range), which jobs
+a candidate renders, and the decision to promote, roll back or wait, from the two versions'
+figures. No Redis: the store (app/canary/store.py) keeps the versions, the figures and the
+decisions."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ class CanaryRunning(CanaryError):
 
 @dataclass(frozen=True)
 class Version:
-    """One version of a voice: `file` a Piper `.onnx` ("" for the voice's own), `inference`
-    its overrides, `state` live, candidate or retired."""
+    """One version of a voice: `file` its engine's version file (a Piper `.onnx`, a Kokoro
+    style pack; "" for the voice's own), `inference` its overrides, `state` live, candidate
+    or retired."""
 
     id: str
     voice: str
@@ -96,22 +98,33 @@ def share_error(share: float) -> str | None:
 
 
 # The admin API's one answer for a file it will not read: missing, outside the voices
-# directory, or not a voice's `.onnx` alike, so the answer tells nothing of the rest of the
-# disk (a path's existence, a file's kind).
+# directory, or not a file any voice's version may be, alike, so the answer tells nothing of
+# the rest of the disk (a path's existence, a file's kind).
 NO_VOICE_FILE = "no such voice file in the voices directory"
 
 
+def version_suffixes() -> frozenset[str]:
+    """What a file that may be some voice's version ends in: every engine's
+    `version_suffixes` (a Piper `.onnx`, a Kokoro style pack)."""
+    # the voice engines are read only to check an operator's request
+    from models.voices import backends
+
+    return frozenset(s for backend in backends() for s in backend.version_suffixes)
+
+
 def voice_file_in(voices_dir: str, file: str) -> str:
-    """`file` (a name, or a path) as the path of a Piper `.onnx` directly in `voices_dir`,
-    where the farm's voices are (`VOXFARM_VOICES_DIR`); else CanaryError(NO_VOICE_FILE), the
-    same for every reason. Lexical: `..` cannot leave the directory, and a link in it is
-    the operator's own, as the voice list takes it."""
+    """`file` (a name, or a path) as the path of a file directly in `voices_dir`, where the
+    farm's voices are (`VOXFARM_VOICES_DIR`), that may be a voice's version (its suffix one of
+    `version_suffixes`); else CanaryError(NO_VOICE_FILE), the same for every reason. Lexical:
+    `..` cannot leave the directory, and a link in it is the operator's own, as the voice list
+    takes it. Whether it fits the voice is `check_candidate`'s."""
     if not (voices_dir and file):
         raise CanaryError(NO_VOICE_FILE)
     root = Path(os.path.abspath(voices_dir))
     path = Path(os.path.normpath(root / file))  # an absolute `file` stands for itself
     try:
-        inside = path.parent == root and path.suffix == ".onnx" and path.is_file()
+        inside = (path.parent == root and path.suffix in version_suffixes()
+                  and path.is_file())
     except (OSError, ValueError):  # a NUL in the name, a name too long
         inside = False
     if not inside:
@@ -120,33 +133,39 @@ def voice_file_in(voices_dir: str, file: str) -> str:
 
 
 def check_candidate(voice: str, file: str = "", inference: Inference | None = None) -> str:
-    """What an operator asks for, checked before it takes traffic: `voice` is a Piper voice
-    (a `:SPEAKER` it has is allowed: versions belong to the voice), `file` (if any) a
-    readable Piper voice whose config parses and speaks at the voice's sample rate (a job
-    carries its voice's rate), and the overrides are within INFERENCE_RANGES. Returns the
-    voice's name (without a speaker). Raises CanaryError, UnknownVoice, UnknownSpeaker."""
-    # voice files are read only to check an operator.s request
-    from models.neural.voice_file import PiperConfig, VoiceFileError, config_path_for
-    from models.voices import backend_for, get_voice
+    """What an operator asks for, checked before it takes traffic: `voice` is a voice whose
+    engine has versions (a `:SPEAKER` it has is allowed: versions belong to the voice), the
+    overrides are ones its engine takes and within INFERENCE_RANGES, and `file` (if any) is
+    readable, ends as the engine's version files do, and fits the voice (the engine's
+    `check_version_file`: a Piper voice's config parses and speaks at the voice's sample rate,
+    a Kokoro pack holds a style pack). Returns the voice's name (without a speaker). Raises
+    CanaryError, UnknownVoice, UnknownSpeaker."""
+    # the voice engines are read only to check an operator's request
+    from models.voices import backend_for, backends, get_voice
 
     offered = get_voice(get_voice(voice).voice_name)
-    if not backend_for(offered).has_versions:
-        raise CanaryError(f"voice {offered.name} is not a Piper voice (its engine: "
-                          f"{offered.engine}): only Piper voices have versions")
-    for name, value in (inference or Inference()).as_dict().items():
+    backend = backend_for(offered)
+    if not backend.has_versions:
+        versioned = " and ".join(b.name.capitalize() for b in backends() if b.has_versions)
+        raise CanaryError(f"voice {offered.name} has no versions (its engine: "
+                          f"{offered.engine}): only {versioned} voices have versions")
+    overrides = (inference or Inference()).as_dict()
+    if backend.no_overrides and overrides:
+        raise CanaryError(f"voice {offered.name} takes no inference overrides "
+                          f"({', '.join(overrides)}): {backend.no_overrides}")
+    for name, value in overrides.items():
         if (error := inference_error(name, value)) is not None:
             raise CanaryError(error)
     if file:
-        path = Path(file)
-        if not path.is_file():
+        if not Path(file).is_file():
             raise CanaryError(f"{file}: no such voice file")
+        if Path(file).suffix not in backend.version_suffixes:
+            raise CanaryError(f"{file}: a version of voice {offered.name} is a "
+                              f"{' or '.join(backend.version_suffixes)} file")
         try:
-            config = PiperConfig.from_json(config_path_for(path))
-        except VoiceFileError as exc:
+            backend.check_version_file(offered, file)
+        except ValueError as exc:  # VoiceFileError too: each names the file and the problem
             raise CanaryError(str(exc)) from None
-        if config.sample_rate != offered.sample_rate:
-            raise CanaryError(f"{file} speaks at {config.sample_rate} Hz, voice "
-                              f"{offered.name} at {offered.sample_rate} Hz")
     return offered.name
 
 

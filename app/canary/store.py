@@ -3,7 +3,9 @@ is promoted or rolled back by measured quality and errors (docs/models.md, "Voic
 and the canary").
 
 A Piper voice may have versions: another voice file, or the same file with other inference
-settings (noise_scale, length_scale, noise_w). One version is live; one may be a candidate.
+settings (noise_scale, length_scale, noise_w); a Kokoro voice too, another style pack (its
+engine checks the file: `VoiceBackend.check_version_file`). One version is live; one may be
+a candidate.
 
 * The split (`Canary.version_for`): a share of interactive jobs (`canary_share`, 5%) goes to
   the candidate, by a stable hash of the job id, and the job's every segment carries the
@@ -11,8 +13,9 @@ settings (noise_scale, length_scale, noise_w). One version is live; one may be a
   Books take the live version (tasks/books.py), whatever the split.
 * What a version renders: the segment tasks resolve a spec's version to a `Voice` with the
   version's file and inference overrides (`voice_for`); the acoustic model id names the file's
-  hash and the overrides, so the mel cache key (and the noise seed drawn from it) differ
-  whenever the features would: a version change never serves another version's features.
+  hash and the overrides (Kokoro's key names the version's styles: `features_id`), so the mel
+  cache key (and the noise seed drawn from it) differ whenever the features would: a version
+  change never serves another version's features.
 * The judging (tasks/quality.py): the segment workers count each version's segments and
   failures and keep its recent run times; the quality pool scores a sample of finished
   segments of both versions (word error rate against the segment's text, clipping, silence,

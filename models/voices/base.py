@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from models.classic.espeak import SAMPLE_RATE as ESPEAK_SAMPLE_RATE
@@ -124,6 +124,12 @@ class VoiceBackend(ABC):
     frames_per_phoneme: ClassVar[bool]
     streams_windows: ClassVar[bool]  # its vocoder renders a segment window by window
     has_versions: ClassVar[bool]  # a voice of it may have versions (app/canary/)
+    # What a file that may be a version of one of its voices ends in (the canary reads no
+    # other file of the voices directory); none where its voices have no versions.
+    version_suffixes: ClassVar[tuple[str, ...]] = ()
+    # Why its versions take no inference overrides (Piper's noise and length scales), or ""
+    # where they do: a version is then another file only.
+    no_overrides: ClassVar[str] = ""
     # Its decoder adds noise (hibari's source-filter): the pipeline seeds it from the cached
     # features' bytes (app/stores/features.py, `features_seed`), so a hit renders as a miss.
     decoder_noise: ClassVar[bool] = False
@@ -150,6 +156,20 @@ class VoiceBackend(ABC):
 
         Raises ValueError: no such speaker."""
         raise ValueError(f"voice {voice.name} has one speaker")
+
+    # -- versions (app/canary/; the web and the CLI check, the segment stages render) ------
+
+    def check_version_file(self, voice: Voice, path: str) -> None:
+        """Whether the file at ``path`` (a readable file ending in one of
+        ``version_suffixes``) may render ``voice`` as a version of it: read, never loaded.
+
+        Raises ValueError saying why not."""
+        raise ValueError(f"voice {voice.name} has no versions")
+
+    def at_version(self, voice: Voice, path: str) -> Voice:
+        """``voice`` rendered from a version's file ``path`` (one ``check_version_file``
+        passed)."""
+        return replace(voice, model_path=path)
 
     # -- text to phonemes (the frontend thread; no torch) ----------------------------------
 
@@ -201,6 +221,12 @@ class VoiceBackend(ABC):
     @abstractmethod
     def warm_up(self, stage: str, model: Any) -> None:
         """Run ``model`` (``load``'s for ``stage``) once on a short input."""
+
+    def features_id(self, model: Any, voice: Voice) -> str:
+        """What names the maker of ``voice``'s features in their cache key
+        (app/stores/features.py): the acoustic model's id, which names its file and
+        inference overrides."""
+        return str(model.model_id)
 
     def timed(self, model: Any) -> bool:
         """Whether ``model`` gives durations beside its features (cached for word times)."""

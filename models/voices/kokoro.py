@@ -17,6 +17,12 @@ Text: Japanese through the wheel's G2P (``models.kokoro.japanese``), English thr
 (hibari is Kokoro-distilled: its phoneme vocabulary is Kokoro's, ``vocab.json`` equal id for
 id). The phonemes are misaki's, IPA but for a few capitals; a space between words.
 
+A voice may have versions (app/canary/): a version is another style pack in the voices
+directory (a ``.npy`` or ``.pt`` of (510, 1, 256), or a ``.npz`` holding the voice's own key or
+one pack only), read whole and checked before it takes traffic. The model is every voice's, so
+a versioned voice's features are keyed by its styles' digest too (``features_id``). A version
+takes no inference overrides: Kokoro draws no noise to scale, and its speed is each request's.
+
 Its acoustic half draws no noise; its decoder does (the harmonic source's noise), seeded from
 the cached features like hibari's. Its decoder normalises each layer over the whole segment
 (AdaIN), so a window's samples depend on every frame: it renders whole segments.
@@ -25,11 +31,13 @@ the cached features like hibari's. Its decoder normalises each layer over the wh
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import unicodedata
 import zipfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +117,38 @@ def _pack_shape(path: Path, key: str) -> tuple[int, ...]:
     if len(storages) != 1 or storages[0].file_size != 4 * int(np.prod(PACK_SHAPE)):
         raise ValueError(f"not one float32 tensor of {PACK_SHAPE}")
     return PACK_SHAPE
+
+
+def _storage_floats(path: Path) -> np.ndarray:
+    """A ``.pt`` pack's floats without torch (the web checks versions): its one storage in
+    the zip, float32 little-endian as torch writes it on every host the farm runs on."""
+    with zipfile.ZipFile(path) as archive:
+        storages = [i for i in archive.infolist() if "/data/" in i.filename
+                    and i.filename.rsplit("/", 1)[-1].isdigit()]
+        if len(storages) != 1 or storages[0].file_size != 4 * int(np.prod(PACK_SHAPE)):
+            raise ValueError(f"not one float32 tensor of {PACK_SHAPE}")
+        return np.frombuffer(archive.read(storages[0]), dtype="<f4").reshape(PACK_SHAPE)
+
+
+def _own_names(voice: Voice) -> list[str]:
+    """What ``voice``'s pack may be called in a version ``.npz``: its key in its own pack,
+    its name, its pack file's stem (lower-cased, as voices are named)."""
+    names = (voice.style, voice.voice_name, Path(voice.model_path or "").stem)
+    return [name.lower() for name in names if name]
+
+
+def _version_key(voice: Voice, path: Path) -> str | None:
+    """The key of ``voice``'s pack in a version ``.npz``: the voice's own name
+    (``_own_names``), else the file's one key; None when it holds neither. "" for a file that
+    is one pack."""
+    if path.suffix != ".npz":
+        return ""
+    with np.load(path) as packs:
+        keys = {key.lower(): key for key in packs.files}
+    for name in _own_names(voice):
+        if name in keys:
+            return keys[name]
+    return next(iter(keys.values())) if len(keys) == 1 else None
 
 
 def _pack_voice(name: str, path: Path, key: str) -> Voice | None:
@@ -220,6 +260,12 @@ def _mixed(parts: tuple[tuple[str, float], ...]) -> np.ndarray:
     return total
 
 
+@functools.lru_cache(maxsize=64)
+def _styles_digest(voice: Voice) -> str:
+    """A digest of ``voice``'s styles, which its features' cache key names."""
+    return hashlib.sha256(style_pack(voice).tobytes()).hexdigest()[:16]
+
+
 def style_for(pack: np.ndarray, ids: Sequence[int]) -> np.ndarray:
     """The style of a segment of ``ids`` (with their two pads): the row of its phoneme
     count less one, as Kokoro's runtime picks it."""
@@ -242,7 +288,10 @@ class KokoroBackend(VoiceBackend):
     phonemes_are_ipa = True
     frames_per_phoneme = True
     streams_windows = False  # AdaIN over the whole segment: see the module docstring
-    has_versions = False
+    has_versions = True  # another style pack (the module docstring)
+    version_suffixes = _PACK_SUFFIXES
+    no_overrides = ("Kokoro draws no noise to scale (noise_scale, noise_w), and its speed is "
+                    "each request's (length_scale): a Kokoro version is another style pack")
     decoder_noise = True
     shapes = frozenset({"pitch"})
     mixes = True
@@ -275,6 +324,53 @@ class KokoroBackend(VoiceBackend):
         _listed.update(voices)
         _mixed.cache_clear()  # a part's pack may be another file now
         return list(voices.values())
+
+    def check_version_file(self, voice: Voice, path: str) -> None:
+        """A style pack of (510, 1, 256) finite floats, read whole (a ``.pt`` without torch);
+        a ``.npz`` holds the voice's key or one pack. A mix has no file of its own: its
+        parts' packs render it."""
+        if voice.mix:
+            raise ValueError(f"voice {voice.name} is a mix of Kokoro styles: its parts' packs "
+                             "render it, not one file")
+        pack_file = Path(path)
+        try:
+            key = _version_key(voice, pack_file)
+            if key is None:
+                raise LookupError(f"{path} holds several style packs and none is "
+                                  f"{_own_names(voice)[0]}: a .npz version holds the voice's "
+                                  "own pack or one pack only")
+            if pack_file.suffix == ".pt":
+                pack = _storage_floats(pack_file)
+            elif pack_file.suffix == ".npz":
+                with np.load(pack_file) as packs:
+                    pack = packs[key]
+            else:
+                pack = np.load(pack_file)
+        except LookupError as exc:
+            raise ValueError(str(exc)) from None
+        except (OSError, zipfile.BadZipFile) as exc:
+            raise ValueError(f"{path} cannot be read as a Kokoro style pack: {exc}") from None
+        except ValueError as exc:  # a pickle refused, a torn header: the file's own problem
+            raise ValueError(f"{path} is not a Kokoro style pack: {exc}") from None
+        if tuple(pack.shape) != PACK_SHAPE:
+            raise ValueError(f"{path} holds {tuple(pack.shape)}, not a Kokoro style pack of "
+                             f"{PACK_SHAPE}")
+        if not np.issubdtype(pack.dtype, np.floating) or not np.isfinite(pack).all():
+            raise ValueError(f"{path} holds {pack.dtype} values, not all finite floats: not "
+                             "a Kokoro style pack")
+
+    def at_version(self, voice: Voice, path: str) -> Voice:
+        # check_version_file found the key when the version started; the file is the same
+        return replace(voice, model_path=path, style=_version_key(voice, Path(path)) or "")
+
+    def features_id(self, model: Any, voice: Voice) -> str:
+        # One model renders every voice, so a versioned voice's features name its styles too
+        # (a version changes the pack, not the model). A voice without versions keeps the
+        # model's id alone: its keys stay what they were.
+        if not voice.version:
+            return str(model.model_id)
+        digest = _styles_digest(voice)
+        return f"{model.model_id}:styles-{digest}"
 
     def phrase_phonemes(self, text: str, voice: Voice, ipa: bool) -> str:
         return _phonemes(text, _language(voice))

