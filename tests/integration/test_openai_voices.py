@@ -6,8 +6,9 @@ sentences (tests/unit/test_neural_wer.py) is at most MAX_MEAN_WER for every voic
 sentence of any voice is over MAX_SENTENCE_WER.
 
 The jobs name the OpenAI voice itself, as a client of /v1/audio/speech does (every route maps
-the names). All 130 jobs go in at once and the farm renders them as it would a burst. Run
-with ``-s`` to see each voice's figures: this test is what chose the table."""
+the names). All 130 jobs go in at once and the farm renders them as it would a burst (about
+4 minutes on a two-core box, Kokoro warm). Run with ``-s`` to see each voice's figures: this
+test is what chose the table (docs/models.md, "The OpenAI voice names")."""
 
 from __future__ import annotations
 
