@@ -137,6 +137,11 @@ class VoiceBackend(ABC):
     # and whether its voices mix (a weighted mix of style vectors of one model).
     shapes: ClassVar[frozenset[str]] = frozenset()
     mixes: ClassVar[bool] = False
+    # Why it cannot apply a shaping it lacks (("pitch", "its decoder takes no f0 track"), ...), as
+    # the refusal says it; and the frontend languages any of its voices may speak (empty:
+    # each voice its own only, its G2P being its language's).
+    shape_refusals: ClassVar[tuple[tuple[str, str], ...]] = ()
+    languages: ClassVar[frozenset[str]] = frozenset()
     # Where its voices come in a listing of one language (GET /v1/voices, the page's picker):
     # lower first, the most natural-sounding engine first, eSpeak's variants last.
     listing_rank: ClassVar[int] = 50

@@ -206,8 +206,7 @@ def _checked_shape(base: Voice, shape: Shape) -> Shape:
     wanted = {"pitch": shape.pitch != 0.0, "formant": shape.formant != 1.0}
     for shaping, asked in wanted.items():
         if asked and shaping not in backend.shapes:
-            why = getattr(backend, "shape_refusals", {}).get(
-                shaping, "its engine does not apply it")
+            why = dict(backend.shape_refusals).get(shaping, "its engine does not apply it")
             raise InvalidVoiceSpec(shaping, f"the voice {base.name} ({base.engine}) cannot "
                                             f"{_SHAPING_WORDS[shaping]}: {why}")
     if shape.language == base.language:
@@ -223,8 +222,7 @@ def _checked_shape(base: Voice, shape: Shape) -> Shape:
 def languages_of(backend: VoiceBackend, voice: Voice) -> frozenset[str]:
     """The frontend languages ``voice`` may speak: those its engine declares (``languages``,
     an engine whose G2P speaks several), else its own only (its G2P is its language's)."""
-    declared = getattr(backend, "languages", None)
-    return frozenset(declared) if declared else frozenset({voice.language})
+    return backend.languages or frozenset({voice.language})
 
 
 def canonical_spec(base: str | None, shape: Shape = Shape(),

@@ -95,8 +95,8 @@ class EspeakBackend(VoiceBackend):
     required = True
     # It applies a Shape's rate only (as speed): its mel comes from eSpeak's own formant
     # synthesis, pitch and formants chosen by the voice variant (en-us+f3, ...).
-    shape_refusals = {"pitch": "its pitch is its eSpeak variant's (pick another variant)",
-                      "formant": "its formants are its eSpeak variant's (pick another variant)"}
+    shape_refusals = (("pitch", "its pitch is its eSpeak variant's (pick another variant)"),
+                      ("formant", "its formants are its eSpeak variant's (pick another variant)"))
 
     def list_voices(self, voices_dir: str) -> list[Voice]:
         bases: dict[str, Voice] = {}

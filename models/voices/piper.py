@@ -98,8 +98,8 @@ class PiperBackend(VoiceBackend):
     version_suffixes = (".onnx",)  # another voice file: its config beside it
     # It applies a Shape's rate only (as speed): the VITS decoder turns its latent into audio
     # with no f0 or envelope between them to shift.
-    shape_refusals = {"pitch": "its decoder takes no f0 track",
-                      "formant": "its decoder takes no spectral envelope"}
+    shape_refusals = (("pitch", "its decoder takes no f0 track"),
+                      ("formant", "its decoder takes no spectral envelope"))
     listing_rank = 30  # neural, but flatter than hibari and Kokoro
 
     def list_voices(self, voices_dir: str) -> list[Voice]:
