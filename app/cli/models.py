@@ -76,8 +76,9 @@ def list_versions(voice: str | None, var_dir: str | None) -> None:
 
 @models.command("canary")
 @click.argument("voice")
-@click.option("--file", "file", default="", help="Another Piper .onnx (its .onnx.json beside "
-              "it) for the candidate; default the voice's own file.")
+@click.option("--file", "file", default="", help="Another voice file for the candidate: a Piper "
+              ".onnx (its .onnx.json beside it), a Kokoro style pack (.npy, .pt, .npz); "
+              "default the voice's own file.")
 @click.option("--noise-scale", type=float, default=None, help="Override the config's.")
 @click.option("--length-scale", type=float, default=None, help="Override the config's.")
 @click.option("--noise-w", type=float, default=None, help="Override the config's.")
