@@ -1,15 +1,18 @@
-"""The two English neural voices side by side: compute per second of audio, per stage, as the
+"""The English neural voices side by side: compute per second of audio, per stage, as the
 pools run them, and intelligibility on the same sentences.
 
     .venv/bin/python tests/bench/bench_voices.py [--repeats 3] [--threads 1]
 
-For `en_us-hibari-heart` and `en_us-joe-medium`: the frontend's phonemes for each of the WER
-test's sentences (tests/unit/test_neural_wer.py), then the acoustic half and the vocoder
-through the adapters the acoustic and vocoder pools call (models/hibari/stage.py,
-models/neural/piper.py), one segment at a time, best of `--repeats`, voices interleaved sentence by
-sentence so both see the same machine load. Prints each stage's seconds of compute per second
-of audio produced (lower is faster) and pocketsphinx's word error rate on the audio. What the
-farm adds around the stages (Redis, the broker) is the same for both voices: bench_farm.py.
+For `en_us-hibari-heart`, `en_us-joe-medium` and Kokoro-82M speaking English with two of its
+style voices (`jm_kumo[lang=en]`, `jf_nezumi[lang=en]`: hibari's G2P, Kokoro's model): the
+frontend's phonemes for each of the WER test's sentences (tests/unit/test_neural_wer.py), then
+the acoustic half and the vocoder through the adapters the acoustic and vocoder pools call
+(models/hibari/stage.py, models/neural/piper.py, the Kokoro engine's batches,
+models/voices/kokoro.py), eager torch, one segment at a time, best of `--repeats`, voices
+interleaved sentence by sentence so all see the same machine load. Prints each stage's seconds
+of compute per second of audio produced (lower is faster) and pocketsphinx's word error rate
+on the audio. What the farm adds around the stages (Redis, the broker) is the same for every
+voice: bench_farm.py.
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ sys.path.insert(0, str(ROOT))
 from models.hibari.stage import HibariAcoustic, HibariVocoder  # noqa: E402
 from models.neural.piper import PiperAcoustic, PiperVocoder  # noqa: E402
 from models.text.frontend import prepare  # noqa: E402
-from models.voices import get_voice  # noqa: E402
+from models.voices import backend_for, get_voice  # noqa: E402
 from tests.asr import transcribe, word_errors  # noqa: E402
 from tests.unit.test_neural_wer import SENTENCES  # noqa: E402
 
-VOICES = ("en_us-hibari-heart", "en_us-joe-medium")
+VOICES = ("en_us-hibari-heart", "en_us-joe-medium", "jm_kumo[lang=en]", "jf_nezumi[lang=en]")
 
 
 def best_of(repeats: int, fn, *args):
@@ -69,14 +72,43 @@ class Piper:
         return self.vocoder.vocode([features])[0]
 
 
+class Kokoro:
+    """A Kokoro voice through its engine's batches (style row and pitch as the pools pick
+    them), the model joined into a scratch folder once."""
+
+    def __init__(self, voice) -> None:
+        # Kokoro's stages load only when a Kokoro voice is benchmarked
+        from models.kokoro.stage import KokoroAcousticStage, KokoroVocoderStage, model_file
+
+        self.voice, self.backend = voice, backend_for(voice)
+        path = model_file(ROOT / "var" / "engine-cache" / "kokoro")
+        self.acoustic = KokoroAcousticStage(model_path=path)
+        self.vocoder = KokoroVocoderStage(model_path=path)
+
+    def features(self, phonemes: str):
+        batch = self.backend.acoustic_batch(self.acoustic, self.voice, phonemes,
+                                            self.voice.name, 1.0, 1)
+        return batch.run([batch.item])[0][0]
+
+    def audio(self, features) -> torch.Tensor:
+        batch = self.backend.vocode_batch(self.vocoder, self.voice, features, None, 1)
+        return batch.run([batch.item])[0]
+
+
+def runner_for(name: str):
+    voice = get_voice(name)
+    if voice.engine == "hibari":
+        return Hibari()
+    return Kokoro(voice) if voice.engine == "kokoro" else Piper(voice)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    runners = {name: Hibari() if get_voice(name).engine == "hibari" else Piper(get_voice(name))
-               for name in VOICES}
+    runners = {name: runner_for(name) for name in VOICES}
     totals = {name: {"acoustic": 0.0, "vocoder": 0.0, "audio": 0.0, "errors": 0, "words": 0}
               for name in VOICES}
     for name, runner in runners.items():  # warm: first calls allocate
