@@ -295,6 +295,7 @@ class KokoroBackend(VoiceBackend):
     decoder_noise = True
     shapes = frozenset({"pitch"})
     mixes = True
+    listing_rank = 20  # neural, after hibari (its English is clearer), before Piper
     # Any of its styles speaks each language its G2P has (a Japanese style in English: the
     # catalog's `jf_alpha[lang=en]`).
     languages = frozenset(LANGUAGES.values())
