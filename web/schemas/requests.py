@@ -259,12 +259,13 @@ class SocketMessage(RequestModel):
 
 
 class CanaryRequest(RequestModel):
-    """A candidate version of a Piper voice (docs/models.md, "Voice versions and the
-    canary"): another voice file, other inference settings, or both."""
+    """A candidate version of a Piper or Kokoro voice (docs/models.md, "Voice versions and
+    the canary"): another voice file, other inference settings (Piper's), or both."""
 
-    file: str = Field("", description="a Piper .onnx in the voices directory "
-                      "(VOXFARM_VOICES_DIR, on the workers' disk too; its .onnx.json beside "
-                      "it), by name or path; empty: the voice's own file")
+    file: str = Field("", description="a voice file in the voices directory "
+                      "(VOXFARM_VOICES_DIR, on the workers' disk too): a Piper .onnx with its "
+                      ".onnx.json beside it, or a Kokoro style pack (.npy/.pt of 510x1x256, "
+                      "or .npz), by name or path; empty: the voice's own file")
     noise_scale: Annotated[float, Range(*INFERENCE_RANGES["noise_scale"])] | None = None
     length_scale: Annotated[float, Range(*INFERENCE_RANGES["length_scale"])] | None = None
     noise_w: Annotated[float, Range(*INFERENCE_RANGES["noise_w"])] | None = None
