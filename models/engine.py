@@ -33,16 +33,12 @@ keyed by the calibration set's digest as well as the model's and the precision, 
 finding it there only compiles from cached blobs (under a second).
 
 Why OpenVINO, and why f32 unless measured otherwise: docs/models.md, "Inference engines" and
-"Precision" (figures in docs/benchmarks.md). Compilation costs seconds, so two caches keep a
-warm start fast: the converted model (OpenVINO IR, keyed by the voice's content hash, this
-module's graph version, the OpenVINO version and the precision) and OpenVINO's own
-``CACHE_DIR`` of compiled blobs.
-
-A stage that cannot be converted or compiled (an operator the engine lacks, an engine that is
-not installed) stays in torch for that voice with one log line naming why; it never fails the
-pool. Concurrency: a compiled stage is called from the thread that runs the pool's forward
-passes (the task's thread, or the batcher's: tasks/batching.py); a lock serialises callers
-anyway, as torch's modules allow concurrent calls.
+"Precision". Two caches keep a warm start fast: the converted model (OpenVINO IR, keyed by the
+voice's content hash, the graph version, the OpenVINO version and the precision) and
+OpenVINO's own ``CACHE_DIR`` of compiled blobs. A stage that cannot be converted or compiled
+stays in torch for that voice with one log line naming why; it never fails the pool. A
+compiled stage is called from the thread that runs the pool's forward passes; a lock
+serialises callers anyway, as torch's modules allow concurrent calls.
 """
 
 from __future__ import annotations
@@ -422,16 +418,21 @@ def _int8_products(model: nn.Module) -> bool:
     return any(isinstance(m, QuantLinear) and m.exact for m in model.modules())
 
 
+# Builders (model, model_id, config, precision, calibration) of compiled stages by module
+# class, that a family's module adds when imported (models/kokoro/compiled.py), unimported here.
+FAMILY_STAGES: dict[type, Callable[..., Any]] = {}
+
+
 def _stages(model, model_id: str, config: EngineConfig, precision: str,
             calibration: Calibration | None):
     """The compiled stages object for ``model`` at ``precision``."""
     # breaks the cycle: the voice modules import this one for accelerate()
     from models.hibari.decoder import HibariDecoder
-    from models.kokoro.compiled import KOKORO_MODULES, kokoro_stages
     from models.neural.hifigan import HifiganDecoder
 
-    if isinstance(model, KOKORO_MODULES):
-        return kokoro_stages(model, model_id, config, precision, calibration)
+    for family, build in FAMILY_STAGES.items():
+        if isinstance(model, family):
+            return build(model, model_id, config, precision, calibration)
     if isinstance(model, HibariDecoder):
         return CompiledHibariDecoder(compile_graphs(
             _hibari_decoder_specs(model), f"{model_id}-decoder", config, precision, calibration))
@@ -458,20 +459,21 @@ def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.d
     # breaks the cycle: the voice modules import this one for accelerate()
     from models.hibari.acoustic import HibariAcoustic
     from models.hibari.decoder import HibariDecoder
-    from models.kokoro.compiled import KOKORO_MODULES, KokoroDecoder
+    from models.kokoro.acoustic import KokoroAcoustic
+    from models.kokoro.decoder import KokoroDecoder
     from models.neural.hifigan import HifiganDecoder
     from models.neural.vits import VitsAcoustic
 
     engine = resolve(config.engine, device)
     if not isinstance(model, HifiganDecoder | VitsAcoustic | HibariDecoder | HibariAcoustic
-                      | KOKORO_MODULES):
+                      | KokoroAcoustic | KokoroDecoder):
         raise TypeError(f"no compiled stages for {type(model).__name__}")
     model.stages = None
     if engine == "torch":
         return "torch"
     kind = ("decoder" if isinstance(model, HifiganDecoder | HibariDecoder | KokoroDecoder)
             else "acoustic")
-    family = ("kokoro" if isinstance(model, KOKORO_MODULES) else "hibari"
+    family = ("kokoro" if isinstance(model, KokoroAcoustic | KokoroDecoder) else "hibari"
               if isinstance(model, HibariAcoustic | HibariDecoder) else "piper")
     precision, why = stage_precision(config, family, VOCODER if kind == "decoder"
                                      else ACOUSTIC, calibration is not None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.engine import Calibration, EngineConfig, GraphSpec, compile_graphs
+from models.engine import FAMILY_STAGES, Calibration, EngineConfig, GraphSpec, compile_graphs
 from models.kokoro.acoustic import KokoroAcoustic
 from models.kokoro.decoder import KokoroDecoder
 
@@ -71,3 +71,7 @@ def kokoro_stages(model: nn.Module, model_id: str, config: EngineConfig, precisi
     graphs = compile_graphs(_decoder_specs(model), f"{model_id}-decoder", config, precision,
                             calibration)
     return CompiledKokoroDecoder(graphs)
+
+
+# models.engine.accelerate finds Kokoro's builder here (models/kokoro/stage.py imports this)
+FAMILY_STAGES.update({KokoroAcoustic: kokoro_stages, KokoroDecoder: kokoro_stages})

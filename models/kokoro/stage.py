@@ -40,7 +40,7 @@ import torch
 
 from models.classic.mel import MelConfig
 from models.engine import EngineConfig, accelerate
-from models.kokoro import assets
+from models.kokoro import assets, compiled  # noqa: F401  (compiled: registers the stages)
 from models.kokoro.acoustic import DECODER_STYLE, STYLE_DIM, KokoroAcoustic
 from models.kokoro.decoder import KokoroDecoder
 from models.kokoro.weights import read_weights
