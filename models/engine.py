@@ -493,8 +493,8 @@ def accelerate(model, model_id: str, config: EngineConfig, device: str | torch.d
                      model_id, config.threads, precision, time.perf_counter() - started)
         return "openvino"
     except Exception as exc:  # an operator the engine lacks, no openvino installed, ...
-        model.stages = None
-        _LOGGER.warning("%s of %s runs in torch eager: the OpenVINO engine failed: %s: %s",
-                        kind, model_id, type(exc).__name__, str(exc).splitlines()[0][:300]
-                        if str(exc) else "")
+        model.stages = None  # a stage left in torch by design (NotImplementedError) is no alarm
+        _LOGGER.log(logging.INFO if isinstance(exc, NotImplementedError) else logging.WARNING,
+                    "%s of %s runs in torch eager: %s: %s", kind, model_id, type(exc).__name__,
+                    str(exc).splitlines()[0][:300] if str(exc) else "")
         return "torch"

@@ -125,11 +125,13 @@ def test_a_stage_that_cannot_be_compiled_stays_in_torch_with_one_log_line(tmp_pa
     z = torch.randn(2, 192, 20)
     before = decoder.decode(z, [20, 12], sid=[0, 2])
     config = EngineConfig("openvino", str(tmp_path / "cache"), threads=1)
-    with caplog.at_level(logging.WARNING, logger="models.engine"):
+    with caplog.at_level(logging.INFO, logger="models.engine"):
         assert accelerate(decoder, "random-voice", config, "cpu") == "torch"
-    assert [r.getMessage() for r in caplog.records if "torch eager" in r.getMessage()] == [
-        "decoder of random-voice runs in torch eager: the OpenVINO engine failed: "
-        "NotImplementedError: multi-speaker voices are not compiled yet"]
+    # left in torch by design: one line, at INFO (no alarm on every start)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records
+            if "torch eager" in r.getMessage()] == [
+        (logging.INFO, "decoder of random-voice runs in torch eager: "
+         "NotImplementedError: multi-speaker voices are not compiled yet")]
     assert torch.equal(decoder.decode(z, [20, 12], sid=[0, 2]), before)
 
     blocked = tmp_path / "not-a-folder"
@@ -242,12 +244,13 @@ def test_hibari_same_seed_same_bytes_cold_or_warm_cache(hibari_compiled, hibari_
 def test_hibari_acoustic_stays_eager_with_one_log_line(hibari_eager, cache, caplog):
     from models.hibari.stage import HibariAcoustic
 
-    with caplog.at_level(logging.WARNING, logger="models.engine"):
+    with caplog.at_level(logging.INFO, logger="models.engine"):
         acoustic = HibariAcoustic("cpu", engine=EngineConfig("openvino", str(cache), threads=1))
     assert acoustic.engine == "torch"
-    assert [r.getMessage() for r in caplog.records] == [
-        f"acoustic of {acoustic.model_id} runs in torch eager: the OpenVINO engine failed: "
-        "NotImplementedError: its int8 layers (torch._int_mm) have no OpenVINO conversion rule"]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records
+            if "torch eager" in r.getMessage()] == [
+        (logging.INFO, f"acoustic of {acoustic.model_id} runs in torch eager: "
+         "NotImplementedError: its int8 layers (torch._int_mm) have no OpenVINO conversion rule")]
     frames = acoustic.synthesize("həlˈO.")
     assert frames.shape[0] == 131 and frames.shape[1] > 0
 
