@@ -81,6 +81,12 @@ def _word_phonemes(word: str, base: str, language: str) -> str:
     return _phrase(word, base, language, ipa=False)
 
 
+def _variant_gender(variant: str, base: str) -> str:
+    """eSpeak's variants ``f1``..``f5`` are female, ``m1``..``m7`` male; the others
+    (``croak``, ``klatt``, ``whisper``) keep their base voice's."""
+    return {"f": "female", "m": "male"}.get(variant[:1], base) if variant[1:].isdigit() else base
+
+
 class EspeakBackend(VoiceBackend):
     name = "espeak"
     alphabet = "espeak"
@@ -106,7 +112,8 @@ class EspeakBackend(VoiceBackend):
             if language is None or name in _EXCLUDED_BASES:
                 continue
             bases[name] = Voice(name=name, language=language, display_name=raw.name, base=name,
-                                variant=None, engine=self.name)
+                                variant=None, engine=self.name,
+                                gender=raw.gender if raw.gender != "none" else "")
         voices = list(bases.values())
         for base_name in VARIANT_BASES:
             base = bases.get(base_name)
@@ -118,7 +125,8 @@ class EspeakBackend(VoiceBackend):
                     continue
                 voices.append(Voice(name=f"{base_name}+{variant}", language=base.language,
                                     display_name=f"{base.display_name}, {title}",
-                                    base=base_name, variant=variant, engine=self.name))
+                                    base=base_name, variant=variant, engine=self.name,
+                                    gender=_variant_gender(variant, base.gender)))
         return voices
 
     def phrase_phonemes(self, text: str, voice: Voice, ipa: bool) -> str:

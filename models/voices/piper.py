@@ -39,6 +39,9 @@ from models.voices.base import LANGUAGE_PREFIXES, Batch, Loading, Voice, VoiceBa
 
 log = logging.getLogger(__name__)
 
+# A Piper config names no gender: the bundled voice's is known (joe, a man's voice); a
+# dropped-in voice's is left unsaid.
+_BUNDLED_GENDERS = {"en_us-joe-medium": "male"}
 # The start, end and pad markers are ids, not phonemes anyone may write.
 _MARKERS = frozenset((BOS, EOS, PAD))
 
@@ -77,7 +80,8 @@ def _piper_voice(model_path: Path) -> Voice | None:
     name = model_path.name.removesuffix(".onnx").lower()
     return Voice(name=name, language=language, display_name=f"{name} (Piper neural)", base=base,
                  variant=None, engine=PiperBackend.name, sample_rate=config.sample_rate,
-                 model_path=str(model_path), speakers=speakers)
+                 model_path=str(model_path), speakers=speakers,
+                 gender=_BUNDLED_GENDERS.get(name, ""))
 
 
 @functools.lru_cache(maxsize=8192)

@@ -23,7 +23,9 @@ def test_required_voices_are_listed_with_language() -> None:
         display_name=by_name["en-us+f3"].display_name,
         base="en-us",
         variant="f3",
+        gender="female",  # eSpeak's f1..f5 variants are female, m1..m7 male
     )
+    assert by_name["en+m3"].gender == "male" and by_name["en_us-joe-medium"].gender == "male"
     assert by_name["en-us"].variant is None and by_name["en-us"].base == "en-us"
     assert by_name["en-us"].display_name == "English (America)"
 
