@@ -294,6 +294,9 @@ class KokoroBackend(VoiceBackend):
                     "each request's (length_scale): a Kokoro version is another style pack")
     decoder_noise = True
     shapes = frozenset({"pitch"})
+    shape_refusals = (("formant", "its decoder renders the spectrum from the style vector and "
+                                  "takes no spectral envelope to scale (a mix of styles moves "
+                                  "the timbre instead)"),)
     mixes = True
     listing_rank = 20  # neural, after hibari (its English is clearer), before Piper
     # Any of its styles speaks each language its G2P has (a Japanese style in English: the
