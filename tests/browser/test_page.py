@@ -59,6 +59,13 @@ def test_page_loads_without_console_errors(page, server):
     assert page.title() == "voxfarm"
     assert page.locator("#voice option[value='en-us+f3']").count() == 1
     assert page.locator("#voice").input_value() == "en_us-hibari-heart"  # the neural default
+    # One group a language, named for people, the neural voices first within it.
+    labels = page.locator("#voice optgroup").evaluate_all("gs => gs.map(g => g.label)")
+    assert "English (en)" in labels and len(labels) == len(set(labels)) >= 2, labels
+    english = page.locator("#voice optgroup[label='English (en)'] option").evaluate_all(
+        "os => os.map(o => o.value)")
+    assert english[0] == "en_us-hibari-heart" and english.index("en_us-joe-medium") < \
+        english.index("en-us+f3"), english[:5]
     # The book section says what this server offers.
     books_served = requests.post(f"{server}/v1/books", timeout=10).status_code != 404
     status = page.locator("#books-status").inner_text()

@@ -150,10 +150,11 @@
       // One group a language, in the server's order (language, then quality): custom
       // voices sit in their language's group, marked as such.
       const groups = new Map();
+      const names = new Intl.DisplayNames([navigator.language || "en"], { type: "language" });
       for (const v of data.voices) {
         if (!groups.has(v.language)) {
           const group = document.createElement("optgroup");
-          group.label = v.language;
+          group.label = `${names.of(v.language) || v.language} (${v.language})`;
           groups.set(v.language, group);
           select.append(group);
         }
