@@ -22,7 +22,7 @@ from app.canary.rule import (
     voice_key,
 )
 from app.canary.store import Canary
-from models.errors import UnknownSpeaker, UnknownVoice
+from models.errors import InvalidVoiceSpec, UnknownSpeaker, UnknownVoice
 from models.neural.voice_file import Inference
 from web import apidoc as doc
 from web.errors import ApiError, farm_error
@@ -38,7 +38,7 @@ def _voice(name: str) -> str:
     """The versioned name of an offered voice, or 404."""
     try:
         return check_candidate(name)
-    except (UnknownVoice, UnknownSpeaker):
+    except (UnknownVoice, UnknownSpeaker, InvalidVoiceSpec):  # a+b spelling no voices
         raise ApiError(404, "voice_not_found", f"no voice '{name}'") from None
     except CanaryError as exc:  # an eSpeak voice: it has no versions
         raise ApiError(404, "voice_not_versioned", str(exc)) from None

@@ -247,9 +247,10 @@ def _builtin_refusal(name: str) -> None:
                          "a key that is not an admin key (`forbidden`)")},
     body=VoiceShaping))
 def add_version(name: str):
+    body = json_body(request)  # a body that is no JSON is refused first, as on every route
     _builtin_refusal(name)
     record = _record_or_404(name)
-    req = parse(VoiceShaping, json_body(request))
+    req = parse(VoiceShaping, body)
     spec, facts = _spec_of(req)
     updated = farm().voice_records.add_version(_writable(record), record.name, spec,
                                                _asked(req), facts)

@@ -144,6 +144,9 @@ def check_candidate(voice: str, file: str = "", inference: Inference | None = No
     from models.voices import backend_for, backends, get_voice
 
     offered = get_voice(get_voice(voice).voice_name)
+    if offered.kind != "model":  # a spec: its base's versions render it
+        raise CanaryError(f"voice {offered.name} is {offered.kind}, not a voice as offered: "
+                          "versions belong to the voice it is made from")
     backend = backend_for(offered)
     if not backend.has_versions:
         versioned = " and ".join(b.name.capitalize() for b in backends() if b.has_versions)

@@ -331,11 +331,8 @@ class KokoroBackend(VoiceBackend):
 
     def check_version_file(self, voice: Voice, path: str) -> None:
         """A style pack of (510, 1, 256) finite floats, read whole (a ``.pt`` without torch);
-        a ``.npz`` holds the voice's key or one pack. A mix has no file of its own: its
-        parts' packs render it."""
-        if voice.mix:
-            raise ValueError(f"voice {voice.name} is a mix of Kokoro styles: its parts' packs "
-                             "render it, not one file")
+        a ``.npz`` holds the voice's key or one pack. (A mix never gets here: versions
+        belong to voices as offered, app/canary/rule.py.)"""
         pack_file = Path(path)
         try:
             key = _version_key(voice, pack_file)

@@ -90,8 +90,8 @@ def test_default_format_is_the_jobs(server, done_job):
 def test_voices_health_ready_stats(server):
     voices = requests.get(f"{server}/v1/voices", timeout=10).json()["voices"]
     names = {v["name"] for v in voices}
-    assert {"en-us", "en", "cmn", "en-us+f3"} <= names
-    assert {v["language"] for v in voices} == {"en", "zh"}
+    assert {"en-us", "en", "cmn", "en-us+f3", "jf_alpha"} <= names
+    assert {v["language"] for v in voices} == {"en", "zh", "ja"}  # ja: Kokoro's style voices
     assert requests.get(f"{server}/healthz", timeout=10).json() == {"status": "ok"}
     ready = requests.get(f"{server}/readyz", timeout=10)
     assert ready.status_code == 200 and ready.json()["ready"] is True

@@ -38,7 +38,8 @@ CANARY_VOICE = "en_us-joe-medium"
 # Every route that reads a JSON body (a test below holds the app to this list).
 JSON_ROUTES = ["/v1/jobs", "/v1/phonemize", "/v1/books", "/v1/audio/speech",
                "/v1/audio/captioned_speech", "/dev/captioned_speech",
-               f"/v1/admin/voices/{CANARY_VOICE}/canary"]
+               f"/v1/admin/voices/{CANARY_VOICE}/canary", "/v1/voices",
+               "/v1/voices/narrator/versions"]
 # POST routes with no body to read.
 NO_BODY = {"/v1/books/<book_id>/retry", "/v1/admin/voices/<voice>/promote",
            "/v1/admin/voices/<voice>/rollback"}
@@ -62,7 +63,9 @@ def refusals(caplog) -> list[logging.LogRecord]:
 def test_every_json_route_is_in_the_list(client):
     posts = {rule.rule for rule in client.application.url_map.iter_rules()
              if "POST" in (rule.methods or ())}
-    listed = {re.sub(r"voices/[^/]+/", "voices/<voice>/", r) for r in JSON_ROUTES}
+    listed = {re.sub(r"^/v1/voices/[^/]+/", "/v1/voices/<name>/",
+                     re.sub(r"admin/voices/[^/]+/", "admin/voices/<voice>/", r))
+              for r in JSON_ROUTES}
     assert posts - NO_BODY == listed
 
 

@@ -14,7 +14,15 @@ import wave
 import numpy as np
 import pytest
 
-from tests.helpers import Deadline, assert_speech, collect_chunks, running_farm, submit, wait_state
+from tests.helpers import (
+    Deadline,
+    assert_speech,
+    collect_chunks,
+    running_farm,
+    submit,
+    wait_state,
+    wait_until,
+)
 from tests.unit.test_neural_wer import SENTENCES
 
 pytestmark = pytest.mark.integration
@@ -276,7 +284,13 @@ def test_a_segment_gives_way_after_its_first_window_to_listeners_waiting_for_fir
         # same features), and the audio is the same to the byte.
         _, again = collect_chunks(client, submit(client, LONG)["id"], max_per_poll=8)
         assert np.array_equal(pcm, chunk_pcm(again)[0])
-        samples = scrape(f"http://127.0.0.1:{port}")
+        # A segment is counted after its chunk is stored (the task's end), so a client can
+        # see the job done a moment before the count moves: wait for the third.
+        def counted() -> dict | None:
+            got = scrape(f"http://127.0.0.1:{port}")
+            return got if val(got, "voxfarm_segments_total") >= 3 else None
+
+        samples = wait_until(counted, 30, "the vocoder never counted the three segments")
         yields = val(samples, "voxfarm_vocoder_yields_total")
         assert 1 <= yields <= 2 if give_way else yields == 0  # once a segment at most
         assert val(samples, "voxfarm_segments_total") == 3

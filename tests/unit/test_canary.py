@@ -431,8 +431,10 @@ def test_a_kokoro_version_takes_no_inference_overrides_and_a_mix_no_file(packs):
                                               "draws no noise to scale .* its speed is each "
                                               "request's"):
             check_candidate(KOKORO, str(packs / "alpha-bright.npy"), Inference(**overrides))
-    with pytest.raises(CanaryError, match="is a mix of Kokoro styles"):
-        check_candidate("jf_alpha+jm_kumo", str(packs / "alpha-bright.npy"))
+    # a mix or a shaped voice has no versions of its own: its parts' or base's render it
+    for spec in ("jf_alpha+jm_kumo", "jf_alpha[pitch=2]", "en_us-joe-medium[rate=1.1]"):
+        with pytest.raises(CanaryError, match="not a voice as offered: versions belong to"):
+            check_candidate(spec, str(packs / "alpha-bright.npy"))
     assert check_candidate(KOKORO) == KOKORO  # a drill: a candidate identical to live
 
 
