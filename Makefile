@@ -15,7 +15,7 @@ $(STAMP): setup.cfg pyproject.toml
 
 setup: $(STAMP)
 
-# PORT (the web, 8000) and METRICS_PORT (the pools' metrics: this one and the next four, 9101)
+# PORT (the web, 8000) and METRICS_PORT (the pools' metrics: this one and the next five, one a pool, 9101)
 # move the farm; ARGS passes anything else to `voxfarm up` (ARGS="--var var2 --flower").
 run: $(STAMP)
 	$(VENV)/bin/voxfarm up --port $${PORT:-8000} --metrics-port $${METRICS_PORT:-9101} $(ARGS)

@@ -123,7 +123,8 @@ def streaming_response(body, content_type: str, headers: dict | None = None,
         "Starts with the first segment as soon as it exists and ends after the last. "
         "`wav` declares an open length (0xFFFFFFFF) in its header; `pcm` is 16-bit "
         "little-endian mono at the voice's rate, which `Content-Type` says "
-        "(`audio/L16; rate=22050; channels=1`); `ogg` is Ogg Opus at 48 kHz. A job "
+        "(`audio/L16; rate=24000; channels=1` for the default voice); `ogg` is Ogg Opus "
+        "at 48 kHz. A job "
         "canceled or failed mid-way ends the stream early; `GET /v1/jobs/{job_id}` "
         "then says why.")))
 def stream_job(job_id: str):
