@@ -254,6 +254,15 @@ def _known_names() -> list[str]:
             *farm().voice_records.visible(voice_scopes())]
 
 
+def unknown_voice(exc: UnknownVoice, field: str, names: list[str], **extra: Any) -> ApiError:
+    """The API's 422 for a voice nobody offers: its message and `suggestions` give the
+    closest of `names` (`heart` -> `en_us-hibari-heart`)."""
+    close = closest_names(exc.name, names)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return ApiError(422, "unknown_voice", f"unknown voice '{exc.name}'{hint}", field=field,
+                    suggestions=close, **extra)
+
+
 def voice_or_422(name: str, field: str = "voice") -> Voice:
     """The voice called `name`: a farm voice (`NAME:SPEAKER` for one speaker), an OpenAI voice
     name (`openai_voice_table`), a voice spec (`a+b`, `a(2)+b(1)`, `BASE[pitch=-2]`), or a
@@ -282,10 +291,7 @@ def voice_or_422(name: str, field: str = "voice") -> Voice:
                            valid=[f"{record.name}@{v.version}" for v in record.versions])
         return get_voice(version.spec)
     except UnknownVoice as exc:
-        close = closest_names(exc.name, _known_names())
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ApiError(422, "unknown_voice", f"unknown voice '{exc.name}'{hint}", field=field,
-                       suggestions=close, valid=[*table, *exc.valid]) from None
+        raise unknown_voice(exc, field, _known_names(), valid=[*table, *exc.valid]) from None
     except UnknownSpeaker as exc:
         raise ApiError(422, "unknown_speaker", str(exc), field=field,
                        valid=exc.valid) from None

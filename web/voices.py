@@ -29,7 +29,6 @@ from app.stores.voice_records import (
     OPEN,
     PUBLIC,
     VoiceRecord,
-    closest_names,
     key_scope,
 )
 from models.errors import InvalidVoiceSpec, UnknownSpeaker, UnknownVoice
@@ -47,6 +46,7 @@ from web.helpers import (
     json_body,
     openai_voice_table,
     parse,
+    unknown_voice,
     voice_scopes,
 )
 from web.schemas import responses
@@ -138,10 +138,7 @@ def _spec_of(req: VoiceShaping) -> tuple[str, dict]:
         field = {"voice": whole, "lang": "language"}.get(exc.field, exc.field)
         raise ApiError(422, "invalid_voice", exc.message, field=field) from None
     except UnknownVoice as exc:
-        close = closest_names(exc.name, [v.name for v in list_voices()])
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ApiError(422, "unknown_voice", f"unknown voice '{exc.name}'{hint}", field=whole,
-                       suggestions=close) from None
+        raise unknown_voice(exc, whole, [v.name for v in list_voices()]) from None
     except UnknownSpeaker as exc:
         raise ApiError(422, "unknown_speaker", str(exc), field=whole, valid=exc.valid) from None
     facts: dict[str, Any] = {**describe(voice), "engine": voice.engine, "gender": voice.gender,
