@@ -38,10 +38,12 @@ def tiny_png() -> bytes:
 
 
 def make_epub(chapters=CHAPTERS, title: str = "Harbour Tales", author: str = "Ann Writer",
-              cover: bool = True, extra_docs: bool = True, front: str = "") -> bytes:
+              cover: bool = True, extra_docs: bool = True, front: str = "",
+              xhtml: bool = False) -> bytes:
     """A real EPUB 3 (with NCX) written by ebooklib: cover, copyright page, nav, chapters;
     `front`: the body of a document before the chapters that the navigation does not name
-    (a title page under a name no skip rule knows)."""
+    (a title page under a name no skip rule knows); `xhtml`: each chapter's text is its
+    body's markup as given (tables, notes), else sentences made paragraphs."""
     from ebooklib import epub
 
     book = epub.EpubBook()
@@ -65,8 +67,8 @@ def make_epub(chapters=CHAPTERS, title: str = "Harbour Tales", author: str = "An
     docs = []
     for i, (ch_title, text) in enumerate(chapters, 1):
         doc = epub.EpubHtml(title=ch_title, file_name=f"chap_{i:02d}.xhtml", lang="en")
-        doc.content = f"<h1>{ch_title}</h1>" + "".join(
-            f"<p>{s.strip()}.</p>" for s in text.split(".") if s.strip())
+        doc.content = f"<h1>{ch_title}</h1>" + (text if xhtml else "".join(
+            f"<p>{s.strip()}.</p>" for s in text.split(".") if s.strip()))
         book.add_item(doc)
         docs.append(doc)
     if extra_docs:
@@ -83,6 +85,32 @@ def make_epub(chapters=CHAPTERS, title: str = "Harbour Tales", author: str = "An
     out = io.BytesIO()
     epub.write_epub(out, book)
     return out.getvalue()
+
+
+# A chapter as a history book writes it: a sentence with a note marker (EPUB 3's noteref),
+# a table with a header row, markers as <sup> links both ways round, a footnote in the
+# middle of the page and one at its end; and a superscript that is no marker (m²).
+HARVEST_XHTML = (
+    '<p>The sacks were soft as cloth.<sup><a epub:type="noteref" href="#n1" id="r1">1</a>'
+    '</sup> Each season the farm weighed its grain.</p>'
+    '<table><caption>Harvests at Low Field</caption>'
+    '<thead><tr><th>Year</th><th>Bushels</th><th>Price</th></tr></thead>'
+    '<tbody><tr><td>1961</td><td>412</td><td>$3.10</td></tr>'
+    '<tr><td>1962</td><td>398</td><td>$3.25</td></tr></tbody></table>'
+    '<aside epub:type="footnote" id="n1"><p>Jute sacks, bought in town.</p></aside>'
+    '<p>The field measured 900 m<sup>2</sup> in all.<a href="#n2"><sup>2</sup></a> Prices '
+    'rose after the flood.<sup><a role="doc-noteref" href="#n3">[3]</a></sup></p>'
+    '<p>The farm was sold in the spring.</p>'
+    '<aside epub:type="footnote" id="n2"><p>Measured by the county surveyor.</p></aside>'
+    '<aside role="doc-footnote" id="n3"><p>The river rose twice that year.</p></aside>'
+)
+HARVEST_CHAPTERS = [("The Harvest Years", HARVEST_XHTML)]
+
+
+def harvest_epub() -> bytes:
+    """An EPUB whose chapter holds a table and footnotes (:data:`HARVEST_XHTML`)."""
+    return make_epub(HARVEST_CHAPTERS, title="Low Field", author="Ann Writer", cover=False,
+                     xhtml=True)
 
 
 def rezip(epub_bytes: bytes, add: dict[str, bytes] | None = None,

@@ -29,9 +29,11 @@ def test_plain_text_english_roman_and_chinese_headings():
             "It went on.\n\n第三章 归来\n他回来了。\n")
     book = parse_book(text.encode(), "novel.txt", LIMITS)
     assert titles(book) == ["Chapter 1", "CHAPTER IV", "第三章 归来"]
-    # The title and the preface before the first heading are front matter: read at the
-    # start of the first chapter (it holds a sentence), not a chapter of their own.
-    assert book.chapters[0].text.startswith("My Novel\n\nA short preface here.\n\nChapter 1.")
+    # The opening line is the book's title (its tag, not read); the preface before the
+    # first heading is front matter: read at the start of the first chapter (it holds a
+    # sentence), not a chapter of its own.
+    assert book.title == "My Novel"
+    assert book.chapters[0].text.startswith("A short preface here.\n\nChapter 1.")
     assert "他回来了" in book.chapters[2].text
 
 

@@ -22,6 +22,7 @@ from models.books.parse.book import (
     Chapter,
     count_words,
     finish,
+    with_tags,
 )
 from models.books.parse.encoding import decode_text
 from models.books.parse.epub import parse_epub
@@ -35,7 +36,7 @@ __all__ = [
     "EXTENSIONS", "MAX_ENTRIES", "MAX_TITLE_CHARS", "RATIO_MIN_BYTES", "Book", "BookError",
     "BookLimits", "BookTooLarge", "Chapter", "check_book", "check_epub_archive", "count_words",
     "finish", "extensions_text", "html_blocks", "not_a_book_file", "parse_book", "parse_epub",
-    "parse_html", "parse_markdown", "parse_text",
+    "parse_html", "parse_markdown", "parse_text", "with_tags",
 ]
 
 EXTENSIONS = {".epub": "epub", ".txt": "text", ".text": "text", ".md": "markdown",

@@ -99,6 +99,17 @@ def finish(book: Book) -> Book:
     return book
 
 
+def with_tags(book: Book, title: str = "", author: str = "") -> Book:
+    """`book` with the title and author its tags carry replaced by those given (a user's
+    over the file's), each bounded as :func:`finish` bounds them; an empty one keeps the
+    book's."""
+    if one_line(title):
+        book.title = one_line(title)[:MAX_TITLE_CHARS]
+    if one_line(author):
+        book.author = one_line(author)[:MAX_TITLE_CHARS]
+    return book
+
+
 # Front matter: what stands between a book's title and its first chapter heading. Lines a
 # title page holds (a subtitle, a byline, "A Novel") are no reading: at most this many lines
 # of at most this many words each, none ending a sentence. Anything else (a preface without

@@ -18,7 +18,7 @@ import warnings
 
 from models.books.parse.book import Book, BookError, Chapter, one_line, with_front_matter
 from models.books.parse.epub_safety import check_epub_archive
-from models.books.parse.html import html_blocks
+from models.books.parse.html import html_blocks, spoken
 from models.books.parse.limits import BookLimits, Budget, Unpacked
 
 _SKIP_NAMES = re.compile(r"(^|[/_\-.])(cover|copyright|toc|nav|titlepage|title-page)"
@@ -86,7 +86,7 @@ def parse_epub(data: bytes, limits: BookLimits, budget: Budget | None = None) ->
         doc = html_blocks(item.get_content().decode("utf-8", errors="replace"), budget)
         if doc.doc_types & set(_SKIP_TYPES):
             continue
-        text = "\n\n".join(t for _, t in doc.blocks)
+        text = "\n\n".join(spoken(doc.blocks))
         if not any(re.search(r"\w", t) for tag, t in doc.blocks if tag == "p"):
             continue  # no text but headings (a part-title page): no body, as in finish()
         if toc_titles and not chapters and name not in toc_titles:

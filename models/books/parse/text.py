@@ -1,4 +1,5 @@
-"""Plain text: "Chapter 1", "CHAPTER IV", "第三章" lines start chapters."""
+"""Plain text: "Chapter 1", "CHAPTER IV", "第三章" lines start chapters; the opening lines
+(`THE SALT ROAD` / `by A. Newcomer`) give the title and author (:mod:`.titles`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from itertools import chain
 
 from models.books.parse.book import Book, Chapter, with_front_matter
 from models.books.parse.limits import Budget
+from models.books.parse.titles import opening_title
 
 _WORD = re.compile(r"\w")
 
@@ -47,13 +49,23 @@ def split_at(text: str, headings: Iterable[re.Match],
     return text[:front_end], chapters
 
 
+def is_text_heading(line: str) -> bool:
+    """Whether `line` is a chapter heading of plain text ("Chapter 1", "第三章")."""
+    return bool(_TEXT_HEADING.fullmatch(line))
+
+
 def parse_text(text: str, fallback_title: str = "Untitled", budget: Budget | None = None) -> Book:
-    """Plain text: "Chapter 1", "CHAPTER IV", "第三章" lines start chapters, else one."""
+    """Plain text: "Chapter 1", "CHAPTER IV", "第三章" lines start chapters, else one; a
+    title page's lines (a title, `by NAME`) give the title and author and are not read."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     if budget:
         budget.add_words(text)
+    title, author = fallback_title, ""
+    opening = opening_title(text, is_text_heading)
+    if opening:
+        title, author, text = opening
     # A table of contents lists the headings with nothing between them: no chapters (see
     # split_at). Text before the first heading (a title, a preface) is front matter.
     front, chapters = split_at(text, _TEXT_HEADING.finditer(text), budget)
-    return Book(fallback_title, "", with_front_matter(front, chapters, fallback_title),
+    return Book(title, author, with_front_matter(front, chapters, title),
                 source_format="text")
