@@ -1,13 +1,14 @@
 """API keys at the door: who may call, what each key may see, how much each may take.
 
-With no live key (`voxfarm keys create` makes one) the farm is open, as `make run` serves
-it on 127.0.0.1 and says in its log. Once a key exists, every route but the probes, the
-page and its static files needs one: `Authorization: Bearer <key>` (the OpenAI client's way)
-or `X-API-Key`, the WebSocket's at its handshake. A key in the query string is never read
-(URLs end up in logs and browser history). `/metrics`, `/docs` and `/openapi.json` need one
-too when `VOXFARM_AUTH_OPS` is on. A connection that outlives its request (the WebSocket)
-is checked again as it goes (`check_still_live`) and counts each job it submits against the
-key's rate (`count_request`), as each HTTP request is counted.
+Until a key is made (`voxfarm keys create`) the farm is open, as `make run` serves it on
+127.0.0.1 and says in its log. Once one was made, every route but the probes, the page and
+its static files needs a live key, even after the last is revoked (the API stays closed
+until `voxfarm keys open`: app/security/apikeys.py): `Authorization: Bearer <key>` (the
+OpenAI client's way) or `X-API-Key`, the WebSocket's at its handshake. A key in the query
+string is never read (URLs end up in logs and browser history). `/metrics`, `/docs` and
+`/openapi.json` need one too when `VOXFARM_AUTH_OPS` is on. A connection that outlives its
+request (the WebSocket) is checked again as it goes (`check_still_live`) and counts each job
+it submits against the key's rate (`count_request`), as each HTTP request is counted.
 
 A key sees only its own jobs and books: another's answer exactly as an unknown id does
 (404), so ids cannot be probed. The admin routes need a key made with

@@ -13,7 +13,8 @@ from app.cli.common import key_registry, read_settings
 
 @click.group()
 def keys() -> None:
-    """API keys: with one live key, every API route needs a key (docs/security.md)."""
+    """API keys: once one is made, every API route needs a live key, even after the last is
+    revoked, until `voxfarm keys open` (docs/security.md, docs/operations.md)."""
 
 
 _KEYS_VAR = click.option("--var", "var_dir", default=lambda: read_settings().var_dir,
@@ -62,6 +63,8 @@ def keys_list(var_dir: str) -> None:
                    f"max_active={k.max_active or 'default'}  {printable(k.name)}")
     if not rows:
         click.echo("no keys: the API is open to whoever reaches it")
+    elif not any(not k.revoked for k in rows):
+        click.echo(CLOSED)
 
 
 @keys.command("revoke")
@@ -76,8 +79,30 @@ def keys_revoke(key_id: str, var_dir: str) -> None:
         if not registry.revoke(key_id):
             raise click.ClickException(f"no key {printable(key_id)}")
         key = registry.get(key_id)
+        live = registry.live_count()
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(key.revoked_at))
     click.echo(f"revoked {key_id} (since {since} UTC)")
+    if not live:
+        click.echo(CLOSED)
+
+
+# What `keys list` and `keys revoke` say once no key is live on a farm that had keys.
+CLOSED = ("no live key: the API stays closed (every request gets 401); "
+          "`voxfarm keys create NAME` makes a key, `voxfarm keys open` opens the API to "
+          "whoever reaches it")
+
+
+@keys.command("open")
+@_KEYS_VAR
+def keys_open(var_dir: str) -> None:
+    """Open the API to whoever reaches it again, once every key is revoked (revoking the
+    last key leaves it closed). Making a key closes it again."""
+    with key_registry(var_dir) as registry:
+        live = registry.open()
+    if live:
+        raise click.ClickException(f"{live} live key(s): revoke them first (`voxfarm keys "
+                                   "list`, `voxfarm keys revoke ID`); the API stays keyed")
+    click.echo("the API is open: requests need no key until `voxfarm keys create` makes one")
 
 
 @click.command("at-rest-key")

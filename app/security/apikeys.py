@@ -8,13 +8,18 @@ and costs microseconds per request (the way GitHub and Stripe store theirs).
 Layout (beside app/stores/keys.py's, same prefix):
 
     {p}:apikeys              set    ids of every key ever created (revoked ones included)
+    {p}:apikeys:on           string "1" once a key was made: keys stay on (every request
+                                    needs a live key) until `voxfarm keys open` clears it
     {p}:apikey:{id}          hash   digest, name, created_at, revoked_at, rate_per_min,
                                     max_active (0: the farm's defaults)
     {p}:apikey:{id}:rate:{m} string requests in minute m (expires after it)
     {p}:apikey:{id}:active   set    job and book ids of this key that may still be running
     {p}:apikey:{id}:pending  zset   places taken for work not created yet -> when they lapse
 
-Auth is on as soon as one unrevoked key exists; with none the farm stays open, and says so.
+Auth is on as soon as a key is made, and stays on: revoking the last key leaves the API
+closed (every request 401) rather than open to whoever reaches it, since a revoke means to
+shut someone out. `open()` (`voxfarm keys open`), with no live key left, opens it again.
+A farm that never had a key is open, and says so.
 
 The running-work quota is taken before the work exists: `slot()` counts the key's work and
 takes a place in one Lua call, so a burst of requests cannot all see room that the others
@@ -204,6 +209,10 @@ class ApiKeys:
     def _index(self) -> str:
         return f"{self.prefix}:apikeys"
 
+    @property
+    def _on(self) -> str:
+        return f"{self.prefix}:apikeys:on"
+
     # -- the registry ---------------------------------------------------------------------
 
     def create(self, name: str, rate_per_min: int = 0, max_active: int = 0,
@@ -220,6 +229,7 @@ class ApiKeys:
                 "revoked_at": 0, "rate_per_min": rate_per_min, "max_active": max_active,
                 "admin": int(admin)})
             p.sadd(self._index, key_id)
+            p.set(self._on, 1)
             p.execute()
         return key, f"{PREFIX}{key_id}_{secret}"
 
@@ -241,11 +251,27 @@ class ApiKeys:
         Revoking it again changes nothing: the first time stands."""
         if not _is_key_id(key_id):
             return False  # what an operator typed may name another of the key's records
-        return float(self._revoke(keys=[self._key(key_id)], args=[repr(self.clock())])) > 0
+        revoked = float(self._revoke(keys=[self._key(key_id)], args=[repr(self.clock())])) > 0
+        if revoked:  # keys made before the flag existed: a revoke keeps them on all the same
+            self.r.set(self._on, 1)
+        return revoked
 
     def enabled(self) -> bool:
-        """Auth is on: at least one key exists that is not revoked."""
-        return any(not k.revoked for k in self.list())
+        """Auth is on: a key was made and the API was not opened since (`open`), or a key
+        is live."""
+        return bool(self.r.exists(self._on)) or self.live_count() > 0
+
+    def live_count(self) -> int:
+        """How many keys are live (made and not revoked)."""
+        return sum(not k.revoked for k in self.list())
+
+    def open(self) -> int:
+        """Open the API to whoever reaches it, if no key is live; returns the live keys'
+        count, and opens nothing while there are any (revoke them first)."""
+        live = self.live_count()
+        if not live:
+            self.r.delete(self._on)
+        return live
 
     def authenticate(self, token: str) -> ApiKey | None:
         """The live key `token` names, or None (unknown, malformed, wrong secret, revoked)."""

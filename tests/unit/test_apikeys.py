@@ -52,8 +52,13 @@ def test_wrong_secret_malformed_and_revoked_tokens_are_refused(redis_url):
     assert keys.authenticate(other_token) == other
     assert not keys.revoke("00000000")
     keys.revoke(other.id)
-    assert not keys.enabled()  # every key revoked: the farm is open again
+    # Every key revoked: the API stays closed (a revoke shuts someone out, never opens the
+    # farm to everyone), until it is opened on purpose.
+    assert keys.enabled() and keys.live_count() == 0
     assert {k.id for k in keys.list()} == {key.id, other.id}  # the audit trail stays
+    assert keys.open() == 0 and not keys.enabled()
+    keys.create("c")
+    assert keys.open() == 1 and keys.enabled()  # a live key: opening is refused
 
 
 def test_rate_limit_refuses_past_the_minute_budget_and_says_when_to_retry(redis_url):
