@@ -31,6 +31,7 @@ from models.books.parse import (
     check_book,
     finish,
     not_a_book_file,
+    with_tags,
 )
 from models.errors import BreakTooLong
 from models.text.segmenting import check_breaks
@@ -147,7 +148,9 @@ def uploaded_book(settings: Settings) -> Submission:
                        field="file") from None
     except BreakTooLong as exc:
         raise break_error(exc, "file") from None
-    return Submission(fields, voice, book, source=(data, ext))
+    # The title and author asked for are the tags, over what the file says of itself.
+    return Submission(fields, voice, with_tags(book, fields.title, fields.author),
+                      source=(data, ext))
 
 
 def json_chapters_book(settings: Settings) -> Submission:

@@ -37,11 +37,16 @@ def book() -> None:
 @click.option("--speed", default=1.0, show_default=True, type=float)
 @click.option("--formats", default="m4b,chapters", show_default=True,
               help="Any of m4b, mp3, chapters (comma separated).")
+@click.option("--title", default="",
+              help="The title in the audiobook's tags (default: the file's own: EPUB "
+                   "metadata, a text's opening lines).")
+@click.option("--author", default="", help="The author in the tags (default: the file's).")
 @click.option("--server", default=None, help=SERVER_HELP)
 @click.option("--var", "var_dir", default=lambda: read_settings().var_dir, help=VAR_HELP)
 @click.pass_context
 def book_render(ctx: click.Context, file: str, out_dir: str, voice: str, speed: float,
-                formats: str, server: str | None, var_dir: str) -> None:
+                formats: str, title: str, author: str, server: str | None,
+                var_dir: str) -> None:
     """Render FILE (.epub, .txt, .md, .html) into OUTPUT: an M4B with chapters, chapter MP3s,
     their captions and a manifest. The farm keeps rendering after a Ctrl-C; the same command
     again resumes the same book (its id comes from the content, voice and speed) and
@@ -49,16 +54,18 @@ def book_render(ctx: click.Context, file: str, out_dir: str, voice: str, speed: 
     packages it anew."""
     server, found_by = find_server(server, var_dir, var_given(ctx))
     with reaching(server, found_by, var_dir):
-        _book_render(file, out_dir, voice, speed, formats, server)
+        _book_render(file, out_dir, voice, speed, formats, server,
+                     {"title": title, "author": author})
 
 
 def _book_render(file: str, out_dir: str, voice: str, speed: float, formats: str,
-                 server: str) -> None:
+                 server: str, tags: dict[str, str] | None = None) -> None:
 
     with open(file, "rb") as f:
         resp = http().post(f"{server}/v1/books", files={"file": (Path(file).name, f)},
                              data={**({"voice": voice} if voice else {}),
-                                   "speed": str(speed), "formats": formats},
+                                   "speed": str(speed), "formats": formats,
+                                   **{k: v for k, v in (tags or {}).items() if v}},
                              timeout=300)
     if resp.status_code not in (200, 202):
         raise click.ClickException(api_error(resp))

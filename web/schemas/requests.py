@@ -192,13 +192,15 @@ class BookFields(RequestModel):
     voice: VoiceName = None
     speed: Speed = 1.0
     formats: BookFormats = DEFAULT_FORMATS
+    title: str = Field("", description="the book's title in its tags; an upload's own "
+                       "(EPUB metadata, a text's opening lines) when left out")
+    author: str = Field("", description="the book's author in its tags; an upload's own "
+                        "when left out")
 
 
 class BookRequest(BookFields):
     """A book as JSON chapters."""
 
-    title: str = ""
-    author: str = ""
     chapters: Annotated[list[Chapter], BeforeValidator(_chapters), Field(min_length=1)]
 
 
