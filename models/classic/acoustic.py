@@ -92,8 +92,10 @@ class EspeakAcoustic(AcousticModel):
         mel_config: analysis settings; ``sample_rate`` must be espeak's 22,050 Hz.
     """
 
-    # Bump when this class changes what it renders (it is part of every cache key).
-    version: ClassVar[str] = "1"
+    # Bump when this class changes what it renders (it is part of every cache key). 2: a
+    # speed other than 1.0 corrects eSpeak's rate to the length asked for
+    # (models/classic/espeak.py, Espeak.synthesize_timed).
+    version: ClassVar[str] = "2"
 
     def __init__(
         self, device: str | torch.device = "cpu", mel_config: MelConfig = MelConfig()

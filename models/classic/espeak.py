@@ -27,6 +27,12 @@ SAMPLE_RATE = 22050
 DEFAULT_WPM = 175  # espeak's own default rate; speed 1.0 means this
 MIN_WPM = 80  # espeak clamps below this anyway; clamping here keeps the maths honest
 MAX_WPM = 450  # espeakRATE_MAXIMUM in speak_lib.h
+# How far a render at a speed other than 1.0 may miss (its length at 1.0) / speed before the
+# rate is corrected, and how many corrections at most (Espeak.synthesize_timed): a rate is a
+# whole number of words a minute and the length moves in steps, so 1 % is not always reached;
+# the figures per speed are in docs/models.md, "Speed".
+SPEED_TOLERANCE = 0.01
+RATE_CORRECTIONS = 3
 
 # speak_lib.h constants
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
@@ -42,6 +48,11 @@ _PHONEMES_IPA = 0x02
 _SYNTH_CALLBACK = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
 )
+
+
+def _clamped_wpm(wpm: float) -> int:
+    """``wpm`` as the whole words a minute eSpeak takes, within its range."""
+    return int(round(min(max(wpm, MIN_WPM), MAX_WPM)))
 
 
 class _EspeakEvent(ctypes.Structure):
@@ -250,11 +261,47 @@ class Espeak:
 
     def synthesize_timed(self, text: str, voice: str, speed: float = 1.0
                          ) -> tuple[np.ndarray, list[tuple[int, int]]]:
-        """Mono int16 audio at :data:`SAMPLE_RATE`; ``speed`` scales the default 175 words/min.
-        With it, espeak's word events: ``(character index in text, sample)`` where each word
-        it reads starts (for ``[[phonemes]]``, each space-separated group).
+        """Mono int16 audio at :data:`SAMPLE_RATE`, lasting its length at speed 1.0 over
+        ``speed`` (within :data:`SPEED_TOLERANCE` where the rates allow). With it, espeak's
+        word events: ``(character index in text, sample)`` where each word it reads starts
+        (for ``[[phonemes]]``, each space-separated group).
 
         Text may hold ``[[mnemonics]]`` from :meth:`phonemize`, rendered exactly.
+
+        eSpeak's rate (words a minute, 175 at 1.0) is not a factor of the length: its
+        pauses and its shortest sounds shrink less than the rest, by an amount that depends
+        on the sentence (175 x 1.5 words a minute gave one sentence with two commas 5.3 %
+        more than 1/1.5 of its length, 175 x 0.5 gave 3.3 % less). So a speed other than 1.0
+        renders at 1.0 first, then at ``175 x speed``, and corrects the rate by the length
+        it missed by, up to :data:`RATE_CORRECTIONS` times, keeping the closest render: a
+        few renders of eSpeak (milliseconds each) for a length the listener asked for. The
+        search is a function of the text, voice and speed alone, so it is as deterministic
+        as one render.
+        """
+        if speed <= 0:
+            raise ValueError(f"speed must be positive, got {speed}")
+        if speed == 1.0:
+            return self._synthesize_at(text, voice, DEFAULT_WPM)
+        target = len(self._synthesize_at(text, voice, DEFAULT_WPM)[0]) / speed
+        wpm = _clamped_wpm(DEFAULT_WPM * speed)
+        best = self._synthesize_at(text, voice, wpm)
+        got = len(best[0])
+        for _ in range(RATE_CORRECTIONS):
+            if target <= 0 or abs(got / target - 1.0) <= SPEED_TOLERANCE:
+                break
+            corrected = _clamped_wpm(wpm * got / target)
+            if corrected == wpm:
+                break
+            wpm = corrected
+            render = self._synthesize_at(text, voice, wpm)
+            if abs(len(render[0]) - target) < abs(len(best[0]) - target):
+                best = render
+            got = len(render[0])
+        return best
+
+    def _synthesize_at(self, text: str, voice: str, wpm: int
+                       ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """:meth:`synthesize_timed` at ``wpm`` words a minute, one render.
 
         The same input always gives the same samples. libespeak-ng's wave generator keeps
         state across calls that no API resets (the pitch-flutter phase is a function-static
@@ -265,9 +312,6 @@ class Espeak:
         starts from the state of an engine that has never spoken and exits after one render.
         A fork costs about a millisecond next to the render itself.
         """
-        if speed <= 0:
-            raise ValueError(f"speed must be positive, got {speed}")
-        wpm = int(round(min(max(DEFAULT_WPM * speed, MIN_WPM), MAX_WPM)))
         data = text.encode("utf-8")
         with self._lock:
             self._set_voice(voice)

@@ -7,11 +7,15 @@ ConvNeXt blocks (kernel 5) and one pre-norm transformer layer (2 heads, no posit
 the convolutions carry position) applied several times with the same weights (4 times in
 ``m.text``, 6 in ``pn.text``: the graph repeats the layer), then a LayerNorm.
 
-Durations are counted by the graph in 25 ms steps (two decoder frames): ``exp(d) - 1`` divided by
-the speed, rounded half to even, at least 1. The prosody stack runs at that 25 ms rate and emits
-4 channels, which interleave into two 12.5 ms tracks: f0 (x100, Hz) and a level track (x5). The
-decoder's input is the ``m.text`` encoding with each id's vector held for its frames, then
-``log(1 + relu(f0)) / 5`` and the level track.
+Durations are counted by the graph in 25 ms steps (two decoder frames): ``exp(d) - 1`` rounded
+half to even, at least 1, is the graph's own at speed 1.0. The graph divides by the speed
+before that rounding, which let the error pile up over a sentence (docs/models.md, "Speed");
+here the speed stretches the 1.0 steps as one piece instead (``models.durations``: the
+running total rounded, at least one step each), so a sentence lasts its 1.0 length / speed
+within half a step, and 1.0 stays the graph's. The prosody stack runs at that 25 ms rate and
+emits 4 channels, which interleave into two 12.5 ms tracks: f0 (x100, Hz) and a level track
+(x5). The decoder's input is the ``m.text`` encoding with each id's vector held for its
+frames, then ``log(1 + relu(f0)) / 5`` and the level track.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.durations import scale_durations
 from models.hibari.layers import ConvNeXtBlock, conv1d, gelu, layer_norm, lengths_mask, quant_linear
 from models.hibari.weights import HibariWeights, QuantizedMatrix
 
@@ -133,12 +138,16 @@ class HibariAcoustic(nn.Module):
 
     def durations(self, hidden: torch.Tensor, mask: torch.Tensor | None,
                   speed: float) -> torch.Tensor:
-        """``(B, 192, L)`` -> steps of 25 ms per id ``(B, L)`` int64 (0 on padding)."""
+        """``(B, 192, L)`` -> steps of 25 ms per id ``(B, L)`` int64 (0 on padding): the
+        graph's steps at speed 1.0, stretched by ``speed`` as one piece."""
         h = gelu(self.dur_conv(hidden if mask is None else hidden * mask))
         log_steps = self.dur_out(h)[:, 0]  # (B, L)
-        steps = (torch.exp(log_steps) - 1.0) / torch.tensor(speed, dtype=torch.float32)
-        steps = torch.round(steps).clamp(min=1.0).long()
-        return steps if mask is None else steps * mask[:, 0].long()
+        steps = torch.round(torch.exp(log_steps) - 1.0).clamp(min=1.0).long()
+        steps = steps if mask is None else steps * mask[:, 0].long()
+        if speed == 1.0:
+            return steps
+        return torch.tensor([scale_durations(row, speed) for row in steps.tolist()],
+                            dtype=torch.long, device=steps.device)
 
     @torch.inference_mode()
     def forward(self, id_lists: list[list[int]], speed: float = 1.0) -> AcousticOutput:

@@ -107,6 +107,9 @@ class HibariAcoustic(_HibariHalf, AcousticModel):
     """Acoustic model ``hibari``: misaki phonemes -> frames ``(131, F)`` and frames per id."""
 
     model_prefix: ClassVar[str] = "hibari-acoustic"
+    # 2: a speed other than 1.0 stretches the 1.0 durations as one piece (models/durations.py);
+    # features cached under v1 at such a speed had the old lengths.
+    version: ClassVar[str] = "2"
 
     def _model(self) -> torch.nn.Module:
         return self.voice.acoustic

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models.durations import scale_durations
 from models.kokoro.layers import AdainResBlock, AdaLayerNorm, conv1d, linear, lstm
 from models.kokoro.weights import KokoroWeights
 
@@ -58,11 +59,17 @@ class ProsodyPredictor(nn.Module):
         return self.text_encoder(self.bert_encoder(bert), style)
 
     def durations(self, features: torch.Tensor, speed: float) -> torch.Tensor:
-        """Frames per id, ``(B, T)`` int64: the sum of 50 sigmoids, over ``speed``, rounded, at
-        least 1 (the graph's Round then Clip)."""
+        """Frames per id, ``(B, T)`` int64: the sum of 50 sigmoids rounded, at least 1 (the
+        graph's Round then Clip at speed 1.0), stretched by ``speed`` as one piece
+        (``models.durations``). The graph divides by the speed before rounding each id, and
+        the error piled up over a sentence (docs/models.md, "Speed")."""
         hidden = self.lstm(features)
-        steps = torch.sigmoid(self.duration_proj(hidden)).sum(dim=-1) / speed
-        return torch.round(steps).clamp(min=1).long()
+        steps = torch.sigmoid(self.duration_proj(hidden)).sum(dim=-1)
+        frames = torch.round(steps).clamp(min=1).long()
+        if speed == 1.0:
+            return frames
+        return torch.tensor([scale_durations(row, speed) for row in frames.tolist()],
+                            dtype=torch.long, device=frames.device)
 
     def f0_energy(self, aligned: torch.Tensor,
                   style: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

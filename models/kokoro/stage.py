@@ -131,6 +131,9 @@ class KokoroAcousticStage(_KokoroHalf):
     """Acoustic half: ids and a style -> packed frames ``(644, F)`` and frames per id."""
 
     model_prefix: ClassVar[str] = "kokoro-acoustic"
+    # 2: a speed other than 1.0 stretches the 1.0 durations as one piece (models/durations.py);
+    # features cached under v1 at such a speed had the old lengths.
+    version: ClassVar[str] = "2"
     model: KokoroAcoustic
 
     def _build(self, weights) -> torch.nn.Module:

@@ -102,8 +102,9 @@ class PiperVoice:
         max_batch: int | None = None,
         length_scale: float | None = None,
     ) -> VitsOutput:
-        """Acoustic half for several segments at once; scales default to the config's and
-        ``speed`` divides the ``length_scale``. ``max_batch`` as in ``VitsAcoustic.infer``."""
+        """Acoustic half for several segments at once; scales default to the config's, and
+        ``speed`` stretches the durations they give (``VitsAcoustic.infer``: the length is
+        1.0's over ``speed``). ``max_batch`` as in ``VitsAcoustic.infer``."""
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
         lengths = [len(ids) for ids in id_lists]
@@ -117,8 +118,8 @@ class PiperVoice:
             seeds=seeds,
             sid=None if speaker_id is None else [speaker_id] * len(id_lists),
             noise_scale=self.config.noise_scale if noise_scale is None else noise_scale,
-            length_scale=(self.config.length_scale if length_scale is None
-                          else length_scale) / speed,
+            length_scale=self.config.length_scale if length_scale is None else length_scale,
+            speed=speed,
             noise_w=self.config.noise_w if noise_w is None else noise_w,
             max_batch=max_batch,
         )
@@ -238,6 +239,9 @@ class PiperAcoustic(_PiperHalf, AcousticModel):
     """
 
     model_prefix: ClassVar[str] = "vits"
+    # 2: a speed other than 1.0 stretches the 1.0 durations as one piece (models/durations.py);
+    # latents cached under v1 at such a speed had the old lengths.
+    version: ClassVar[str] = "2"
 
     def _model(self) -> VitsAcoustic:
         return self.voice.acoustic

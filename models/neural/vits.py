@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.durations import scale_durations
 from models.neural.attentions import Encoder
 from models.neural.commons import (
     bucket_groups,
@@ -288,6 +289,7 @@ class VitsAcoustic(nn.Module):
         length_scale: float = 1.0,
         noise_w: float = 0.8,
         max_batch: int | None = None,
+        speed: float = 1.0,
     ) -> VitsOutput:
         """Latents for a padded batch.
 
@@ -298,7 +300,12 @@ class VitsAcoustic(nn.Module):
                 ``z`` bit for bit, whatever else is in the batch. Default 0 for every item.
             sid: ``(B,)`` speaker indices for a multi-speaker voice (default speaker 0).
             noise_scale, length_scale, noise_w: as in the voice's config (``length_scale`` > 1
-                is slower speech).
+                is slower speech): each phoneme's frames are the ceiling of its scaled
+                duration, as Piper gives them.
+            speed: > 1 faster; stretches those frames as one piece
+                (:func:`models.durations.scale_durations`), so the length is the speed's
+                factor of 1.0's (dividing ``length_scale`` would round each phoneme up on
+                its own, and a sentence's ceilings add up: docs/models.md, "Speed").
             max_batch: items per sub-batch; default
                 :func:`models.neural.commons.default_max_batch` for the device.
 
@@ -314,8 +321,8 @@ class VitsAcoustic(nn.Module):
         speakers = self._speaker_ids(sid, len(host_lengths))
         generators = [torch.Generator().manual_seed(s) for s in item_seeds]
         max_batch = max_batch or default_max_batch(self.device)
-        priors = self._encode(ids, host_lengths, speakers, generators, noise_w, length_scale,
-                              max_batch)
+        priors = self._encode(ids, host_lengths, speakers, generators, noise_w,
+                              (length_scale, speed), max_batch)
         frames = [max(1, int(d.sum())) for d in priors.durations]
         z_items = self._flow(priors, frames, speakers, generators, noise_scale, max_batch)
         return self._assemble(z_items, frames, priors.durations, host_lengths, ids.shape[1])
@@ -335,10 +342,12 @@ class VitsAcoustic(nn.Module):
         return host_lengths, item_seeds
 
     def _encode(self, ids: torch.Tensor, lengths: list[int], speakers: list[int],
-                generators: list[torch.Generator], noise_w: float, length_scale: float,
-                max_batch: int) -> _Priors:
+                generators: list[torch.Generator], noise_w: float,
+                scales: tuple[float, float], max_batch: int) -> _Priors:
         """Text encoder and durations, per bucket of phoneme lengths; draws each item's
-        duration noise ``(2, L_i)`` from its generator."""
+        duration noise ``(2, L_i)`` from its generator. ``scales``: the length scale and the
+        speed, as ``infer`` takes them."""
+        length_scale, speed = scales
         device, stages = self.device, self.stages or self
         batch, max_len = ids.shape
         priors = _Priors([torch.empty(0)] * batch, [torch.empty(0)] * batch,
@@ -356,7 +365,10 @@ class VitsAcoustic(nn.Module):
                 x.to(device) * x_mask[:, 0].long(), x_mask, noise.to(device) * noise_w, g)
             w_ceil = torch.ceil(torch.exp(log_w) * x_mask * length_scale)[:, 0]  # (G, L)
             for k, i in enumerate(group):
-                priors.durations[i] = w_ceil[k, : n[k]].long()
+                ceilings = w_ceil[k, : n[k]].long()
+                priors.durations[i] = ceilings if speed == 1.0 else torch.tensor(
+                    scale_durations(ceilings.tolist(), speed), dtype=torch.long,
+                    device=ceilings.device)
                 priors.means[i] = mean[k, :, : n[k]]
                 priors.log_stds[i] = log_std[k, :, : n[k]]
         return priors

@@ -67,7 +67,7 @@ class PiperConfig:
     espeak_voice: str  # the espeak-ng voice that phonemizes for this model, e.g. "en-us"
     sample_rate: int
     noise_scale: float = 0.667  # spread of the latent prior's noise (0 = its mean)
-    length_scale: float = 1.0  # > 1 speaks slower; the farm's speed maps to length_scale / speed
+    length_scale: float = 1.0  # > 1 speaks slower; the farm's speed then stretches its durations
     noise_w: float = 0.8  # spread of the stochastic duration predictor's noise
     num_speakers: int = 1
     speaker_id_map: Mapping[str, int] = field(default_factory=dict)
