@@ -42,6 +42,15 @@ def test_a_text_books_title_page_before_its_chapters():
     assert "SALT ROAD" not in read(book) and "Newcomer" not in read(book)
 
 
+def test_a_text_books_own_title_and_author_lines_name_it():
+    text = ("The Project Gutenberg eBook of The Salt Road\n\nThis ebook is for the use of "
+            "anyone anywhere.\n\nTitle: The Salt Road\n\nAuthor: A. Newcomer\n\n"
+            f"Release date: May 1, 2024\n\n{BODY}\n")
+    book = parsed(text, "pg1234.txt")
+    assert (book.title, book.author) == ("The Salt Road", "A. Newcomer")
+    assert BODY in read(book)
+
+
 @pytest.mark.parametrize("text", [
     BODY,  # prose from the first line
     f"Chapter 1\n{BODY}",  # a chapter heading first

@@ -9,7 +9,7 @@ from itertools import chain
 
 from models.books.parse.book import Book, Chapter, with_front_matter
 from models.books.parse.limits import Budget
-from models.books.parse.titles import opening_title
+from models.books.parse.titles import labelled_title, opening_title
 
 _WORD = re.compile(r"\w")
 
@@ -64,6 +64,10 @@ def parse_text(text: str, fallback_title: str = "Untitled", budget: Budget | Non
     opening = opening_title(text, is_text_heading)
     if opening:
         title, author, text = opening
+    # A catalogue's own `Title:` and `Author:` lines say it better than a first line.
+    labelled = labelled_title(text)
+    if labelled:
+        title, author = labelled[0], labelled[1] or author
     # A table of contents lists the headings with nothing between them: no chapters (see
     # split_at). Text before the first heading (a title, a preface) is front matter.
     front, chapters = split_at(text, _TEXT_HEADING.finditer(text), budget)

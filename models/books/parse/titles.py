@@ -28,6 +28,9 @@ _FRONT_MATTER = re.compile(r"\A\ufeff?---[ \t]*\n(?P<body>.*?)\n(?:---|\.\.\.)[ 
 _FIELD = re.compile(r"^(?P<key>[A-Za-z_]+)[ \t]*:[ \t]*(?P<value>.*)$")
 # How much of a file's start is searched for its title page.
 _OPENING_CHARS = 4000
+# A file's own catalogue lines, as Project Gutenberg's texts open: `Title: ...`, `Author: ...`.
+_LABELLED = re.compile(r"^(?P<key>Title|Author)[ \t]*:[ \t]*(?P<value>\S[^\n]*?)[ \t]*$",
+                       re.MULTILINE | re.IGNORECASE)
 _LIST_ITEM = re.compile(r"^[ \t]+-[ \t]+(?P<value>.+)$")
 
 
@@ -92,6 +95,18 @@ def opening_title(text: str, is_heading=lambda line: False) -> tuple[str, str, s
     if not re.search(r"\w", rest):
         return None
     return display_case(lines[0]), display_case(author or ""), rest
+
+
+def labelled_title(text: str) -> tuple[str, str] | None:
+    """(title, author) from `Title:` and `Author:` lines near the start of `text` (a
+    Project Gutenberg text's header), or None without a `Title:` line."""
+    found: dict[str, str] = {}
+    for m in _LABELLED.finditer(text[:2 * _OPENING_CHARS]):
+        if len(m["value"].split()) <= 2 * MAX_NAME_WORDS:
+            found.setdefault(m["key"].lower(), m["value"])
+    if "title" not in found:
+        return None
+    return display_case(found["title"]), display_case(found.get("author", ""))
 
 
 def front_matter(md: str) -> tuple[dict[str, str], str]:
