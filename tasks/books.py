@@ -2,7 +2,10 @@
 
     prepare(book_id)      book.json -> the text frontend, a turn at a time -> plan files, totals
     feed(book_id, gen)    keeps a bounded number of the book's segments in the batch queues
-    assemble(book_id)     segment files -> chapter MP3s, M4B, MP3, manifest
+    package_chapter(book_id, n)   a chapter whose segments are all stored -> its AAC, MP3,
+                          captions and words, while later chapters render
+    assemble(book_id)     after the last segment: the chapters not yet packaged, then the
+                          book's M4B and MP3 remuxed from them, its captions, its manifest
 
 The feeder is why Redis memory stays bounded: instead of publishing every segment of a book
 at once (a 100,000-segment book would be 100 MB of messages), it tops the batch queues up to
@@ -15,12 +18,17 @@ once: see app/stores/books.py).
 
 Planning (the one CPU-bound step, made in turns side by side with other books') is
 tasks/book_planning.py; packaging the stored segments into the book's files,
-tasks/book_assembly.py. This module holds the three tasks and what runs between them.
+tasks/book_assembly.py. This module holds the tasks and what runs between them.
 
 Segments are at-least-once like every task here: the segment file is written atomically and
-its bit in the book's bitmap counts it once. The segment that completes the book moves it to
-`assembling` and enqueues the assembly; a redelivered last segment enqueues it again, and
-assembly is idempotent (same files, same result).
+its bit in the book's bitmap counts it once. The segment that completes a chapter enqueues
+its packaging, so packaging overlaps rendering and the book's last segment leaves only its
+own chapter and a remux (a copy of bytes) to do; the segment that completes the book moves
+it to `assembling` and enqueues the assembly. A redelivered segment enqueues either again,
+and both are idempotent: a chapter is recorded as packaged (in the formats it was packaged
+for) once, and one already packaged is skipped, so a crash redoes at most the chapter it
+was packaging. The assembly packages in slices of ASSEMBLE_SLICE_S, handing over to a fresh
+message after each, so no task limit restarts it from the start.
 """
 
 from __future__ import annotations
@@ -40,17 +48,23 @@ from app.broker.celery_app import (
     ACOUSTIC_BATCH_QUEUE,
     BOOK_ASSEMBLE_TASK,
     BOOK_FEED_TASK,
+    BOOK_PACKAGE_CHAPTER_TASK,
     BOOK_PREPARE_TASK,
     VOCODER_BATCH_QUEUE,
 )
 from app.broker.messages import BookOwner, Segment
-from app.broker.queueing import publish_segments, send_assemble, start_feed
+from app.broker.queueing import (
+    publish_segments,
+    send_assemble,
+    send_package_chapter,
+    start_feed,
+)
 from app.obs import metrics
 from app.offload import offload
-from app.stores.books import plan_key, prefix
+from app.stores.books import encodings_for, plan_key, prefix
 from app.stores.states import BOOK_ACTIVE, BookState
 from tasks.base import FarmTask
-from tasks.book_assembly import assemble_outputs
+from tasks.book_assembly import finish_book, package_chapter_files
 from tasks.book_planning import BookPlan
 
 log = logging.getLogger("voxfarm.books")
@@ -61,6 +75,9 @@ log = logging.getLogger("voxfarm.books")
 FEED_WINDOW = 48
 FEED_POLL_S = 0.25
 FEED_SLICE_S = 30.0
+# The assembly packages chapters for this long, then hands over to a fresh message (a re-
+# submit adding a format to a long book packages every chapter again).
+ASSEMBLE_SLICE_S = 60.0
 
 
 class BookTask(FarmTask):
@@ -198,13 +215,15 @@ def store_segment(farm, segment: Segment, pcm: bytes, sample_rate: int,
     interactive one's: a redelivered segment counts again, as a job's does, being work
     done), and assemble the book after its last."""
     book = _book_of(segment)
-    done, state = farm.books.store_segment(book.book_id, book.seq, book.chapter,
-                                           segment.index, pcm, words)
+    done, state, chapter_stored = farm.books.store_segment(
+        book.book_id, book.seq, book.chapter, segment.index, pcm, words)
     if done >= 0:
         metrics.SEGMENTS.inc()
         metrics.AUDIO_SECONDS.inc(len(pcm) / 2 / sample_rate)
     if done >= 0 and state == BookState.ASSEMBLING:
-        send_assemble(farm.celery, book.book_id)
+        send_assemble(farm.celery, book.book_id)  # it packages the last chapter itself
+    elif done >= 0 and chapter_stored and state == BookState.RENDERING:
+        send_package_chapter(farm.celery, book.book_id, book.chapter)
 
 
 def segment_failed(farm, segment: Segment, exc: BaseException) -> None:
@@ -221,22 +240,66 @@ def _book_of(segment: Segment) -> BookOwner:
     return segment.owner
 
 
-# -- assemble --------------------------------------------------------------------------------
+# -- packaging -------------------------------------------------------------------------------
+
+
+def _package(farm, rec: dict, n: int, encodings: set[str]) -> str:
+    """Package chapter n in `encodings` (in an encode thread, bounded like every offload) and
+    record it; the book's state afterwards."""
+    started = time.monotonic()
+    offload("encode", package_chapter_files, farm, rec, n, encodings,
+            timeout_s=farm.settings.task_time_limit)
+    state = farm.books.chapter_packaged(rec["id"], n, encodings, time.monotonic() - started)
+    if state == BookState.CANCELED:
+        farm.books.remove(rec["id"])  # canceled while we encoded: leave nothing behind
+    return state
+
+
+@shared_task(name=BOOK_PACKAGE_CHAPTER_TASK, base=BookTask, bind=True)
+def package_chapter(self: BookTask, book_id: str, chapter: int, **_: object) -> str:
+    """Encode a chapter whose segments are all stored, while later chapters render."""
+    rec = self.farm.books.get(book_id)
+    if rec is None or rec["state"] not in (BookState.RENDERING, BookState.ASSEMBLING):
+        return rec["state"] if rec else "gone"
+    ch = rec["chapter_list"][chapter]
+    if ch["done"] < ch["total"]:
+        return "incomplete"  # a message older than a retry that re-renders the chapter
+    missing = encodings_for(rec["formats"]) - set(ch["packed"])
+    if not missing:
+        return "packaged"  # a redelivered or repeated message
+    return _package(self.farm, rec, chapter, missing)
 
 
 @shared_task(name=BOOK_ASSEMBLE_TASK, base=BookTask, bind=True)
 def assemble(self: BookTask, book_id: str, **_: object) -> str:
+    """Package the chapters not yet packaged (the last one, or all of them for formats a
+    re-submit added), a slice at a time, then remux the book's files from them."""
     farm, books = self.farm, self.farm.books
     rec = books.get(book_id)
     if rec is None or rec["state"] != BookState.ASSEMBLING:
         return rec["state"] if rec else "gone"
-    # An assembly killed mid-write leaves its temp files. One untouched for longer than the
-    # task time limit has no live writer (a live one is killed at that limit), and a
-    # redelivered assembly arrives only after the longer visibility timeout.
+    # A step killed mid-write leaves its temp files. One untouched for longer than the task
+    # time limit has no live writer (a live one is killed at that limit), and a redelivered
+    # step arrives only after the longer visibility timeout.
     farm.store.sweep_abandoned(prefix(book_id), farm.settings.task_time_limit)
+    deadline = time.monotonic() + ASSEMBLE_SLICE_S
+    need = encodings_for(rec["formats"])
     with _marking_progress(farm, book_id):
-        manifest = offload("encode", assemble_outputs, farm, rec,
-                           timeout_s=farm.settings.task_time_limit)
+        for ch in rec["chapter_list"]:
+            missing = need - set(ch["packed"])
+            if not missing:
+                continue
+            if time.monotonic() > deadline:
+                send_assemble(farm.celery, book_id)  # a fresh message carries on from here
+                return "continued"
+            state = _package(farm, rec, ch["index"], missing)
+            if state != BookState.ASSEMBLING:
+                return state or "gone"
+            ch["packed"] = sorted(set(ch["packed"]) | missing)
+        # The remux copies bytes (docs/benchmarks.md: seconds for hours of audio); its bound
+        # grows with the book all the same, a second per minute of audio past the limit.
+        manifest = offload("encode", finish_book, farm, rec,
+                           timeout_s=farm.settings.task_time_limit + rec["audio_seconds"] / 60)
     outcome, state = books.assembled(book_id, rec["formats"], manifest["duration_s"])
     if outcome == 2:
         # A re-submit added formats while this one encoded: package them too.
@@ -244,4 +307,3 @@ def assemble(self: BookTask, book_id: str, **_: object) -> str:
     if state == BookState.CANCELED:
         books.remove(book_id)  # canceled while we encoded: leave nothing behind
     return state or "gone"
-

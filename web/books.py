@@ -35,6 +35,7 @@ from app.stores.books import (
     chapter_download_name,
     chapter_file,
     output_key,
+    packaging,
     prefix,
 )
 from app.stores.states import BookState
@@ -76,6 +77,9 @@ def book_view(rec: dict) -> dict:
         eta = round((rec["total"] - rec["done"]) / rate, 1)
     elif rec["state"] == BookState.DONE:
         eta = 0.0
+    pack = packaging(rec) if rec["chapter_list"] else None
+    if rec["state"] == BookState.ASSEMBLING and pack:
+        eta = pack["eta_s"]  # packaging what rendering left
     done = rec["state"] == BookState.DONE
     return responses.Book.answer(**{
         "id": bid,
@@ -97,6 +101,7 @@ def book_view(rec: dict) -> dict:
         # Audio seconds rendered per wall-clock second of rendering (x real time).
         "throughput": round(rec["audio_seconds"] / elapsed, 2) if elapsed else None,
         "eta_s": eta,
+        "packaging": pack,
         "duration_s": rec["duration_s"],
         "error": rec["error"],
         "created_at": iso_time(rec["created_at"]),

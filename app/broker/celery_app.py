@@ -103,6 +103,9 @@ QUEUE_POOLS = {queue: next(pool for pool, reads in WORKER_QUEUES.items()
 BOOK_PREPARE_TASK = "voxfarm.book.prepare"
 BOOK_FEED_TASK = "voxfarm.book.feed"
 BOOK_ASSEMBLE_TASK = "voxfarm.book.assemble"
+# A chapter encoded as soon as its segments are stored, while later chapters render (routed
+# to the book pool by "voxfarm.book.*" below, as every book task is).
+BOOK_PACKAGE_CHAPTER_TASK = "voxfarm.book.package_chapter"
 QUALITY_TASK = "voxfarm.quality.score"
 
 TASK_ROUTES = {

@@ -5,7 +5,8 @@
     publish_again(...)    a segment whose features expired before its vocoder stage ran
     continue_segment(...) the rest of a segment that gave way to listeners' first windows
     hand_over(...)        a segment stage that a worker short of GPU memory will not run
-    send_prepare / start_feed / send_assemble / resume    a book's orchestration tasks
+    send_prepare / start_feed / send_package_chapter / send_assemble / resume
+                          a book's orchestration tasks
     send_score(...)       a finished segment to the quality pool (the voice canary)
 
 Work is published by task name through the Celery app it is given (`farm.celery`), so the
@@ -23,6 +24,7 @@ from app.broker.celery_app import (
     ACOUSTIC_TASK,
     BOOK_ASSEMBLE_TASK,
     BOOK_FEED_TASK,
+    BOOK_PACKAGE_CHAPTER_TASK,
     BOOK_PREPARE_TASK,
     QUALITY_TASK,
     VOCODER_TASK,
@@ -130,7 +132,15 @@ def start_feed(celery: Celery, books: BookStore, book_id: str) -> None:
     celery.send_task(BOOK_FEED_TASK, args=(book_id, gen))
 
 
+def send_package_chapter(celery: Celery, book_id: str, chapter: int) -> None:
+    """Encode a chapter whose segments are all stored (its AAC, MP3, captions and words),
+    while the book's later chapters render."""
+    celery.send_task(BOOK_PACKAGE_CHAPTER_TASK, args=(book_id, chapter))
+
+
 def send_assemble(celery: Celery, book_id: str) -> None:
+    """Finish a book whose segments are all stored: package the chapters not yet packaged,
+    then remux the book's files from them."""
     celery.send_task(BOOK_ASSEMBLE_TASK, args=(book_id,))
 
 

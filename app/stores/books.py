@@ -5,6 +5,10 @@ bitmap with one bit per segment. Audio never goes through Redis, so its memory s
 however long the book; the segments waiting in the broker are bounded too (see tasks/books.py,
 the feeder).
 
+Each chapter is packaged (encoded) as soon as its last segment is stored: `store_segment`
+says so, and `chapter_packaged` records the encodings made (`c{n}_packed`), so a chapter is
+never packaged twice for the same formats, even across a crash.
+
 States: queued -> preparing -> rendering -> assembling -> done, and failed (a segment failed
 its retries; `retry` goes back to rendering) or canceled (DELETE; files removed).
 
@@ -23,6 +27,8 @@ Artifact layout under `books/{id}/`:
     plan/{chapter:04d}.json      the chapter's segments: phonemes, text, pause (by the prepare task,
                                  each as soon as its chapter is planned)
     segments/{chapter:04d}/{index:05d}.pcm   16-bit mono PCM of one segment
+    parts/{n:03d}.m4a, parts/{n:03d}.json   chapter n's AAC packets and its spans and words, as
+                                 packaged while later chapters render (the remux reads them)
     out/chapters/{n:03d}.mp3, out/book.m4b, out/book.mp3, out/manifest.json
 """
 
@@ -37,6 +43,22 @@ from typing import NamedTuple
 import redis
 
 from app.stores.artifacts import ArtifactStore
+from app.stores.book_files import (  # noqa: F401  (where the book's files are: imported from here)
+    book_download_name,
+    captions_download_name,
+    captions_file,
+    chapter_download_name,
+    chapter_file,
+    encodings_for,
+    file_stem,
+    output_key,
+    packaging,
+    part_key,
+    plan_key,
+    prefix,
+    segment_key,
+    segment_words_key,
+)
 from app.stores.keys import Keys
 from app.stores.states import BOOK_ACTIVE, BookState, Transition, lua
 
@@ -54,7 +76,9 @@ return 1
 
 # KEYS: the book, its done bitmap, the books' progress zset. ARGV: seq, chapter, samples,
 # now, the book's id. A stored segment is progress for the stall sweeper too, in the same
-# round trip (BookStore.progressed says what that means).
+# round trip (BookStore.progressed says what that means). Returns {done, total, state, 1 when
+# the segment's chapter has every segment stored}: said again by a redelivered segment, so a
+# chapter whose packaging message was lost is sent it again (packaging is idempotent).
 _STORE_SEGMENT = lua("""
 local seq = ARGV[1]
 local chapter = ARGV[2]
@@ -79,7 +103,9 @@ if done >= total and state == '$RENDERING' then
   redis.call('HSET', KEYS[1], 'state', '$ASSEMBLING', 'rendered_at', now)
   state = '$ASSEMBLING'
 end
-return {done, total, state}
+local chapter_done = tonumber(redis.call('HGET', KEYS[1], 'c' .. chapter .. '_done') or '0')
+local chapter_total = tonumber(redis.call('HGET', KEYS[1], 'c' .. chapter .. '_total') or '-1')
+return {done, total, state, chapter_done >= chapter_total and 1 or 0}
 """, BookState)
 
 # A re-submit asking for formats the record lacks. ARGV: the formats asked for. The record's
@@ -122,6 +148,30 @@ if state ~= '$ASSEMBLING' then return {0, state or ''} end
 if (redis.call('HGET', KEYS[1], 'formats') or '') ~= formats then return {2, state} end
 redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now, 'duration_s', duration_s)
 return {1, '$DONE'}
+""", BookState)
+
+# A chapter's packaging is stored (tasks/books.py). KEYS: the book, the books' progress zset.
+# ARGV: chapter, the encodings made (comma separated), seconds it took, now, the book's id. The
+# chapter's `c{n}_packed` becomes the union (a re-submit adding formats packages only what it
+# lacks), and the time goes into the packaging estimate. Returns the book's state; a book
+# that left rendering and assembling (canceled, failed) keeps nothing.
+_PACKAGED = lua("""
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= '$RENDERING' and state ~= '$ASSEMBLING' then return state or '' end
+local field = 'c' .. ARGV[1] .. '_packed'
+local have, list = {}, {}
+for f in string.gmatch((redis.call('HGET', KEYS[1], field) or '') .. ',' .. ARGV[2], '[^,]+') do
+  if not have[f] then
+    have[f] = true
+    table.insert(list, f)
+  end
+end
+table.sort(list)
+redis.call('HSET', KEYS[1], field, table.concat(list, ','))
+redis.call('HINCRBYFLOAT', KEYS[1], 'pack_s', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'packs', 1)
+redis.call('ZADD', KEYS[2], 'XX', ARGV[4], ARGV[5])
+return state
 """, BookState)
 
 # A planner's checkpoint (tasks/book_planning.py), written after each of its turns. KEYS:
@@ -183,64 +233,6 @@ def book_id_for(content_digest: str, *, voice: str, speed: float, acoustic_model
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def prefix(book_id: str) -> str:
-    return f"books/{book_id}/"
-
-
-def segment_key(book_id: str, chapter: int, index: int) -> str:
-    return f"books/{book_id}/segments/{chapter:04d}/{index:05d}.pcm"
-
-
-def segment_words_key(book_id: str, chapter: int, index: int) -> str:
-    """A segment's timed words (JSON, seconds of the segment's audio), in a tree of their
-    own beside the audio's (one file per segment under `segments/` is the audio)."""
-    return f"books/{book_id}/words/{chapter:04d}/{index:05d}.json"
-
-
-def captions_file(n: int | None, fmt: str) -> str:
-    """Where chapter n's captions (n None: the whole book's) are kept in the store."""
-    return f"captions/book.{fmt}" if n is None else f"captions/{n:03d}.{fmt}"
-
-
-def captions_download_name(title: str, book_id: str, n: int | None, fmt: str) -> str:
-    """`The Tiny Book.srt`, or `001 The Beginning.srt` for chapter 0 (as the audio's)."""
-    if n is None:
-        return book_download_name(title, book_id, fmt)
-    return chapter_download_name(n, title).removesuffix(".mp3") + f".{fmt}"
-
-
-def plan_key(book_id: str, chapter: int) -> str:
-    return f"books/{book_id}/plan/{chapter:04d}.json"
-
-
-def output_key(book_id: str, name: str) -> str:
-    return f"books/{book_id}/out/{name}"
-
-
-def chapter_file(n: int) -> str:
-    """Where chapter n's MP3 is kept in the store (a key; users see `chapter_download_name`)."""
-    return f"chapters/{n:03d}.mp3"
-
-
-# -- the names a user sees: downloads, the manifest, the CLI's output folder (one naming) ----
-
-
-def file_stem(title: str) -> str:
-    """A title as a file name: letters, digits, spaces, '-' and '_' kept, the rest '_'."""
-    return "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip()[:120]
-
-
-def book_download_name(title: str, book_id: str, fmt: str) -> str:
-    """`The Tiny Book.m4b` (the book's id when the title has no usable character)."""
-    return f"{file_stem(title) or book_id}.{fmt}"
-
-
-def chapter_download_name(n: int, title: str) -> str:
-    """`001 The Beginning.mp3` for chapter 0: numbered from 1, as a player lists tracks."""
-    stem = file_stem(title)
-    return f"{n + 1:03d} {stem}.mp3" if stem else f"{n + 1:03d}.mp3"
-
-
 class BookStore:
     """Book records in Redis (`r`: a bytes-mode client) and files in `store`."""
 
@@ -255,6 +247,7 @@ class BookStore:
         self._assembled = r.register_script(_ASSEMBLED)
         self._planning = r.register_script(_PLANNING)
         self._planned = r.register_script(_PLANNED)
+        self._packaged = r.register_script(_PACKAGED)
 
     def _keys(self, book_id: str) -> list[str]:
         return [self.keys.book(book_id), self.keys.book_done(book_id)]
@@ -335,23 +328,33 @@ class BookStore:
         return self._transition(self.keys.book(book_id), from_states, to, **fields)
 
     def store_segment(self, book_id: str, seq: int, chapter: int, index: int,
-                      pcm: bytes, words: list[dict] | None = None) -> tuple[int, str]:
+                      pcm: bytes, words: list[dict] | None = None) -> tuple[int, str, bool]:
         """Write segment audio (and its timed words), then count it once. Returns (done,
-        state): done -1 when the book is canceled or gone (the files written are removed
-        again)."""
+        state, whether the segment's chapter has every segment stored now): done -1 when the
+        book is canceled or gone (the files written are removed again)."""
         key = segment_key(book_id, chapter, index)
         words_key = segment_words_key(book_id, chapter, index)
         if words is not None:  # before the audio: a counted segment always has both
             self.store.put(words_key, json.dumps(words, ensure_ascii=False).encode())
         self.store.put(key, pcm)
-        done, _total, state = self._store_segment(
+        done, _total, state, chapter_done = self._store_segment(
             keys=[*self._keys(book_id), self.keys.books_progress],
             args=[seq, chapter, len(pcm) // 2, repr(time.time()), book_id])
         if done < 0:
             self.store.delete(key)
             if words is not None:
                 self.store.delete(words_key)
-        return int(done), state.decode() if isinstance(state, bytes) else str(state)
+        return (int(done), state.decode() if isinstance(state, bytes) else str(state),
+                bool(chapter_done))
+
+    def chapter_packaged(self, book_id: str, n: int, encodings: Iterable[str],
+                         seconds: float) -> str:
+        """Chapter n's `encodings` are stored, made in `seconds`; returns the book's state
+        (a book no longer rendering or assembling records nothing)."""
+        state = self._packaged(keys=[self.keys.book(book_id), self.keys.books_progress],
+                               args=[n, ",".join(sorted(encodings)), round(seconds, 3),
+                                     repr(time.time()), book_id])
+        return state.decode() if isinstance(state, bytes) else str(state)
 
     def progressed(self, book_id: str, *, resumed: bool = False) -> None:
         """The book moved on: the stall sweeper leaves it a while longer. `resumed`: it is
@@ -460,7 +463,10 @@ class BookStore:
         out["chapter_list"] = [{
             "index": c, "title": t,
             "done": int(rec.get(f"c{c}_done") or 0), "total": int(rec.get(f"c{c}_total") or 0),
-            "offset": int(rec.get(f"c{c}_offset") or 0)} for c, t in enumerate(titles)]
+            "offset": int(rec.get(f"c{c}_offset") or 0),
+            "packed": [e for e in (rec.get(f"c{c}_packed") or "").split(",") if e],
+        } for c, t in enumerate(titles)]
+        out["pack_s"], out["packs"] = float(rec.get("pack_s") or 0), int(rec.get("packs") or 0)
         out["audio_seconds"] = (round(out["audio_samples"] / out["sample_rate"], 3)
                                 if out["sample_rate"] else 0.0)
         out["error"] = None

@@ -1,5 +1,6 @@
-"""A generated book through the whole farm: wall time, audio per wall hour, peak RSS of every
-process, and interactive latency idle vs while the book renders.
+"""A generated book through the whole farm: wall time, rendering, the time from its last
+segment to done (packaging what rendering left: the last chapter and the remux), audio per
+wall hour, peak RSS of every process, and interactive latency idle vs while the book renders.
 
     .venv/bin/python tests/bench/bench_book.py [--words 20000] [--chapters 20] [--shared]
 
@@ -223,6 +224,7 @@ def main() -> None:
                 while True:
                     book = client.get(f"/v1/books/{book_id}").get_json()
                     if book["state"] in ("done", "failed", "canceled"):
+                        book_end = time.time()
                         break
                     if book["state"] == "rendering":
                         turn += 1
@@ -235,6 +237,11 @@ def main() -> None:
                             paused_s += time.perf_counter() - p0
                     time.sleep(1.0)
                 wall = time.perf_counter() - t0
+                # The record's own stamp of its last segment (the driver polls once a second).
+                rendered_at = float(tf.farm.redis.hget(tf.farm.keys.book(book_id),
+                                                       "rendered_at") or book_end)
+                book_end = float(tf.farm.redis.hget(tf.farm.keys.book(book_id),
+                                                    "finished_at") or book_end)
                 peaks = watch.stop()
                 redis_mem = tf.farm.redis.info("memory")["used_memory"]
         finally:
@@ -247,6 +254,10 @@ def main() -> None:
     print(f"{'wall time':<34}{wall:>10.1f} s")
     if paused_s:
         print(f"{'  of it paused for probes':<34}{paused_s:>10.1f} s")
+    tail = book_end - rendered_at  # the last segment stored -> the book done
+    print(f"{'render (submit -> last segment)':<34}{wall - tail:>10.1f} s")
+    print(f"{'last segment -> done':<34}{tail:>10.1f} s  ({100 * tail / wall:.1f}% of wall; "
+          f"goal < 10% + 3 s: {'met' if tail < 0.1 * wall + 3 else 'NOT met'})")
     print(f"{'audio hours per wall hour':<34}{audio_h / ((wall - paused_s) / 3600):>10.1f}"
           + ("  (paused time not counted)" if paused_s else ""))
     print(f"{'Redis used_memory at the end':<34}{redis_mem / 2**20:>10.1f} MiB")

@@ -334,6 +334,13 @@ class BookError(ResponseModel):
     text: str | None = None
 
 
+class BookPackaging(ResponseModel):
+    chapters_done: int = Field(description="chapters encoded in every format asked for")
+    chapters_total: int
+    eta_s: float | None = Field(None, description="seconds left while assembling, at the "
+                                                  "pace chapters were encoded so far")
+
+
 class Book(ResponseModel):
     id: str
     state: BookState
@@ -349,6 +356,7 @@ class Book(ResponseModel):
     throughput: float | None = Field(None, description="audio seconds rendered per second "
                                                        "of rendering (x real time)")
     eta_s: float | None = None
+    packaging: BookPackaging | None = None
     duration_s: float | None = None
     error: BookError | None = None
     created_at: str | None = None
