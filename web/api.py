@@ -19,7 +19,7 @@ from app.offload import offload
 from app.stores.job_audio import Chunk
 from app.stores.job_record import JobRecord
 from app.stores.states import JobState
-from models.audio.encode import CONTENT_TYPES, encode, wav_bytes
+from models.audio.encode import CONTENT_TYPES, FORMATS, wav_bytes
 from models.errors import BreakTooLong, NoSpeakableText
 from models.text import captions
 from models.text.frontend import iter_run_segments, prepare
@@ -49,7 +49,7 @@ from web.schemas.requests import (
     PhonemizeRequest,
 )
 from web.streams import client_gone
-from web.synthesis import submit_segments, submit_text
+from web.synthesis import encoded_file, submit_segments, submit_text
 from web.waits import LazyPlace
 
 api = Blueprint("api", __name__)
@@ -257,11 +257,10 @@ def get_audio(job_id: str):
     parts = farm().jobs.all_chunks(job_id, job.total)
     if any(p is None for p in parts):
         raise ApiError(410, "audio_expired", "the job's audio has expired")
-    pcm = np.frombuffer(b"".join(cast(list[bytes], parts)), dtype="<i2")
-    rate = job.sample_rate
-    data = wav_bytes(pcm, rate) if fmt == "wav" else offload("encode", encode, pcm, rate, fmt)
-    return Response(data, mimetype=CONTENT_TYPES[fmt], headers={
-        "Content-Disposition": f'attachment; filename="{job_id}.{fmt}"'})
+    spec, rate = FORMATS[fmt], job.sample_rate
+    data = encoded_file(b"".join(cast(list[bytes], parts)), rate, fmt)
+    return Response(data, content_type=spec.content_type(spec.out_rate(rate)), headers={
+        "Content-Disposition": f'attachment; filename="{job_id}.{spec.extension}"'})
 
 
 @doc.route(api, "/v1/jobs/<job_id>/captions", "get", doc.op(

@@ -42,7 +42,7 @@ from web.schemas import responses
 from web.schemas.constants import RESPONSE_FORMATS
 from web.schemas.requests import CaptionedSpeechRequest
 from web.streams import client_gone, streaming_response
-from web.synthesis import CLIENT_LEFT, ChunkFollower
+from web.synthesis import CLIENT_LEFT, ChunkFollower, encoded_file
 from web.waits import take_place
 
 captioned = Blueprint("captioned", __name__)
@@ -103,7 +103,6 @@ def captioned_speech():
 def _answer(req: CaptionedSpeechRequest, job: JobRecord, voice: str, speed: float, place: Place):
     fmt, stream, want_words = req.response_format, req.stream, req.return_timestamps
     codec, out_rate = RESPONSE_FORMATS[fmt]
-    encoder = StreamEncoder(codec, job.sample_rate, out_rate)
     f = farm()
     job_id = job.id
     follower = ChunkFollower(f, job_id, listener_gone=client_gone(), listened=True)
@@ -114,18 +113,19 @@ def _answer(req: CaptionedSpeechRequest, job: JobRecord, voice: str, speed: floa
             f.jobs.cancel(job_id, reason)
 
     if stream:
+        encoder = StreamEncoder(codec, job.sample_rate, out_rate)
         return streaming_response(_lines(follower, encoder, fmt, want_words,
                                          cancel_unless_done),
                                   "application/x-ndjson", headers, place)
-    audio, words = [], []
+    # The whole file: encoded once the job is done, so its length is known (a WAV's header
+    # states it, where a stream's declares an open length).
+    pcm, words = [], []
     chunks = iter(follower)
     try:
         for chunk in chunks:
-            audio.append(_encode(encoder, chunk.pcm))
+            pcm.append(chunk.pcm)
             words += chunk.words
-        audio.append(encoder.finish())
     except BaseException:
-        encoder.close()
         cancel_unless_done()
         raise
     finally:
@@ -138,7 +138,8 @@ def _answer(req: CaptionedSpeechRequest, job: JobRecord, voice: str, speed: floa
                        f"({follower.outcome}); GET /v1/jobs/{job_id} says why",
                        type="server_error")
     resp = jsonify(responses.CaptionedSpeech.answer(
-        audio=base64.b64encode(b"".join(audio)).decode(), audio_format=fmt,
+        audio=base64.b64encode(encoded_file(b"".join(pcm), job.sample_rate, codec,
+                                            out_rate)).decode(), audio_format=fmt,
         timestamps=_timestamps(words) if want_words else []))
     for name, value in headers.items():
         resp.headers[name] = str(value)

@@ -24,8 +24,13 @@ Decisions (the README, "Streaming" has the table and the reasons):
 * `speed`: OpenAI accepts 0.25-4.0 and so does this endpoint; the farm renders 0.5-2.0, so a
   value outside that is clamped, and the applied speed is in `X-Voxfarm-Speed`. Outside
   0.25-4.0 is a 422, as OpenAI refuses it too.
-* `pcm` is 24 kHz 16-bit mono without a header, as OpenAI's is (clients hard-code the rate);
-  `wav` keeps the voice's own rate (its header says so); `opus` is Ogg Opus at 48 kHz.
+* `response_format`: OpenAI's names and the farm's other streamable formats (`ogg`, Vorbis),
+  from the one table (models/audio/encode.py; docs/formats.md). `pcm` is 24 kHz 16-bit mono
+  without a header, as OpenAI's is (clients hard-code the rate); `wav` keeps the voice's own
+  rate (its header says so); `opus` is Ogg Opus at the voice's rate where Opus takes it.
+* `stream` (Kokoro-FastAPI's field): by default the body streams, so a `wav` declares an
+  open length (its length is unknown when the header leaves); `stream: false` waits for the
+  job and answers the whole file, its length in `Content-Length` and in a WAV's header.
 * Errors keep the API's one shape and add OpenAI's `type` and `param`, which the OpenAI
   client reads into its exception.
 """
@@ -35,12 +40,12 @@ from __future__ import annotations
 import base64
 import json
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint, Response, jsonify, request
 
 from app.stores.job_record import JobRecord
 from app.stores.states import JOB_FINAL
 from app.stores.waits import Place
-from models.audio.encode import StreamEncoder
+from models.audio.encode import FORMATS, StreamEncoder
 from models.text.ssml import SPEED_MAX, SPEED_MIN
 from models.voices import list_voices
 from web import apidoc as doc
@@ -50,13 +55,13 @@ from web.schemas import responses
 from web.schemas.constants import OPENAI_MODELS, RESPONSE_FORMATS
 from web.schemas.requests import SpeechRequest
 from web.streams import client_gone, encoded_audio, streaming_response
-from web.synthesis import CLIENT_LEFT, ChunkFollower, submit_text
+from web.synthesis import CLIENT_LEFT, ChunkFollower, encoded_file, submit_text
 from web.waits import take_place
 
 openai_compat = Blueprint("openai_compat", __name__)
 
-CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac",
-                 "flac": "audio/flac", "wav": "audio/wav", "pcm": "audio/pcm"}
+# What `response_format` is answered as (pcm's with its rate: `audio/L16; rate=24000; ...`).
+CONTENT_TYPES = {name: FORMATS[fmt].mime for name, (fmt, _) in RESPONSE_FORMATS.items()}
 # `created` of every listed model (OpenAI clients read an integer there): 2026-11-30.
 MODELS_CREATED = 1796083200
 
@@ -100,13 +105,17 @@ def _speech_200() -> dict:
 def speech():
     with openai_errors():
         req = parse(SpeechRequest, json_body(request))
+        if not req.stream and req.stream_format == "sse":
+            raise ApiError(422, "invalid_field", "'stream_format: sse' sends events as the "
+                           "job renders and 'stream: false' one whole file: ask for one",
+                           field="stream")
         voice, speed = resolve_voice(req.voice), farm_speed(req.speed)
         # Before the job exists: a client past its open waits gets 429 and no job.
         place = take_place()
     try:
         with openai_errors():
             job = submit_speech(req.input, voice, speed)
-        return _speech_response(req, job, voice, speed, place)
+            return _speech_response(req, job, voice, speed, place)
     except BaseException:
         place.release()
         raise
@@ -115,7 +124,6 @@ def speech():
 def _speech_response(req: SpeechRequest, job: JobRecord, voice: str, speed: float,
                      place: Place):
     fmt, out_rate = RESPONSE_FORMATS[req.response_format]
-    encoder = StreamEncoder(fmt, job.sample_rate, out_rate)
     f = farm()
     job_id = job.id
 
@@ -125,12 +133,40 @@ def _speech_response(req: SpeechRequest, job: JobRecord, voice: str, speed: floa
             f.jobs.cancel(job_id, CLIENT_LEFT if outcome == "disconnected" else "")
 
     follower = ChunkFollower(f, job_id, listener_gone=client_gone(), listened=True)
-    audio = encoded_audio(follower, encoder, on_end)
     headers = {"X-Job-Id": job_id, "X-Voxfarm-Voice": voice, "X-Voxfarm-Speed": speed}
+    if not req.stream:
+        return _whole_file(follower, job, fmt, out_rate, on_end, headers, place)
+    encoder = StreamEncoder(fmt, job.sample_rate, out_rate)
+    audio = encoded_audio(follower, encoder, on_end)
     if req.stream_format == "sse":
         return streaming_response(sse_events(audio, follower, len(req.input)),
                                   "text/event-stream", headers, place)
-    return streaming_response(audio, CONTENT_TYPES[req.response_format], headers, place)
+    return streaming_response(audio, encoder.content_type, headers, place)
+
+
+def _whole_file(follower: ChunkFollower, job: JobRecord, fmt: str, out_rate: int | None,
+                on_end, headers: dict, place: Place) -> Response:
+    """`stream: false`: the job's audio once it is done, as one file whose length is known
+    (a WAV's header states it, `Content-Length` is set). A job that ends early is a 409."""
+    pcm: list[bytes] = []
+    chunks = iter(follower)
+    try:
+        pcm.extend(chunk.pcm for chunk in chunks)
+    finally:
+        chunks.close()  # the follower lets go of the job's lease
+        on_end(follower.outcome if follower.ended else "disconnected")
+    if follower.outcome != "done":
+        raise ApiError(409, f"job_{follower.outcome}", f"the speech job ended early "
+                       f"({follower.outcome}); GET /v1/jobs/{job.id} says why",
+                       type="server_error")
+    spec = FORMATS[fmt]
+    data = encoded_file(b"".join(pcm), job.sample_rate, fmt, out_rate)
+    resp = Response(data, content_type=spec.content_type(spec.out_rate(job.sample_rate,
+                                                                       out_rate)))
+    for name, value in headers.items():
+        resp.headers[name] = str(value)
+    resp.call_on_close(place.release)
+    return resp
 
 
 def _event(data: dict) -> bytes:

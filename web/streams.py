@@ -5,9 +5,10 @@ greenlet blocked on the job's Redis event stream (the same wake-up the long-poll
 worker process holds thousands of streams without a thread each.
 
 Everything that can be refused is refused before the first byte (404 unknown job, 409
-canceled or failed job, 422 bad format), in the API's one error shape. Once audio flows, the
-stream ends where the job ends: after its last segment, or early when the job is canceled
-or fails mid-way (the audio so far is a valid prefix; `GET /v1/jobs/{id}` says why).
+canceled or failed job, 422 a format that is unknown or cannot stream), in the API's one
+error shape. Once audio flows, the stream ends where the job ends: after its last segment,
+or early when the job is canceled or fails mid-way (the audio so far is a valid prefix;
+`GET /v1/jobs/{id}` says why).
 
 The job streamed here was submitted with `POST /v1/jobs`: it belongs to whoever polls it,
 not to this stream, so a client that leaves ends its stream and nothing more (the page's
@@ -25,7 +26,7 @@ from flask import Blueprint, Response, request, stream_with_context
 
 from app.offload import offload
 from app.stores.waits import Place
-from models.audio.encode import StreamEncoder
+from models.audio.encode import FORMATS, STREAM_FORMATS, StreamEncoder
 from web import apidoc as doc
 from web.helpers import farm, parse
 from web.schemas.requests import StreamQuery
@@ -67,7 +68,7 @@ def encoded_audio(follower: ChunkFollower, encoder: StreamEncoder, on_end=None):
     `on_end(outcome)` runs however the generator stops: `outcome` is the follower's (done,
     canceled, ...) or "disconnected" when the client left before the end.
     """
-    codec = encoder.fmt not in ("wav", "pcm")
+    codec = encoder.codec  # raw PCM and WAV are a copy: no thread hop for them
     completed = False
     chunks = iter(follower)
     try:
@@ -112,21 +113,22 @@ def streaming_response(body, content_type: str, headers: dict | None = None,
 
 @doc.route(streams, "/v1/jobs/<job_id>/stream", "get", doc.op(
     "streaming", "streamJob", "The job's audio as it renders, over chunked HTTP", {
-        "200": doc.files(("audio/wav", "audio/L16", "audio/ogg", "audio/mpeg", "audio/aac",
-                          "audio/flac"), "audio, chunked, while the job renders",
-                         {"X-Job-Id": doc.header()}),
+        "200": doc.files((FORMATS[f].mime for f in STREAM_FORMATS),
+                         "audio, chunked, while the job renders", {"X-Job-Id": doc.header()}),
         "404": doc.JOB_NOT_FOUND,
         "409": doc.error("the job was canceled or failed (`job_canceled`, `job_failed`): "
                          "nothing to stream"),
         "422": doc.INVALID, "429": doc.TOO_MANY_WAITS, "503": doc.UNAVAILABLE},
     query=StreamQuery, description=(
         "Starts with the first segment as soon as it exists and ends after the last. "
-        "`wav` declares an open length (0xFFFFFFFF) in its header; `pcm` is 16-bit "
-        "little-endian mono at the voice's rate, which `Content-Type` says "
-        "(`audio/L16; rate=24000; channels=1` for the default voice); `ogg` is Ogg Opus "
-        "at 48 kHz. A job "
-        "canceled or failed mid-way ends the stream early; `GET /v1/jobs/{job_id}` "
-        "then says why.")))
+        "Every audio format but `m4a` streams (an MP4's index is written after its audio: "
+        "a 422 says so; `aac` is the same codec as ADTS). `wav` declares an open length "
+        "(0xFFFFFFFF) in its header, its length being unknown when the header leaves (the "
+        "job's `/audio` states it); `pcm` is 16-bit little-endian mono at the voice's rate, "
+        "which `Content-Type` says (`audio/L16; rate=24000; channels=1` for the default "
+        "voice); `ogg` is Ogg Vorbis, `opus` Ogg Opus at the voice's rate where Opus takes "
+        "it (24 kHz), else 48 kHz. docs/formats.md has the table. A job canceled or failed "
+        "mid-way ends the stream early; `GET /v1/jobs/{job_id}` then says why.")))
 def stream_job(job_id: str):
     fmt = parse(StreamQuery, request.args.to_dict()).format
     f = farm()

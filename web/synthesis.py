@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Generator, Iterator
 
+import numpy as np
 import redis
 
 from app.errors import FarmError
@@ -26,6 +27,7 @@ from app.stores.job_audio import Chunk
 from app.stores.job_record import JobRecord
 from app.stores.states import JOB_FINAL, JobState
 from app.submission import TooManySegments
+from models.audio.encode import encode
 from models.errors import BreakTooLong, NoSpeakableText
 from models.text.frontend import iter_run_segments, iter_segments
 from models.text.runs import Segment, TextRun
@@ -96,6 +98,14 @@ def _segments(text: str, voice: str, lexicon: dict[str, str] | None = None,
                 else iter_segments(text, voice, lexicon))
     while (segment := offload("frontend", next, segments, None)) is not None:
         yield segment
+
+
+def encoded_file(pcm: bytes, sample_rate: int, fmt: str, out_rate: int | None = None) -> bytes:
+    """The whole file of `fmt` from a job's joined 16-bit PCM: its length is known, so a WAV's
+    header states it (only a stream declares an open length). Encoding is CPU work, done off
+    the gevent hub (app/offload.py)."""
+    samples = np.frombuffer(pcm, dtype="<i2")
+    return offload("encode", encode, samples, sample_rate, fmt, out_rate)
 
 
 def streamable_job(farm: Farm, job_id: str) -> JobRecord:

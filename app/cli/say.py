@@ -25,7 +25,9 @@ from app.cli.common import read_settings
 @click.command()
 @click.argument("text")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Output file; the extension picks the format (wav, flac, mp3, ogg).")
+              help="Output file; the extension picks the format: .wav .flac .mp3 .ogg (Vorbis) "
+                   ".opus .aac (ADTS) .m4a (AAC in MP4) .pcm (raw 16-bit mono at the "
+                   "voice's rate); docs/formats.md.")
 @click.option("--voice", default=None,
               help="A name from GET /v1/audio/voices (default: the farm's default voice).")
 @click.option("--speed", default=1.0, show_default=True, type=float)

@@ -1,8 +1,19 @@
-"""PCM -> the file formats the API serves. numpy and PyAV only: the web process imports this.
+"""PCM -> the audio formats the farm serves, and the one table of them.
 
-``wav`` is written with the stdlib (no codec, no surprises); ``flac``, ``mp3`` and ``ogg``
-(Opus) go through PyAV's bundled FFmpeg. Opus only runs at 48/24/16/12/8 kHz, so audio is
-resampled to 48 kHz first, which every player expects of Ogg Opus.
+:data:`FORMATS` is the only list of audio formats: the job API, the job stream, the OpenAI
+route and `voxfarm say -o` validate against it and the OpenAPI document's enums are made
+from it, so no route can take a format another refuses (except where a format cannot
+stream, which its `streamable` says). numpy and PyAV only: the web process imports this.
+
+``wav`` and ``pcm`` are written by hand (no codec, no surprises); the rest go through PyAV's
+bundled FFmpeg. Rates: Opus takes 48/24/16/12/8 kHz only, so a voice at another rate (the
+Piper voice's 22,050 Hz) is resampled to 48 kHz, Ogg Opus's own rate; hibari's 24 kHz is
+kept. Vorbis: PyAV's FFmpeg has no libvorbis, and FFmpeg's own Vorbis encoder writes two
+channels only, so mono speech goes out as two equal channels, which Vorbis's channel
+coupling stores as one (the difference channel is silence, a few bytes a frame).
+
+A WAV whose length is known says it in its header (:func:`encode`); only a stream, whose
+length is unknown when its header leaves, declares the open length (:func:`wav_stream_header`).
 """
 
 from __future__ import annotations
@@ -10,28 +21,98 @@ from __future__ import annotations
 import io
 import struct
 import wave
+from dataclasses import dataclass, field
+from fractions import Fraction
 
 import av
 import numpy as np
 
-FORMATS = ("wav", "flac", "mp3", "ogg")
-
-CONTENT_TYPES: dict[str, str] = {
-    "wav": "audio/wav",
-    "flac": "audio/flac",
-    "mp3": "audio/mpeg",
-    "ogg": "audio/ogg",
-}
-
 OPUS_SAMPLE_RATE = 48000
 
-# fmt -> (container, codec, bit rate or None for lossless). Speech bit rates: 64 kb/s MP3 and
-# 32 kb/s Opus are transparent enough for a 22 kHz formant voice and keep downloads small.
-_CODECS: dict[str, tuple[str, str, int | None]] = {
-    "flac": ("flac", "flac", None),
-    "mp3": ("mp3", "libmp3lame", 64_000),
-    "ogg": ("ogg", "libopus", 32_000),
-}
+
+@dataclass(frozen=True)
+class AudioFormat:
+    """One format the farm writes: FFmpeg's names for its codec and container, what HTTP
+    calls it, the file extension, and whether it can be written as the audio arrives."""
+
+    name: str
+    codec: str  # FFmpeg's encoder ("pcm_s16le" for wav and pcm, which are written by hand)
+    container: str  # FFmpeg's muxer
+    mime: str
+    extension: str
+    # A stream is encoded as its segments arrive; a format whose container writes its index
+    # after the audio (MP4) cannot be: the file is only valid once rewritten at the end.
+    streamable: bool
+    why_not_streamable: str = ""
+    bit_rate: int | None = None  # None: lossless, or the codec's default quality
+    rates: tuple[int, ...] = ()  # the rates the codec takes; () any
+    layout: str = "mono"  # the codec's channel layout (the farm's audio is mono)
+    codec_options: dict[str, str] = field(default_factory=dict)
+    stream_options: dict[str, str] = field(default_factory=dict)  # the muxer's, streaming
+
+    def content_type(self, sample_rate: int) -> str:
+        """The MIME type; raw PCM carries its rate, as RFC 2586 `audio/L16` does."""
+        if self.name == "pcm":
+            return f"{self.mime}; rate={sample_rate}; channels=1"
+        return self.mime
+
+    def out_rate(self, sample_rate: int, asked: int | None = None) -> int:
+        """The rate it is written at: `asked` if given, else the input's where the codec
+        takes it, else the codec's first (its native) rate."""
+        rate = asked or sample_rate
+        if self.rates and rate not in self.rates:
+            return self.rates[0]
+        return rate
+
+
+# Ogg pages are cut every 100 ms in a stream instead of every second, so a short first
+# segment leaves the muxer at once. Speech bit rates: 64 kb/s MP3 and AAC and 32 kb/s Opus
+# are transparent enough for a 22-24 kHz voice and keep downloads small.
+_OGG_STREAM = {"page_duration": "100000"}
+FORMATS: dict[str, AudioFormat] = {f.name: f for f in (
+    AudioFormat("wav", "pcm_s16le", "wav", "audio/wav", "wav", True),
+    AudioFormat("flac", "flac", "flac", "audio/flac", "flac", True),
+    AudioFormat("mp3", "libmp3lame", "mp3", "audio/mpeg", "mp3", True, bit_rate=64_000),
+    AudioFormat("ogg", "vorbis", "ogg", "audio/ogg", "ogg", True, layout="stereo",
+                # FFmpeg marks its own Vorbis encoder experimental: it must be asked for.
+                codec_options={"strict": "experimental"}, stream_options=_OGG_STREAM),
+    AudioFormat("opus", "libopus", "ogg", "audio/ogg", "opus", True, bit_rate=32_000,
+                rates=(OPUS_SAMPLE_RATE, 24000, 16000, 12000, 8000),
+                stream_options=_OGG_STREAM),
+    AudioFormat("aac", "aac", "adts", "audio/aac", "aac", True, bit_rate=64_000),
+    AudioFormat("m4a", "aac", "ipod", "audio/mp4", "m4a", False, bit_rate=64_000,
+                why_not_streamable="an MP4 file's index is written after its audio; "
+                                   "stream 'aac' (ADTS, the same codec) instead"),
+    AudioFormat("pcm", "pcm_s16le", "s16le", "audio/L16", "pcm", True),
+)}
+FORMAT_NAMES = tuple(FORMATS)
+STREAM_FORMATS = tuple(name for name, f in FORMATS.items() if f.streamable)
+# Every MIME type a format is served as (pcm's without its rate parameter), for the document.
+CONTENT_TYPES: dict[str, str] = {name: f.mime for name, f in FORMATS.items()}
+
+# The RIFF and data sizes a WAV stream declares when its length is not known yet: the largest
+# value the fields hold. Players read such a file until the connection ends.
+WAV_OPEN_LENGTH = 0xFFFFFFFF
+
+
+def audio_format(fmt: str) -> AudioFormat:
+    """The format called `fmt` (any case). Raises ValueError naming the accepted ones."""
+    spec = FORMATS.get(fmt.lower()) if isinstance(fmt, str) else None
+    if spec is None:
+        raise ValueError(f"unknown audio format {fmt!r}; expected one of "
+                         f"{', '.join(FORMAT_NAMES)}")
+    return spec
+
+
+def format_of_path(path: str) -> str | None:
+    """The format a file name's extension names (`x.M4A` -> `m4a`), or None."""
+    ext = path.rsplit(".", 1)[-1].lower() if "." in path else ""
+    return next((name for name, f in FORMATS.items() if f.extension == ext), None)
+
+
+def stream_content_type(fmt: str, sample_rate: int) -> str:
+    """The MIME type of `fmt` written at `sample_rate`."""
+    return audio_format(fmt).content_type(sample_rate)
 
 
 def pcm16(audio: np.ndarray) -> np.ndarray:
@@ -51,7 +132,7 @@ def _mono16(pcm: np.ndarray) -> np.ndarray:
 
 
 def wav_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
-    """A 16-bit mono RIFF/WAVE file."""
+    """A 16-bit mono RIFF/WAVE file whose header states its length."""
     pcm = _mono16(pcm)
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as out:
@@ -62,37 +143,51 @@ def wav_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
     return buffer.getvalue()
 
 
-def encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    """Encode mono int16 ``pcm`` as ``fmt`` (one of :data:`FORMATS`).
+def _frame(pcm: np.ndarray, sample_rate: int) -> av.AudioFrame:
+    frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+    frame.sample_rate = sample_rate
+    return frame
+
+
+def _resampled(pcm: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
+    """`pcm` at `out_rate` (PyAV's resampler, flushed: its filter's tail included)."""
+    if in_rate == out_rate or not pcm.size:
+        return pcm
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=out_rate)
+    frames = [*resampler.resample(_frame(pcm, in_rate)), *resampler.resample(None)]
+    return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.int16)
+
+
+def _add_stream(container, spec: AudioFormat, rate: int):
+    stream = container.add_stream(spec.codec, rate=rate, layout=spec.layout)
+    if spec.bit_rate is not None:
+        stream.bit_rate = spec.bit_rate
+    if spec.codec_options:
+        stream.codec_context.options = dict(spec.codec_options)
+    return stream
+
+
+def encode(pcm: np.ndarray, sample_rate: int, fmt: str, out_rate: int | None = None) -> bytes:
+    """Encode mono int16 ``pcm`` as the whole file of ``fmt`` (a name of :data:`FORMATS`),
+    at `out_rate` if given (else see :meth:`AudioFormat.out_rate`).
 
     Raises:
         ValueError: unknown format, or pcm that is not 1-d int16.
     """
-    if fmt == "wav":
-        return wav_bytes(pcm, sample_rate)
-    if fmt not in _CODECS:
-        raise ValueError(f"unknown audio format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    spec = audio_format(fmt)
     pcm = _mono16(pcm)
-    container_format, codec, bit_rate = _CODECS[fmt]
-    out_rate = OPUS_SAMPLE_RATE if codec == "libopus" else sample_rate
-
-    frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-    frame.sample_rate = sample_rate
-    frames = [frame] if pcm.size else []
-    if out_rate != sample_rate:
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=out_rate)
-        frames = [f for x in frames for f in resampler.resample(x)]
-        frames += resampler.resample(None)  # flush the resampler's filter tail
-
+    rate = spec.out_rate(sample_rate, out_rate)
+    pcm = _resampled(pcm, sample_rate, rate)
+    if spec.name == "wav":
+        return wav_bytes(pcm, rate)
+    if spec.name == "pcm":
+        return pcm.astype("<i2", copy=False).tobytes()
     buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format=container_format) as container:
-        stream = container.add_stream(codec, rate=out_rate, layout="mono")
-        if bit_rate is not None:
-            stream.bit_rate = bit_rate
-        # PyAV converts the sample format and re-chunks to the codec's frame size itself.
-        for f in frames:
-            f.pts = None
-            container.mux(stream.encode(f))
+    with av.open(buffer, mode="w", format=spec.container) as container:
+        stream = _add_stream(container, spec, rate)
+        # PyAV converts the sample format and layout and re-chunks to the codec's frame size.
+        if pcm.size:
+            container.mux(stream.encode(_frame(pcm, rate)))
         container.mux(stream.encode(None))
     return buffer.getvalue()
 
@@ -100,29 +195,6 @@ def encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
 # -- streaming -------------------------------------------------------------------------------
 # A stream is encoded as its segments arrive: each `feed` returns the bytes that are ready, so
 # the first segment is on the wire before the last one is rendered.
-
-STREAM_FORMATS = ("wav", "pcm", "ogg", "mp3", "aac", "flac")
-
-# The RIFF and data sizes a WAV stream declares when its length is not known yet: the largest
-# value the fields hold. Players read such a file until the connection ends.
-WAV_OPEN_LENGTH = 0xFFFFFFFF
-
-# fmt -> (container, codec, bit rate or None). `adts` is AAC's streamable framing (an .m4a
-# needs its index written last); Ogg pages are cut every 100 ms instead of every second, so
-# a short first segment leaves the muxer at once.
-_STREAM_CODECS: dict[str, tuple[str, str, int | None, dict[str, str]]] = {
-    "ogg": ("ogg", "libopus", 32_000, {"page_duration": "100000"}),
-    "mp3": ("mp3", "libmp3lame", 64_000, {}),
-    "aac": ("adts", "aac", 64_000, {}),
-    "flac": ("flac", "flac", None, {}),
-}
-
-
-def stream_content_type(fmt: str, sample_rate: int) -> str:
-    """The MIME type of a stream; raw PCM carries its rate, as RFC 2586 `audio/L16` does."""
-    if fmt == "pcm":
-        return f"audio/L16; rate={sample_rate}; channels=1"
-    return {"aac": "audio/aac", **CONTENT_TYPES}[fmt]
 
 
 def wav_stream_header(sample_rate: int) -> bytes:
@@ -155,49 +227,51 @@ class _Sink:
 class StreamEncoder:
     """Encode 16-bit mono PCM incrementally: `feed(pcm)` per segment, then `finish()`.
 
-    `fmt` is one of :data:`STREAM_FORMATS`. `out_rate` resamples (raw PCM and WAV only keep
-    the input rate otherwise; Opus always runs at 48 kHz). Concatenating every returned
-    piece gives one valid file (for `wav`, one with open sizes in its header).
+    `fmt` is one of :data:`STREAM_FORMATS`. `out_rate` resamples (else the input's rate is
+    kept where the codec takes it: see :meth:`AudioFormat.out_rate`). Concatenating every
+    returned piece gives one valid file (for `wav`, one with open sizes in its header).
     """
 
     def __init__(self, fmt: str, sample_rate: int, out_rate: int | None = None) -> None:
-        if fmt not in STREAM_FORMATS:
-            raise ValueError(f"unknown stream format {fmt!r}; expected one of "
-                             f"{', '.join(STREAM_FORMATS)}")
-        self.fmt = fmt
+        spec = audio_format(fmt)
+        if not spec.streamable:
+            raise ValueError(f"{spec.name} cannot stream: {spec.why_not_streamable}")
+        self.spec = spec
+        self.fmt = spec.name
         self.in_rate = sample_rate
-        codec = _STREAM_CODECS.get(fmt)
-        if codec and codec[1] == "libopus":
-            out_rate = OPUS_SAMPLE_RATE
-        self.out_rate = out_rate or sample_rate
-        self.content_type = stream_content_type(fmt, self.out_rate)
+        self.out_rate = spec.out_rate(sample_rate, out_rate)
+        self.content_type = spec.content_type(self.out_rate)
         self._resampler = (av.AudioResampler(format="s16", layout="mono", rate=self.out_rate)
                            if self.out_rate != sample_rate else None)
         self._started = False
         self._finished = False
+        self._samples = 0  # written so far at out_rate: the next frame's pts
         self._container = self._stream = self._sink = None
-        if codec:
-            container_format, codec_name, bit_rate, options = codec
+        if spec.name not in ("wav", "pcm"):
             self._sink = _Sink()
-            self._container = av.open(self._sink, mode="w", format=container_format,
-                                      options=options)
-            self._stream = self._container.add_stream(codec_name, rate=self.out_rate,
-                                                      layout="mono")
-            if bit_rate is not None:
-                self._stream.bit_rate = bit_rate
+            self._container = av.open(self._sink, mode="w", format=spec.container,
+                                      options=dict(spec.stream_options))
+            self._stream = _add_stream(self._container, spec, self.out_rate)
+
+    @property
+    def codec(self) -> bool:
+        """True where a codec does the work (CPU worth taking off the gevent hub)."""
+        return self._container is not None
 
     def _frames(self, pcm: np.ndarray | None) -> list:
         if pcm is None:
             return self._resampler.resample(None) if self._resampler else []
-        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = self.in_rate
+        frame = _frame(pcm, self.in_rate)
         return self._resampler.resample(frame) if self._resampler else [frame]
 
     def _emit(self, frames: list) -> bytes:
         if self._container is None:
             return b"".join(f.to_ndarray().astype("<i2", copy=False).tobytes() for f in frames)
         for f in frames:
-            f.pts = None
+            # Timestamps let the Ogg muxer cut a page per `page_duration`: FFmpeg's Vorbis
+            # encoder gives untimed packets otherwise, and its pages wait until they fill.
+            f.pts, f.time_base = self._samples, Fraction(1, self.out_rate)
+            self._samples += f.samples
             self._container.mux(self._stream.encode(f))
         return self._sink.take()
 

@@ -68,7 +68,8 @@ def test_job_lifecycle_over_http(server, done_job):
 
 
 @pytest.mark.parametrize("fmt,codec,rate", [
-    ("mp3", "mp3", SR), ("flac", "flac", SR), ("ogg", "opus", 48000), ("wav", "pcm_s16le", SR),
+    ("mp3", "mp3", SR), ("flac", "flac", SR), ("opus", "opus", 48000), ("ogg", "vorbis", SR),
+    ("wav", "pcm_s16le", SR),
 ])
 def test_audio_in_every_format(server, done_job, fmt, codec, rate):
     resp = requests.get(f"{server}/v1/jobs/{done_job['id']}/audio", params={"format": fmt},

@@ -32,7 +32,8 @@ def decoded_seconds(blob: bytes) -> tuple[float, int, str]:
 
 
 @pytest.mark.parametrize("fmt,codec,rate", [
-    ("ogg", "opus", 48000), ("mp3", "mp3", SR), ("aac", "aac", SR), ("flac", "flac", SR),
+    ("opus", "opus", 48000), ("ogg", "vorbis", SR), ("mp3", "mp3", SR), ("aac", "aac", SR),
+    ("flac", "flac", SR),
 ])
 def test_codec_streams_decode_whole(fmt, codec, rate):
     enc = StreamEncoder(fmt, SR)
@@ -78,19 +79,21 @@ def test_empty_stream_still_a_valid_header():
 
 
 def test_bad_format_and_bad_input():
-    with pytest.raises(ValueError, match="unknown stream format"):
+    with pytest.raises(ValueError, match="unknown audio format"):
         StreamEncoder("aiff", SR)
+    with pytest.raises(ValueError, match="m4a cannot stream"):
+        StreamEncoder("m4a", SR)
     enc = StreamEncoder("mp3", SR)
     with pytest.raises(ValueError, match="int16"):
         enc.feed(np.zeros(10, dtype=np.float32))
     enc.finish()
     with pytest.raises(ValueError, match="finished"):
         enc.feed(SEGMENTS[0])
-    assert set(STREAM_FORMATS) == {"wav", "pcm", "ogg", "mp3", "aac", "flac"}
+    assert set(STREAM_FORMATS) == {"wav", "pcm", "ogg", "opus", "mp3", "aac", "flac"}
 
 
 def test_close_without_finish_releases_the_codec():
-    enc = StreamEncoder("ogg", SR)
+    enc = StreamEncoder("opus", SR)
     enc.feed(SEGMENTS[0])
     enc.close()
     assert enc.finish() == b""

@@ -4,13 +4,15 @@ captions, the book formats)."""
 
 from __future__ import annotations
 
-from models.audio.encode import CONTENT_TYPES as AUDIO_CONTENT_TYPES
+from models.audio.encode import FORMAT_NAMES
+from models.audio.encode import STREAM_FORMATS as AUDIO_STREAM_FORMATS
 from models.text.captions import CAPTION_FORMATS
 
-# A job's `format`: what `/audio` encodes (models/audio/encode.py can write each).
-AUDIO_FORMATS = tuple(AUDIO_CONTENT_TYPES)
-# The formats a job stream offers; `wav` (open length) plays in any browser's <audio>.
-JOB_STREAM_FORMATS = ("wav", "pcm", "ogg", "mp3", "aac", "flac")
+# A job's `format`: what `/audio` encodes; the table is models/audio/encode.py's FORMATS.
+AUDIO_FORMATS = FORMAT_NAMES
+# The formats a stream carries: every one but those written whole (`m4a`); `wav` (open
+# length) plays in any browser's <audio>.
+JOB_STREAM_FORMATS = AUDIO_STREAM_FORMATS
 TEXT_TYPES = ("text", "ssml")
 # Chunks returned by one long-poll answer, at most; the client asks again for the rest.
 MAX_CHUNKS_PER_POLL = 32
@@ -21,10 +23,14 @@ BOOK_CAPTION_FORMATS = tuple(f for f in CAPTION_FORMATS if f != "json")
 # OpenAI's speech API (web/openai_compat.py has the reasons).
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage",
                  "shimmer", "verse", "marin", "cedar")
-# response_format -> (stream encoder format, output rate or None for the voice's own)
+# response_format -> (the format of models/audio/encode.py, output rate or None for the
+# voice's own): OpenAI's names first (its default, mp3), then the farm's other streamable
+# ones (ogg). OpenAI's `pcm` is 24 kHz whatever the voice, as its clients hard-code the rate.
+OPENAI_PCM_RATE = 24_000
 RESPONSE_FORMATS: dict[str, tuple[str, int | None]] = {
-    "mp3": ("mp3", None), "opus": ("ogg", None), "aac": ("aac", None),
-    "flac": ("flac", None), "wav": ("wav", None), "pcm": ("pcm", 24_000)}
+    name: (name, OPENAI_PCM_RATE if name == "pcm" else None)
+    for name in dict.fromkeys(("mp3", "opus", "aac", "flac", "wav", "pcm",
+                               *AUDIO_STREAM_FORMATS))}
 OPENAI_SPEED_MIN, OPENAI_SPEED_MAX = 0.25, 4.0
 STREAM_FORMATS = ("audio", "sse")  # raw audio bytes (OpenAI's default) or server-sent events
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "voxfarm")

@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic_core import core_schema
 
 from app.stores.books import BOOK_FORMATS, DEFAULT_FORMATS
+from models.audio.encode import FORMATS as AUDIO_TABLE
 from models.text.lexicon import MAX_ENTRIES as LEXICON_MAX_ENTRIES
 from models.text.lexicon import MAX_PHONEME_CHARS as LEXICON_MAX_PHONEMES
 from models.text.segmenting import MAX_BREAK_MS
@@ -75,6 +76,19 @@ class OneOf:
                 return folded
         raise refusal("unsupported_format", f"'{info.field_name}' must be one of "
                       f"{', '.join(self.values)}", valid=list(self.values))
+
+
+@dataclass(frozen=True)
+class StreamedFormat(OneOf):
+    """One of the streamable audio formats `values`; a format the farm writes only as a whole
+    file (`m4a`) gets the same 422 saying why it cannot stream."""
+
+    def _check(self, value: object, info: ValidationInfo) -> str:
+        spec = AUDIO_TABLE.get(value.lower()) if isinstance(value, str) else None
+        if spec is not None and not spec.streamable:
+            raise refusal("unsupported_format", f"'{info.field_name}': {spec.name} cannot "
+                          f"stream: {spec.why_not_streamable}", valid=list(self.values))
+        return super()._check(value, info)
 
 
 def _spoken(value: str, info: ValidationInfo) -> str:

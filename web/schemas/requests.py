@@ -40,6 +40,7 @@ from web.schemas.fields import (
     Range,
     Speed,
     SpokenText,
+    StreamedFormat,
     TextType,
     VoiceName,
 )
@@ -119,7 +120,7 @@ class CaptionsQuery(RequestModel):
 
 
 class StreamQuery(RequestModel):
-    format: Annotated[str, OneOf(JOB_STREAM_FORMATS, fold_case=True)] = "wav"
+    format: Annotated[str, StreamedFormat(JOB_STREAM_FORMATS, fold_case=True)] = "wav"
 
 
 class SpeechRequest(RequestModel):
@@ -132,7 +133,7 @@ class SpeechRequest(RequestModel):
                                     ": each a distinct farm voice, alloy the default one, "
                                     "unless `openai_voices` maps it) or a farm voice from "
                                     "`GET /v1/voices`")
-    response_format: Annotated[str, OneOf(tuple(RESPONSE_FORMATS))] = "mp3"
+    response_format: Annotated[str, StreamedFormat(tuple(RESPONSE_FORMATS))] = "mp3"
     speed: OpenAISpeed = 1.0
     stream_format: Annotated[str, OneOf(STREAM_FORMATS)] = Field(
         "audio", description="`audio`: the bytes of `response_format`; `sse`: the same bytes "
@@ -140,9 +141,13 @@ class SpeechRequest(RequestModel):
                              "`speech.audio.done`")
     instructions: str | None = Field(None, description="accepted and not used: the voices "
                                                        "have no style control")
+    stream: bool = Field(True, description="Kokoro-FastAPI's: `true` (OpenAI's way) streams "
+                         "the body as the job renders, so a `wav` declares an open length; "
+                         "`false` answers the whole file once the job is done, with its "
+                         "`Content-Length` and a `wav` header that states its length")
     # OpenAI's clients send null for "not given"; "" too for the formats.
     null_is_unset: ClassVar = frozenset({"model", "input", "speed", "response_format",
-                                         "stream_format"})
+                                         "stream_format", "stream"})
 
     @model_validator(mode="before")
     @classmethod
