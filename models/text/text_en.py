@@ -210,7 +210,7 @@ def _ordinal(match: re.Match[str]) -> str:
 
 def _year(match: re.Match[str]) -> str:
     words = year(int(match.group("year")))
-    return f"{match.group('cue')} {words}"
+    return f"{match.group('cue')}{match.group('colon')} {words}"
 
 
 def _decade(match: re.Match[str]) -> str:
@@ -294,7 +294,9 @@ _RULES: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
     (re.compile(_SIGN + r"(?P<number>" + _NUMBER + r")\s?%"), _percent),
     (re.compile(r"\b(?P<number>\d+)(?P<suffix>st|nd|rd|th)\b", re.I), _ordinal),
     (re.compile(r"\b(?P<year>1\d\d0|20\d0)'?s\b"), _decade),
-    (re.compile(r"\b(?P<cue>" + _YEAR_CUES + r")\s+(?P<year>1[1-9]\d\d|20\d\d)\b", re.I), _year),
+    # "Year: 1961" too: a table's cell read after its column's header (models/books/parse).
+    (re.compile(r"\b(?P<cue>" + _YEAR_CUES + r")(?P<colon>:?)\s+(?P<year>1[1-9]\d\d|20\d\d)\b",
+                re.I), _year),
     (
         re.compile(
             _SIGN + r"(?P<number>" + _NUMBER + r")\s?(?P<unit>" + _UNIT_NAMES + r")(?![\w/])", re.I
