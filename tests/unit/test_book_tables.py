@@ -90,6 +90,15 @@ def test_html_tables_nested_and_headerless_rows_stay_apart():
     assert "million" not in spoken(text)
 
 
+def test_an_empty_cell_keeps_the_columns_under_their_headers():
+    html = ("<html><body><h1>Ledger</h1><p>The accounts follow.</p><table>"
+            "<tr><th>Year</th><th>Rye</th><th>Oats</th></tr>"
+            "<tr><td>1961</td><td/><td>40</td></tr><tr><td>1962</td><td></td><td>38</td></tr>"
+            "</table></body></html>")
+    text = parse_book(html.encode(), "ledger.html", LIMITS).chapters[0].text
+    assert "Year: 1961. Oats: 40." in text and "Year: 1962. Oats: 38." in text
+
+
 def test_markdown_pipe_tables_and_footnotes():
     md = ("# Ledger\n\nThe grain was weighed.[^1] Then it was sold.\n\n"
           "| Year | Bushels |\n|------|--------:|\n| 1961 | 412 |\n| 1962 | 398 |\n\n"

@@ -165,7 +165,11 @@ class _HtmlText(HTMLParser):
 
     def handle_startendtag(self, tag: str, attrs) -> None:
         tag = tag.lower().split(":")[-1]
-        if tag in _BLOCK_TAGS and not self._hidden:
+        if tag in ("td", "th") and self._tables:
+            # An empty cell (`<td/>` in XHTML) still takes its column.
+            self.handle_starttag(tag, attrs)
+            self.handle_endtag(tag)
+        elif tag in _BLOCK_TAGS and not self._hidden:
             if self._cell() is not None:
                 self._target().append(" ")
             elif tag not in ("table", "tr", "caption"):
@@ -181,7 +185,7 @@ class _HtmlText(HTMLParser):
         if self._hidden:
             self._hidden -= tag == "a"
             return
-        if tag in ("a", "sup"):
+        if (tag == "a" or tag == "sup") and self._marks:
             self._end_mark(tag)
         if not self._table_end(tag) and tag in _BLOCK_TAGS:
             self._flush()
@@ -210,6 +214,8 @@ class _HtmlText(HTMLParser):
 
     def _start_mark(self, tag: str, attrs) -> None:
         """A `<sup>` or a link to a note begins: remember where, to take a marker back."""
+        if tag != "sup" and tag != "a":
+            return
         link = _links_to_note(tag, attrs)
         if tag != "sup" and not link:
             return
