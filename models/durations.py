@@ -4,7 +4,7 @@ Each voice's duration head gives a real-valued length per phoneme id, and its gr
 each one to whole frames (or steps of frames) on its own: hibari rounds half to even, VITS
 takes the ceiling, Kokoro rounds. Dividing by the speed before that per-phoneme rounding let
 the rounding error pile up over a sentence, so a speed was not the factor asked for (the
-figures before and after: docs/models.md, "Speed").
+figures before and after: docs/models.md, "Speaking speed").
 
 Here the model's own durations at speed 1.0 (what its reference graph gives, so 1.0 stays
 bit for bit the model's) are stretched as one piece: the running total is divided by the

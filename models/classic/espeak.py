@@ -30,7 +30,7 @@ MAX_WPM = 450  # espeakRATE_MAXIMUM in speak_lib.h
 # How far a render at a speed other than 1.0 may miss (its length at 1.0) / speed before the
 # rate is corrected, and how many corrections at most (Espeak.synthesize_timed): a rate is a
 # whole number of words a minute and the length moves in steps, so 1 % is not always reached;
-# the figures per speed are in docs/models.md, "Speed".
+# the figures per speed are in docs/models.md, "Speaking speed".
 SPEED_TOLERANCE = 0.01
 RATE_CORRECTIONS = 3
 

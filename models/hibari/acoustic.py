@@ -9,13 +9,13 @@ the convolutions carry position) applied several times with the same weights (4 
 
 Durations are counted by the graph in 25 ms steps (two decoder frames): ``exp(d) - 1`` rounded
 half to even, at least 1, is the graph's own at speed 1.0. The graph divides by the speed
-before that rounding, which let the error pile up over a sentence (docs/models.md, "Speed");
-here the speed stretches the 1.0 steps as one piece instead (``models.durations``: the
-running total rounded, at least one step each), so a sentence lasts its 1.0 length / speed
-within half a step, and 1.0 stays the graph's. The prosody stack runs at that 25 ms rate and
-emits 4 channels, which interleave into two 12.5 ms tracks: f0 (x100, Hz) and a level track
-(x5). The decoder's input is the ``m.text`` encoding with each id's vector held for its
-frames, then ``log(1 + relu(f0)) / 5`` and the level track.
+before that rounding, which let the error pile up over a sentence (docs/models.md, "Speaking
+speed"); here the speed stretches the 1.0 steps as one piece instead (``models.durations``:
+the running total rounded, at least one step each), so a sentence lasts its 1.0 length /
+speed within half a step, and 1.0 stays the graph's. The prosody stack runs at that 25 ms
+rate and emits 4 channels, which interleave into two 12.5 ms tracks: f0 (x100, Hz) and a
+level track (x5). The decoder's input is the ``m.text`` encoding with each id's vector held
+for its frames, then ``log(1 + relu(f0)) / 5`` and the level track.
 """
 
 from __future__ import annotations

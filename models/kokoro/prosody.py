@@ -62,7 +62,7 @@ class ProsodyPredictor(nn.Module):
         """Frames per id, ``(B, T)`` int64: the sum of 50 sigmoids rounded, at least 1 (the
         graph's Round then Clip at speed 1.0), stretched by ``speed`` as one piece
         (``models.durations``). The graph divides by the speed before rounding each id, and
-        the error piled up over a sentence (docs/models.md, "Speed")."""
+        the error piled up over a sentence (docs/models.md, "Speaking speed")."""
         hidden = self.lstm(features)
         steps = torch.sigmoid(self.duration_proj(hidden)).sum(dim=-1)
         frames = torch.round(steps).clamp(min=1).long()

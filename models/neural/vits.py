@@ -305,7 +305,7 @@ class VitsAcoustic(nn.Module):
             speed: > 1 faster; stretches those frames as one piece
                 (:func:`models.durations.scale_durations`), so the length is the speed's
                 factor of 1.0's (dividing ``length_scale`` would round each phoneme up on
-                its own, and a sentence's ceilings add up: docs/models.md, "Speed").
+                its own, and a sentence's ceilings add up: docs/models.md, "Speaking speed").
             max_batch: items per sub-batch; default
                 :func:`models.neural.commons.default_max_batch` for the device.
 
