@@ -10,6 +10,7 @@ takes) and Piper (22,050 Hz, which Opus does not: resampled to 48 kHz).
 
 from __future__ import annotations
 
+import base64
 import io
 import struct
 
@@ -150,6 +151,14 @@ def test_openai_route_in_its_formats_and_ogg(client):
     declared, present = wav_sizes(whole.data)
     assert declared == present
     assert_file(whole.data, "wav", PIPER_SR, seconds_of(client, whole))
+    # Kokoro-FastAPI's captioned speech answers the whole file in its JSON: its length known.
+    captioned = client.post("/v1/audio/captioned_speech", json={
+        "input": TEXT, "voice": PIPER, "response_format": "wav"})
+    assert captioned.status_code == 200, captioned.get_json()
+    data = base64.b64decode(captioned.get_json()["audio"])
+    declared, present = wav_sizes(data)
+    assert declared == present
+    assert_file(data, "wav", PIPER_SR, seconds_of(client, captioned))
     for fmt, needle in (("wma", "must be one of"), ("m4a", "m4a cannot stream")):
         bad = speech(client, fmt)
         err = bad.get_json()["error"]
