@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from app.cli.client import (
     VAR_HELP,
     Progress,
     api_error,
+    api_key_option,
     find_server,
     format_eta,
     http,
@@ -43,6 +45,7 @@ def book() -> None:
 @click.option("--author", default="", help="The author in the tags (default: the file's).")
 @click.option("--server", default=None, help=SERVER_HELP)
 @click.option("--var", "var_dir", default=lambda: read_settings().var_dir, help=VAR_HELP)
+@api_key_option
 @click.pass_context
 def book_render(ctx: click.Context, file: str, out_dir: str, voice: str, speed: float,
                 formats: str, title: str, author: str, server: str | None,
@@ -75,7 +78,8 @@ def _book_render(file: str, out_dir: str, voice: str, speed: float, formats: str
     elif bk["state"] == "done":
         how = "rendered before; downloading it"
     elif bk["state"] == "assembling" and bk["segments"]["done"] == bk["segments"]["total"]:
-        how = "rendered before; packaging it in the formats asked for"
+        how = (f"its audio is rendered; the farm packages it as {formats} now, rendering "
+               "nothing again")
     else:
         how = "resuming"
     click.echo(f"book {bk['id']}: '{bk['title']}' ({how})")
@@ -91,11 +95,23 @@ def _book_render(file: str, out_dir: str, voice: str, speed: float, formats: str
                    f"again to resume book {bk['id']}.")
         sys.exit(130)
     if bk["state"] != "done":
-        err = bk.get("error") or {}
-        raise click.ClickException(f"book {bk['id']} {bk['state']}: {err.get('message')} "
-                                   f"(chapter {err.get('chapter')}: {err.get('text')!r}); "
-                                   "run the command again to retry what is missing")
+        raise click.ClickException(_not_done(bk, file, out_dir))
     _download_book(server, bk, Path(out_dir), formats)
+
+
+def _not_done(bk: dict, file: str, out_dir: str) -> str:
+    """Why a watched book ended without its audio, and the command that goes on: a canceled
+    book (DELETE, its files removed) renders afresh from the same command; a failed one
+    renders only what is missing."""
+    again = f"`voxfarm book render {shlex.quote(file)} -o {shlex.quote(out_dir)}`"
+    if bk["state"] == "canceled":
+        return (f"book {bk['id']} was canceled (DELETE /v1/books/{bk['id']}) and its files "
+                f"removed; {again} renders it afresh")
+    err = bk.get("error") or {}
+    where = (f" (chapter {err['chapter']}: {err['text']!r})"
+             if err.get("chapter") is not None and err.get("text") else "")
+    return (f"book {bk['id']} {bk['state']}: {err.get('message') or 'no reason given'}"
+            f"{where}; {again} renders what is missing")
 
 
 def book_progress_note(bk: dict) -> str:

@@ -1,5 +1,6 @@
-"""What the HTTP client commands (`say`, `book render`) share: the farm they talk to, one
-session with the farm's API key, its errors as one line, a progress line."""
+"""What the HTTP client commands (`say`, `book render`, `voices`) share: the farm they talk
+to, one session with the farm's API key (--api-key, VOXFARM_API_KEY), its errors as one line
+that says what to do, a progress line."""
 
 from __future__ import annotations
 
@@ -13,24 +14,54 @@ import click
 
 from app.cli.common import default_of, read_settings
 
+# Where the --api-key option leaves its value for `http()` (the command's root context).
+_API_KEY_META = "voxfarm.api_key"
+
+
+def _remember_api_key(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.find_root().meta[_API_KEY_META] = value
+
+
+# On every command that calls the farm's API; the value reaches `http()`, not the command.
+api_key_option = click.option(
+    "--api-key", metavar="KEY", envvar="VOXFARM_API_KEY", show_envvar=True,
+    expose_value=False, callback=_remember_api_key,
+    help="The API key to call the farm with, once it has keys on (`voxfarm keys create "
+         "NAME` prints one).")
+
+
+def http():
+    """One requests session (kept-alive connections) per API key, with the key the command
+    was given (--api-key, else VOXFARM_API_KEY) when there is one."""
+    ctx = click.get_current_context(silent=True)
+    given = ctx.find_root().meta.get(_API_KEY_META) if ctx is not None else None
+    return _session(given or read_settings().api_key.get_secret_value())
+
 
 @functools.cache
-def http():
-    """One requests session (kept-alive connections), with the farm's API key when one is set
-    (VOXFARM_API_KEY)."""
+def _session(api_key: str):
     # loaded by the command that uses it: the CLI starts without it
     import requests
 
     session = requests.Session()
-    api_key = read_settings().api_key.get_secret_value()
     if api_key:
         session.headers["Authorization"] = f"Bearer {api_key}"
     return session
 
 
+NEEDS_KEY = "the farm asks for an API key: pass --api-key or set VOXFARM_API_KEY"
+KEY_REFUSED = ("the farm refuses the API key given (--api-key or VOXFARM_API_KEY): it is "
+               "not one of its live keys (`voxfarm keys list` on the farm)")
+
+
 def api_error(resp) -> str:
     """The API's error as one line, and the names the server says it would take (`valid`:
-    the voices, the formats) on a second."""
+    the voices, the formats) on a second; a 401 says how to pass a key, or that the one
+    passed is refused."""
+    if resp.status_code == 401:
+        sent = "Authorization" in getattr(resp.request, "headers", {})
+        return KEY_REFUSED if sent else NEEDS_KEY
     try:
         err = resp.json()["error"]
         line = f"{resp.status_code} {err['code']}: {err['message']}"
@@ -79,8 +110,8 @@ def find_server(flag: str | None, var_dir: str, var_given: bool = False) -> tupl
     path = farmstate.state_path(var_dir)
     stale = farmstate.read_state(var_dir)
     if var_given or stale is not None:
-        why = (f"{path} is left from a farm that stopped (pid {stale.pid})"
-               if stale is not None else f"there is no {path}")
+        why = (stopped_line(stale, path) if stale is not None
+               else f"there is no {path} (no farm was started there yet)")
         raise click.ClickException(
             f"no farm runs from {var_dir}: {why}. Start it with `voxfarm up --var {var_dir}` "
             "(or `make run`), or name a running farm with --server / VOXFARM_SERVER")
@@ -101,17 +132,56 @@ def reaching(server: str, found_by: str, var_dir: str):
         yield
     except (requests.ConnectionError, requests.Timeout) as exc:
         if found_by == str(farmstate.state_path(var_dir)):
-            # Its `voxfarm up` runs: the web is still starting, or went down on its own.
-            running = farmstate.read_state(var_dir)
-            raise click.ClickException(
-                f"the farm in {found_by} (pid {running.pid if running else '?'}) does not "
-                f"answer at {server}: still starting? Try again in a moment, or see its "
-                "log") from None
+            raise click.ClickException(_state_file_farm_gone(server, var_dir)) from None
         kind = "timed out" if isinstance(exc, requests.Timeout) else "nothing answers"
         raise click.ClickException(
             f"no farm is running: {kind} at {server} (from {found_by}). Start one with "
             "`make run` (or `voxfarm up`), or point --server / VOXFARM_SERVER at a running "
             "farm") from None
+
+
+def _ago(ts: float) -> str:
+    """`ts` as the clock read then, and how long ago: "07:41:05 UTC, 3 min ago"."""
+    seconds = max(0, round(time.time() - ts))
+    ago = f"{seconds} s" if seconds < 120 else (f"{seconds // 60} min" if seconds < 7200
+                                                else f"{seconds // 3600} h")
+    return f"{time.strftime('%H:%M:%S', time.gmtime(ts))} UTC, {ago} ago"
+
+
+def stopped_line(state, path) -> str:
+    """How the farm of a state file whose `voxfarm up` no longer runs ended: stopped (the file
+    marked so, with the time), or gone without a word (killed: the pid is dead)."""
+    if state.stopped_at:
+        return f"the farm of {path} (pid {state.pid}) stopped at {_ago(state.stopped_at)}"
+    return (f"{path} is left from a farm that stopped (pid {state.pid}, gone without "
+            "marking it: killed?)")
+
+
+# A farm whose web does not answer this long after its start is not "still starting".
+_STARTING_S = 300.0
+
+
+def _state_file_farm_gone(server: str, var_dir: str) -> str:
+    """What to say when the farm found through its state file stops answering: it stopped
+    (since when), or it runs but its web does not answer (starting, or down)."""
+    # loaded by the command that uses it: the CLI starts without it
+    from app.local import farmstate
+
+    path = farmstate.state_path(var_dir)
+    state = farmstate.read_state(var_dir)
+    up_again = ("`voxfarm up`" if var_dir == default_of("var_dir")
+                else f"`voxfarm up --var {var_dir}`")
+    if state is None or not state.alive:
+        how = stopped_line(state, path) if state is not None else f"{path} is gone"
+        return (f"the farm stopped: {how}. Start it again with {up_again} (or `make run`) "
+                "and run this command again (a book resumes where it was)")
+    log = f"{var_dir}/log/web.log"
+    if time.time() - state.started_at < _STARTING_S:
+        return (f"the farm of {path} (pid {state.pid}, started at {_ago(state.started_at)}) "
+                f"does not answer at {server}: still starting? Try again in a moment, or "
+                f"see {log}")
+    return (f"the farm of {path} (pid {state.pid}, started at {_ago(state.started_at)}) runs "
+            f"but its web does not answer at {server}: see {log}; its supervisor restarts it")
 
 
 def format_eta(seconds: float | None) -> str:

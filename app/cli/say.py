@@ -14,6 +14,7 @@ from app.cli.client import (
     VAR_HELP,
     Progress,
     api_error,
+    api_key_option,
     find_server,
     http,
     reaching,
@@ -33,6 +34,7 @@ from app.cli.common import read_settings
 @click.option("--speed", default=1.0, show_default=True, type=float)
 @click.option("--server", default=None, help=SERVER_HELP)
 @click.option("--var", "var_dir", default=lambda: read_settings().var_dir, help=VAR_HELP)
+@api_key_option
 @click.pass_context
 def say(ctx: click.Context, text: str, output: str, voice: str, speed: float,
         server: str | None, var_dir: str) -> None:

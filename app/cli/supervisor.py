@@ -177,12 +177,24 @@ class Supervisor:
         child.backoff_s = min(2 * child.backoff_s, self.MAX_BACKOFF_S)
 
     def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM to every child, then to the `last` ones; SIGKILL to what outlives grace_s."""
+        """SIGTERM to every child, then to the `last` ones; SIGKILL to what outlives grace_s.
+
+        The SIGTERM goes to the child alone, never to its process group: each child stops
+        its own processes in order (a Celery worker's warm shutdown finishes the segments
+        its pool processes run and hands back what it holds unstarted; gunicorn's master
+        stops its workers). A SIGTERM to the group reached a prefork pool's processes
+        before their parent, which then reported each as `exited with signal 15` and its
+        segment as a WorkerLostError, for work that was only handed back. What outlives
+        the grace is killed with its whole group, which prints nothing; its messages are
+        handed back all the same (late acks: app/broker/celery_app.py)."""
         for last in (False, True):
             procs = [c.proc for c in self.children.values()
                      if c.last == last and c.restart_at is None]
             for proc in procs:
-                _signal_group(proc, signal.SIGTERM)
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:  # already gone; its group is killed below
+                    pass
             deadline = time.monotonic() + grace_s
             for proc in procs:
                 try:

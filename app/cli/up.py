@@ -32,10 +32,14 @@ def _access_line(redis_url: str, host: str) -> str:
     from app.security.apikeys import ApiKeys
 
     try:
-        client = redis.Redis.from_url(redis_url, socket_timeout=5)
-        keys_on = ApiKeys(client, read_settings().key_prefix).enabled()
+        registry = ApiKeys(redis.Redis.from_url(redis_url, socket_timeout=5),
+                           read_settings().key_prefix)
+        keys_on, live = registry.enabled(), registry.live_count()
     except redis.RedisError as exc:
         return f"API keys: could not read them from Redis ({exc})"
+    if keys_on and not live:
+        return ("API keys are on and none is live: the API is closed; `voxfarm keys create "
+                "NAME` makes a key, `voxfarm keys open` opens it")
     if keys_on:
         return "API keys are on: every API request needs one (`voxfarm keys list`)"
     who = "this machine only" if is_loopback(host) else f"anyone who reaches {host}"
@@ -157,7 +161,12 @@ def up(host: str, port: int, web_workers: int, var_dir: str, metrics_port: int,
                          ).start()
         sup.run(stopping)
     finally:
-        farmstate.remove_state(var)
+        if stopping.is_set():
+            sup.echo("stopping the farm: the pools finish the segments they run and hand "
+                     "back the rest (Ctrl-C again kills them at once)")
+        # Marked before the processes stop: a client that finds the web gone names the farm
+        # as stopped (and since when) rather than one that does not answer.
+        farmstate.mark_stopped(var)
         sup.stop()
         click.echo("voxfarm stopped")
 

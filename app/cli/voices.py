@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import click
 
-from app.cli.client import SERVER_HELP, VAR_HELP, api_error, find_server, http, reaching, var_given
+from app.cli.client import (
+    SERVER_HELP,
+    VAR_HELP,
+    api_error,
+    api_key_option,
+    find_server,
+    http,
+    reaching,
+    var_given,
+)
 from app.cli.common import read_settings
 
 COLUMNS = ("name", "language", "gender", "engine", "rate", "kind")
@@ -33,6 +42,7 @@ def table(voices: list[dict]) -> str:
               help="model: as installed; shaped, mix: custom voices made of them.")
 @click.option("--server", default=None, help=SERVER_HELP)
 @click.option("--var", "var_dir", default=lambda: read_settings().var_dir, help=VAR_HELP)
+@api_key_option
 @click.pass_context
 def voices(ctx: click.Context, language: str | None, engine: str | None, gender: str | None,
            kind: str | None, server: str | None, var_dir: str) -> None:

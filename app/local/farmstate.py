@@ -1,6 +1,8 @@
 """Where a running farm listens: `<var>/farm.json`, written by `voxfarm up`, read by clients.
 
-`voxfarm up` writes the file once its processes are started and removes it when it stops;
+`voxfarm up` writes the file once its processes are started and marks it stopped (with the
+time) when it stops, so a client can tell "never started here" (no file) from "stopped at
+HH:MM" from "runs but does not answer";
 `voxfarm say`, `voxfarm book render` and `voxfarm flower` read it to find the web and the
 Redis the farm uses (the embedded Redis takes a free port each start, so nobody can guess
 it). Flags and environment variables always win over the file. A farm killed hard leaves
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 STATE_FILE = "farm.json"
@@ -31,11 +33,13 @@ class FarmState:
     flower_url: str = ""
     pid: int = 0
     started_at: float = 0.0
+    stopped_at: float = 0.0  # set by `mark_stopped` when its `voxfarm up` stops
 
     @property
     def alive(self) -> bool:
-        """Whether the `voxfarm up` that wrote the file still runs."""
-        if self.pid <= 0:
+        """Whether the `voxfarm up` that wrote the file still runs (a file marked stopped
+        names no live farm, whatever process took its pid since)."""
+        if self.pid <= 0 or self.stopped_at:
             return False
         try:
             os.kill(self.pid, 0)
@@ -71,7 +75,8 @@ def read_state(var_dir: str | os.PathLike) -> FarmState | None:
                          metrics={str(k): int(v) for k, v in data.get("metrics", {}).items()},
                          flower_url=str(data.get("flower_url") or ""),
                          pid=int(data.get("pid") or 0),
-                         started_at=float(data.get("started_at") or 0.0))
+                         started_at=float(data.get("started_at") or 0.0),
+                         stopped_at=float(data.get("stopped_at") or 0.0))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -80,6 +85,14 @@ def live_state(var_dir: str | os.PathLike) -> FarmState | None:
     """The farm recorded in `var_dir` if its `voxfarm up` still runs, else None."""
     state = read_state(var_dir)
     return state if state is not None and state.alive else None
+
+
+def mark_stopped(var_dir: str | os.PathLike, pid: int | None = None) -> None:
+    """Mark the file stopped, now, if it is this process's (`pid`), not a newer farm's: kept
+    so that a client says when the farm stopped rather than that there is none."""
+    state = read_state(var_dir)
+    if state is not None and state.pid == (pid or os.getpid()) and not state.stopped_at:
+        write_state(var_dir, replace(state, stopped_at=time.time()))
 
 
 def remove_state(var_dir: str | os.PathLike, pid: int | None = None) -> None:

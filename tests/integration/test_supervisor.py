@@ -20,6 +20,7 @@ import redis
 import requests
 
 from app.cli import procfile as cli_procfile
+from app.local import farmstate
 from app.local.embedded_redis import maxmemory_bytes
 from tests import helpers
 from tests.e2e.test_two_farms import clean_env, farm_up, free_run, wait_ready
@@ -231,7 +232,9 @@ def test_ctrl_c_leaves_no_process_behind(farm):
     left = processes()
     assert not {pid: args for pid, args in tree.items() if left.get(pid, (0, []))[1] == args}
     assert "voxfarm stopped" in farm.log.read_text()
-    assert not (farm.cwd / "var" / "farm.json").exists()
+    # Its farm.json stays, marked stopped: a client names the farm as stopped, and since when.
+    state = farmstate.read_state(farm.cwd / "var")
+    assert state is not None and state.stopped_at and farmstate.live_state(farm.cwd / "var") is None
 
 
 @pytest.mark.timeout(60)

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from app.local import farmstate
@@ -90,10 +91,31 @@ def test_a_var_dir_without_a_running_farm_is_an_error_never_the_default(tmp_path
             proc = voxfarm(*cmd, *args, cwd=tmp_path, **env)
             assert proc.returncode == 1, proc.stdout + proc.stderr
             assert proc.stderr.strip().splitlines() == [
-                "Error: no farm runs from elsewhere: there is no elsewhere/farm.json. Start it "
-                "with `voxfarm up --var elsewhere` (or `make run`), or name a running farm "
-                "with --server / VOXFARM_SERVER"], proc.stderr
+                "Error: no farm runs from elsewhere: there is no elsewhere/farm.json (no farm "
+                "was started there yet). Start it with `voxfarm up --var elsewhere` (or `make "
+                "run`), or name a running farm with --server / VOXFARM_SERVER"], proc.stderr
             assert "wrote" not in proc.stdout
+
+
+def test_a_farm_that_stopped_is_named_as_stopped_with_its_pid_and_since_when(tmp_path):
+    # What `voxfarm up` leaves when it stops: its file, marked stopped (this test's pid
+    # stands for the `up` that wrote it).
+    var = tmp_path / "var"
+    farmstate.write_state(var, farmstate.new_state(
+        f"http://127.0.0.1:{free_port()}", "redis://127.0.0.1:1/0", {}))
+    farmstate.mark_stopped(var)
+    stopped = farmstate.read_state(var)
+    assert stopped.stopped_at and farmstate.live_state(var) is None  # this pid lives on
+    proc = voxfarm("say", "Hello.", "-o", "x.wav", cwd=tmp_path)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    at = time.strftime("%H:%M:%S", time.gmtime(stopped.stopped_at))
+    assert (f"no farm runs from var: the farm of var/farm.json (pid {os.getpid()}) stopped "
+            f"at {at} UTC, ") in proc.stderr
+    assert "Start it with `voxfarm up --var var`" in proc.stderr
+    # A newer farm's file is not this one's to mark.
+    farmstate.write_state(var, farmstate.FarmState("http://x", "redis://y", pid=dead_pid()))
+    farmstate.mark_stopped(var)
+    assert farmstate.read_state(var).stopped_at == 0
 
 
 def test_the_default_server_is_named_before_it_is_used(tmp_path):
