@@ -2,8 +2,9 @@
 
     prepare(book_id)      book.json -> the text frontend, a turn at a time -> plan files, totals
     feed(book_id, gen)    keeps a bounded number of the book's segments in the batch queues
-    package_chapter(book_id, n)   a chapter whose segments are all stored -> its AAC, MP3,
-                          captions and words, while later chapters render
+    package_chapter(book_id, n, k)   a piece of a chapter (PIECE_SEGMENTS segments) whose
+                          segments are all stored -> its AAC, MP3 and words, while later
+                          ones render; after a chapter's last piece, its MP3 and captions
     assemble(book_id)     after the last segment: the chapters not yet packaged, then the
                           book's M4B and MP3 remuxed from them, its captions, its manifest
 
@@ -21,14 +22,16 @@ tasks/book_planning.py; packaging the stored segments into the book's files,
 tasks/book_assembly.py. This module holds the tasks and what runs between them.
 
 Segments are at-least-once like every task here: the segment file is written atomically and
-its bit in the book's bitmap counts it once. The segment that completes a chapter enqueues
-its packaging, so packaging overlaps rendering and the book's last segment leaves only its
-own chapter and a remux (a copy of bytes) to do; the segment that completes the book moves
-it to `assembling` and enqueues the assembly. A redelivered segment enqueues either again,
-and both are idempotent: a chapter is recorded as packaged (in the formats it was packaged
-for) once, and one already packaged is skipped, so a crash redoes at most the chapter it
-was packaging. The assembly packages in slices of ASSEMBLE_SLICE_S, handing over to a fresh
-message after each, so no task limit restarts it from the start.
+its bit in the book's bitmap counts it once. The segment that completes a piece of a chapter
+(PIECE_SEGMENTS segments: minutes of audio) enqueues its packaging, so packaging overlaps
+rendering and the book's last segment leaves only its own piece and the remuxes (copies of
+bytes) to do; the segment that completes the book moves it to `assembling` and enqueues the
+assembly. A redelivered segment enqueues either again, and both are idempotent: a piece and
+a chapter are recorded as packaged (in the formats packaged for) once, and what is packaged
+is skipped, so a crash redoes at most the piece in hand. The assembly packages in slices of
+ASSEMBLE_SLICE_S, handing over to a fresh message after each, so no task limit restarts it
+from the start. Packaging runs in the "encode" threads (app/offload.py); the tasks wait on
+the hub.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import logging
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import redis
@@ -64,7 +67,7 @@ from app.offload import offload
 from app.stores.books import encodings_for, plan_key, prefix
 from app.stores.states import BOOK_ACTIVE, BookState
 from tasks.base import FarmTask
-from tasks.book_assembly import finish_book, package_chapter_files
+from tasks.book_assembly import finish_book, finish_chapter_files, package_piece_files
 from tasks.book_planning import BookPlan
 
 log = logging.getLogger("voxfarm.books")
@@ -215,15 +218,15 @@ def store_segment(farm, segment: Segment, pcm: bytes, sample_rate: int,
     interactive one's: a redelivered segment counts again, as a job's does, being work
     done), and assemble the book after its last."""
     book = _book_of(segment)
-    done, state, chapter_stored = farm.books.store_segment(
+    done, state, piece = farm.books.store_segment(
         book.book_id, book.seq, book.chapter, segment.index, pcm, words)
     if done >= 0:
         metrics.SEGMENTS.inc()
         metrics.AUDIO_SECONDS.inc(len(pcm) / 2 / sample_rate)
     if done >= 0 and state == BookState.ASSEMBLING:
         send_assemble(farm.celery, book.book_id)  # it packages the last chapter itself
-    elif done >= 0 and chapter_stored and state == BookState.RENDERING:
-        send_package_chapter(farm.celery, book.book_id, book.chapter)
+    elif done >= 0 and piece is not None and state == BookState.RENDERING:
+        send_package_chapter(farm.celery, book.book_id, book.chapter, piece)
 
 
 def segment_failed(farm, segment: Segment, exc: BaseException) -> None:
@@ -243,37 +246,71 @@ def _book_of(segment: Segment) -> BookOwner:
 # -- packaging -------------------------------------------------------------------------------
 
 
-def _package(farm, rec: dict, n: int, encodings: set[str]) -> str:
-    """Package chapter n in `encodings` (in an encode thread, bounded like every offload) and
-    record it; the book's state afterwards."""
+def _package_piece(farm, rec: dict, n: int, k: int, encodings: set[str]) -> str:
+    """Package piece k of chapter n in `encodings` (in an encode thread: a few minutes of
+    audio, seconds of work, bounded like every offload) and record it; the book's state."""
     started = time.monotonic()
-    offload("encode", package_chapter_files, farm, rec, n, encodings,
+    offload("encode", package_piece_files, farm, rec, n, k, encodings,
             timeout_s=farm.settings.task_time_limit)
-    state = farm.books.chapter_packaged(rec["id"], n, encodings, time.monotonic() - started)
+    return _recorded(farm, rec["id"], farm.books.packaged(
+        rec["id"], n, k, encodings, time.monotonic() - started))
+
+
+def _finish_chapter(farm, rec: dict, n: int, encodings: set[str]) -> str:
+    """Chapter n's MP3 and captions from its packaged pieces, recorded; the book's state."""
+    offload("encode", finish_chapter_files, farm, rec, n, encodings,
+            timeout_s=farm.settings.task_time_limit)
+    return _recorded(farm, rec["id"], farm.books.packaged(rec["id"], n, None, encodings))
+
+
+def _recorded(farm, book_id: str, state: str) -> str:
     if state == BookState.CANCELED:
-        farm.books.remove(rec["id"])  # canceled while we encoded: leave nothing behind
+        farm.books.remove(book_id)  # canceled while we encoded: leave nothing behind
     return state
 
 
+def _package(farm, rec: dict, n: int, pieces: Iterable[int], deadline: float) -> str | None:
+    """Package what chapter n lacks for the book's formats: the pieces among `pieces`, then,
+    with every piece packaged, the chapter. Returns the book's state when it left rendering
+    and assembling, "continued" when `deadline` passed first, else None."""
+    need = encodings_for(rec["formats"])
+    ch = rec["chapter_list"][n]
+    for k in pieces:
+        missing = need - set(ch["pieces_packed"][k])
+        if not missing:
+            continue
+        if time.monotonic() > deadline:
+            return "continued"
+        state = _package_piece(farm, rec, n, k, missing)
+        if state not in (BookState.RENDERING, BookState.ASSEMBLING):
+            return state or "gone"
+        ch["pieces_packed"][k] = sorted(set(ch["pieces_packed"][k]) | missing)
+    missing = need - set(ch["packed"])
+    if missing and all(need <= set(p) for p in ch["pieces_packed"]):
+        state = _finish_chapter(farm, rec, n, missing)
+        if state not in (BookState.RENDERING, BookState.ASSEMBLING):
+            return state or "gone"
+        ch["packed"] = sorted(set(ch["packed"]) | missing)
+    return None
+
+
 @shared_task(name=BOOK_PACKAGE_CHAPTER_TASK, base=BookTask, bind=True)
-def package_chapter(self: BookTask, book_id: str, chapter: int, **_: object) -> str:
-    """Encode a chapter whose segments are all stored, while later chapters render."""
+def package_chapter(self: BookTask, book_id: str, chapter: int, piece: int = 0,
+                    **_: object) -> str:
+    """Encode a piece of a chapter whose segments are all stored, while later ones render;
+    the chapter's MP3 and captions after its last piece."""
     rec = self.farm.books.get(book_id)
     if rec is None or rec["state"] not in (BookState.RENDERING, BookState.ASSEMBLING):
         return rec["state"] if rec else "gone"
-    ch = rec["chapter_list"][chapter]
-    if ch["done"] < ch["total"]:
-        return "incomplete"  # a message older than a retry that re-renders the chapter
-    missing = encodings_for(rec["formats"]) - set(ch["packed"])
-    if not missing:
-        return "packaged"  # a redelivered or repeated message
-    return _package(self.farm, rec, chapter, missing)
+    if not self.farm.books.piece_stored(book_id, rec, chapter, piece):
+        return "incomplete"  # a message older than a retry that re-renders the piece
+    return _package(self.farm, rec, chapter, [piece], float("inf")) or "packaged"
 
 
 @shared_task(name=BOOK_ASSEMBLE_TASK, base=BookTask, bind=True)
 def assemble(self: BookTask, book_id: str, **_: object) -> str:
-    """Package the chapters not yet packaged (the last one, or all of them for formats a
-    re-submit added), a slice at a time, then remux the book's files from them."""
+    """Package what is not yet packaged (the last piece, or every piece for formats a
+    re-submit added), a slice at a time, then remux the book's files from the pieces."""
     farm, books = self.farm, self.farm.books
     rec = books.get(book_id)
     if rec is None or rec["state"] != BookState.ASSEMBLING:
@@ -283,21 +320,16 @@ def assemble(self: BookTask, book_id: str, **_: object) -> str:
     # step arrives only after the longer visibility timeout.
     farm.store.sweep_abandoned(prefix(book_id), farm.settings.task_time_limit)
     deadline = time.monotonic() + ASSEMBLE_SLICE_S
-    need = encodings_for(rec["formats"])
     with _marking_progress(farm, book_id):
         for ch in rec["chapter_list"]:
-            missing = need - set(ch["packed"])
-            if not missing:
-                continue
-            if time.monotonic() > deadline:
+            stopped = _package(farm, rec, ch["index"], range(len(ch["pieces_packed"])),
+                               deadline)
+            if stopped == "continued":
                 send_assemble(farm.celery, book_id)  # a fresh message carries on from here
-                return "continued"
-            state = _package(farm, rec, ch["index"], missing)
-            if state != BookState.ASSEMBLING:
-                return state or "gone"
-            ch["packed"] = sorted(set(ch["packed"]) | missing)
-        # The remux copies bytes (docs/benchmarks.md: seconds for hours of audio); its bound
-        # grows with the book all the same, a second per minute of audio past the limit.
+            if stopped:
+                return stopped
+        # The remuxes copy bytes (docs/benchmarks.md: seconds for hours of audio); their
+        # bound grows with the book all the same, a second per minute of audio past the limit.
         manifest = offload("encode", finish_book, farm, rec,
                            timeout_s=farm.settings.task_time_limit + rec["audio_seconds"] / 60)
     outcome, state = books.assembled(book_id, rec["formats"], manifest["duration_s"])

@@ -132,10 +132,11 @@ def start_feed(celery: Celery, books: BookStore, book_id: str) -> None:
     celery.send_task(BOOK_FEED_TASK, args=(book_id, gen))
 
 
-def send_package_chapter(celery: Celery, book_id: str, chapter: int) -> None:
-    """Encode a chapter whose segments are all stored (its AAC, MP3, captions and words),
-    while the book's later chapters render."""
-    celery.send_task(BOOK_PACKAGE_CHAPTER_TASK, args=(book_id, chapter))
+def send_package_chapter(celery: Celery, book_id: str, chapter: int, piece: int) -> None:
+    """Encode a piece of a chapter whose segments are all stored (its AAC, MP3 and words;
+    after the chapter's last piece, the chapter's MP3 and captions), while the book's later
+    segments render."""
+    celery.send_task(BOOK_PACKAGE_CHAPTER_TASK, args=(book_id, chapter, piece))
 
 
 def send_assemble(celery: Celery, book_id: str) -> None:

@@ -1,7 +1,23 @@
-"""Where a book's files are kept in the artifact store (the layout: app/stores/books.py), what
-each chapter is packaged into and how far packaging is, and the names a user sees for the
-files: downloads, the manifest, the CLI's output folder (one naming for all three, so a file
+"""Where a book's files are kept in the artifact store (the layout below), what each chapter
+is packaged into and how far packaging is, and the names a user sees for the files:
+downloads, the manifest, the CLI's output folder (one naming for all three, so a file
 downloaded by hand and the CLI's copy agree).
+
+Artifact layout under `books/{id}/`:
+
+    source.{ext}                 the upload as sent (kept for reference)
+    book.json                    the parsed book: title, author, chapters' titles and text
+    cover                        cover image bytes (when the book has one)
+    plan/{chapter:04d}.json      the chapter's segments: phonemes, text, pause (by the prepare task,
+                                 each as soon as its chapter is planned)
+    segments/{chapter:04d}/{index:05d}.pcm   16-bit mono PCM of one segment
+    words/{chapter:04d}/{index:05d}.json     its timed words
+    parts/{n:03d}-{k:03d}.m4a, .mp3, .json   piece k of chapter n: its AAC packets, its MP3
+                                 frames (a chapter of one piece: the chapter's own file),
+                                 its samples, spans and words; packaged while later
+                                 chapters render, read by the remuxes
+    out/chapters/{n:03d}.mp3, out/book.m4b, out/book.mp3, out/manifest.json
+
 
 A title keeps the characters a file name may hold on Windows, macOS and Linux alike, and
 reads as the title does: 'Chapter One: The Frost' is `001 Chapter One - The Frost.mp3`
@@ -13,12 +29,24 @@ strips them) or is a device name Windows reserves (CON, NUL, COM1, ...).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Iterable
 
 from app.stores.states import BookState
 
 _MAX_STEM = 120
+
+
+def book_id_for(content_digest: str, *, voice: str, speed: float, acoustic_model: str,
+                vocoder: str, owner: str = "") -> str:
+    """Same content and audio settings, same id: a re-submit finds the book it already made.
+    The formats are not in it: they only package the same audio (see `add_formats`). Each
+    API key has books of its own (`owner`), so one key's submit never finds another's."""
+    parts = [content_digest, voice, round(speed, 3), acoustic_model, vocoder]
+    key = json.dumps(parts + [owner] if owner else parts)
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def prefix(book_id: str) -> str:
@@ -44,10 +72,30 @@ def plan_key(book_id: str, chapter: int) -> str:
     return f"books/{book_id}/plan/{chapter:04d}.json"
 
 
-def part_key(book_id: str, n: int, kind: str) -> str:
-    """Chapter n's packaging, kept for the book's remux: "m4a" its AAC packets, "json" its
-    sample count, spans and timed words. (Its MP3 is the `chapter_file` download.)"""
-    return f"books/{book_id}/parts/{n:03d}.{kind}"
+# Segments a chapter is packaged in at most: a piece of 40 segments is a few minutes of audio,
+# encoded in seconds, so a chapter of any length is packaged in steps that no task limit
+# reaches, as soon as each piece's segments are stored, and the last segment of a book leaves
+# at most one piece to encode.
+PIECE_SEGMENTS = 40
+
+
+def pieces_of(segments: int) -> int:
+    """How many pieces a chapter of this many segments is packaged in."""
+    return max(1, -(-segments // PIECE_SEGMENTS))
+
+
+def part_key(book_id: str, n: int, piece: int, kind: str) -> str:
+    """Piece `piece` of chapter n, kept for the remuxes: "m4a" its AAC packets, "mp3" its MP3
+    frames, "json" its samples, spans and timed words. (A chapter of one piece has its MP3
+    written as the chapter's download: `piece_mp3_key`.)"""
+    return f"books/{book_id}/parts/{n:03d}-{piece:03d}.{kind}"
+
+
+def piece_mp3_key(book_id: str, n: int, piece: int, pieces: int) -> str:
+    """Where a piece's MP3 goes: the chapter's own file when it is the chapter's only one."""
+    if pieces == 1:
+        return output_key(book_id, chapter_file(n))
+    return part_key(book_id, n, piece, "mp3")
 
 
 def output_key(book_id: str, name: str) -> str:
@@ -67,9 +115,15 @@ def encodings_for(formats: Iterable[str]) -> set[str]:
             | ({"mp3"} if formats & {"mp3", "chapters"} else set()))
 
 
+def packed_list(field: str | bytes | None) -> list[str]:
+    """A `c{n}_packed` field's encodings."""
+    text = field.decode() if isinstance(field, bytes) else field or ""
+    return [e for e in text.split(",") if e]
+
+
 def packaging(rec: dict) -> dict:
     """Where packaging stands: chapters packaged in every encoding the formats need, of all,
-    and (while assembling) the seconds left at the pace chapters were packaged so far."""
+    and (while assembling) the seconds left at the pace pieces were encoded so far."""
     total = len(rec["chapter_list"])
     need = encodings_for(rec["formats"])
     done = sum(need <= set(c["packed"]) for c in rec["chapter_list"])
@@ -77,10 +131,10 @@ def packaging(rec: dict) -> dict:
     if rec["state"] == BookState.DONE:
         done, eta = total, 0.0
     elif rec["state"] == BookState.ASSEMBLING and rec["packs"]:
-        per = rec["pack_s"] / rec["packs"]
-        # The remux after the last chapter copies bytes: a small share of one chapter's
-        # encoding (docs/benchmarks.md), counted as one.
-        eta = round(per * (total - done + 1), 1)
+        left = sum(not need <= set(p) for c in rec["chapter_list"] for p in c["pieces_packed"])
+        # The remuxes after the last piece copy bytes: about one piece's encoding in all
+        # (docs/benchmarks.md).
+        eta = round(rec["pack_s"] / rec["packs"] * (left + 1), 1)
     return {"chapters_done": done, "chapters_total": total, "eta_s": eta}
 
 

@@ -1,13 +1,13 @@
 """The book store: book records and progress in Redis, book files in the artifact store.
 
 Redis holds only small things: the record (state, per-chapter counts, the feed cursor) and a
-bitmap with one bit per segment. Audio never goes through Redis, so its memory stays bounded
-however long the book; the segments waiting in the broker are bounded too (see tasks/books.py,
-the feeder).
+bitmap with one bit per segment; audio never goes through Redis, so its memory stays bounded
+(the broker's too: tasks/books.py, the feeder).
 
-Each chapter is packaged (encoded) as soon as its last segment is stored: `store_segment`
-says so, and `chapter_packaged` records the encodings made (`c{n}_packed`), so a chapter is
-never packaged twice for the same formats, even across a crash.
+A chapter is packaged (encoded) in pieces of PIECE_SEGMENTS segments, each as soon as its
+segments are stored: `store_segment` says so, and `packaged` records the encodings made
+(`c{n}_p{k}_packed` for a piece, `c{n}_packed` for the chapter once its pieces are joined),
+so nothing is packaged twice for the same formats, even across a crash.
 
 States: queued -> preparing -> rendering -> assembling -> done, and failed (a segment failed
 its retries; `retry` goes back to rendering) or canceled (DELETE; files removed).
@@ -19,22 +19,11 @@ a prepare that hands over, or is redelivered, carries on from the last planned c
 Each segment is counted once: storing it sets its bit, and only a bit that was 0 advances the
 counters (one Lua script), so a redelivered or duplicated segment task never counts twice.
 
-Artifact layout under `books/{id}/`:
-
-    source.{ext}                 the upload as sent (kept for reference)
-    book.json                    the parsed book: title, author, chapters' titles and text
-    cover                        cover image bytes (when the book has one)
-    plan/{chapter:04d}.json      the chapter's segments: phonemes, text, pause (by the prepare task,
-                                 each as soon as its chapter is planned)
-    segments/{chapter:04d}/{index:05d}.pcm   16-bit mono PCM of one segment
-    parts/{n:03d}.m4a, parts/{n:03d}.json   chapter n's AAC packets and its spans and words, as
-                                 packaged while later chapters render (the remux reads them)
-    out/chapters/{n:03d}.mp3, out/book.m4b, out/book.mp3, out/manifest.json
+The artifact layout under `books/{id}/`: app/stores/book_files.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Iterable
@@ -44,7 +33,9 @@ import redis
 
 from app.stores.artifacts import ArtifactStore
 from app.stores.book_files import (  # noqa: F401  (where the book's files are: imported from here)
+    PIECE_SEGMENTS,
     book_download_name,
+    book_id_for,
     captions_download_name,
     captions_file,
     chapter_download_name,
@@ -53,7 +44,10 @@ from app.stores.book_files import (  # noqa: F401  (where the book's files are: 
     file_stem,
     output_key,
     packaging,
+    packed_list,
     part_key,
+    piece_mp3_key,
+    pieces_of,
     plan_key,
     prefix,
     segment_key,
@@ -75,16 +69,19 @@ return 1
 """, BookState)
 
 # KEYS: the book, its done bitmap, the books' progress zset. ARGV: seq, chapter, samples,
-# now, the book's id. A stored segment is progress for the stall sweeper too, in the same
-# round trip (BookStore.progressed says what that means). Returns {done, total, state, 1 when
-# the segment's chapter has every segment stored}: said again by a redelivered segment, so a
-# chapter whose packaging message was lost is sent it again (packaging is idempotent).
+# now, the book's id, the segment's index in its chapter, PIECE_SEGMENTS. A stored segment is
+# progress for the stall sweeper too, in the same round trip (BookStore.progressed says what
+# that means). Returns {done, total, state, 1 when the segment's piece of its chapter has every
+# segment stored, the piece}: said again by a redelivered segment, so a piece whose packaging
+# message was lost is sent it again (packaging is idempotent).
 _STORE_SEGMENT = lua("""
 local seq = ARGV[1]
 local chapter = ARGV[2]
 local samples = ARGV[3]
 local now = ARGV[4]
 local book_id = ARGV[5]
+local piece = math.floor(tonumber(ARGV[6]) / tonumber(ARGV[7]))
+local piece_field = 'c' .. chapter .. '_p' .. piece .. '_done'
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {-2, 0, ''} end
 if state ~= '$RENDERING' and state ~= '$ASSEMBLING' and state ~= '$FAILED' then
@@ -93,6 +90,7 @@ end
 if redis.call('SETBIT', KEYS[2], seq, 1) == 0 then
   redis.call('HINCRBY', KEYS[1], 'done', 1)
   redis.call('HINCRBY', KEYS[1], 'c' .. chapter .. '_done', 1)
+  redis.call('HINCRBY', KEYS[1], piece_field, 1)
   redis.call('HINCRBY', KEYS[1], 'audio_samples', samples)
 end
 redis.call('ZADD', KEYS[3], 'XX', now, book_id)
@@ -103,9 +101,10 @@ if done >= total and state == '$RENDERING' then
   redis.call('HSET', KEYS[1], 'state', '$ASSEMBLING', 'rendered_at', now)
   state = '$ASSEMBLING'
 end
-local chapter_done = tonumber(redis.call('HGET', KEYS[1], 'c' .. chapter .. '_done') or '0')
-local chapter_total = tonumber(redis.call('HGET', KEYS[1], 'c' .. chapter .. '_total') or '-1')
-return {done, total, state, chapter_done >= chapter_total and 1 or 0}
+local chapter_total = tonumber(redis.call('HGET', KEYS[1], 'c' .. chapter .. '_total') or '0')
+local piece_total = math.min(tonumber(ARGV[7]), chapter_total - piece * tonumber(ARGV[7]))
+local piece_done = tonumber(redis.call('HGET', KEYS[1], piece_field) or '0')
+return {done, total, state, piece_done >= piece_total and 1 or 0, piece}
 """, BookState)
 
 # A re-submit asking for formats the record lacks. ARGV: the formats asked for. The record's
@@ -150,15 +149,16 @@ redis.call('HSET', KEYS[1], 'state', '$DONE', 'finished_at', now, 'duration_s', 
 return {1, '$DONE'}
 """, BookState)
 
-# A chapter's packaging is stored (tasks/books.py). KEYS: the book, the books' progress zset.
-# ARGV: chapter, the encodings made (comma separated), seconds it took, now, the book's id. The
-# chapter's `c{n}_packed` becomes the union (a re-submit adding formats packages only what it
-# lacks), and the time goes into the packaging estimate. Returns the book's state; a book
-# that left rendering and assembling (canceled, failed) keeps nothing.
+# A piece's or a chapter's packaging is stored (tasks/books.py). KEYS: the book, the books'
+# progress zset. ARGV: its field (`c{n}_p{k}_packed`, `c{n}_packed`), the encodings made (comma
+# separated), seconds it took (-1: not timed), now, the book's id. The field becomes the union
+# (a re-submit adding formats packages only what it lacks), and a piece's time goes into the
+# packaging estimate. Returns the book's state; a book that left rendering and assembling
+# (canceled, failed) keeps nothing.
 _PACKAGED = lua("""
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= '$RENDERING' and state ~= '$ASSEMBLING' then return state or '' end
-local field = 'c' .. ARGV[1] .. '_packed'
+local field = ARGV[1]
 local have, list = {}, {}
 for f in string.gmatch((redis.call('HGET', KEYS[1], field) or '') .. ',' .. ARGV[2], '[^,]+') do
   if not have[f] then
@@ -168,8 +168,10 @@ for f in string.gmatch((redis.call('HGET', KEYS[1], field) or '') .. ',' .. ARGV
 end
 table.sort(list)
 redis.call('HSET', KEYS[1], field, table.concat(list, ','))
-redis.call('HINCRBYFLOAT', KEYS[1], 'pack_s', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'packs', 1)
+if tonumber(ARGV[3]) >= 0 then
+  redis.call('HINCRBYFLOAT', KEYS[1], 'pack_s', ARGV[3])
+  redis.call('HINCRBY', KEYS[1], 'packs', 1)
+end
 redis.call('ZADD', KEYS[2], 'XX', ARGV[4], ARGV[5])
 return state
 """, BookState)
@@ -221,16 +223,6 @@ class PlanCheckpoint(NamedTuple):
     next_chapter: int
     planned: int
     total: int
-
-
-def book_id_for(content_digest: str, *, voice: str, speed: float, acoustic_model: str,
-                vocoder: str, owner: str = "") -> str:
-    """Same content and audio settings, same id: a re-submit finds the book it already made.
-    The formats are not in it: they only package the same audio (see `add_formats`). Each
-    API key has books of its own (`owner`), so one key's submit never finds another's."""
-    parts = [content_digest, voice, round(speed, 3), acoustic_model, vocoder]
-    key = json.dumps(parts + [owner] if owner else parts)
-    return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 class BookStore:
@@ -328,31 +320,36 @@ class BookStore:
         return self._transition(self.keys.book(book_id), from_states, to, **fields)
 
     def store_segment(self, book_id: str, seq: int, chapter: int, index: int,
-                      pcm: bytes, words: list[dict] | None = None) -> tuple[int, str, bool]:
+                      pcm: bytes, words: list[dict] | None = None
+                      ) -> tuple[int, str, int | None]:
         """Write segment audio (and its timed words), then count it once. Returns (done,
-        state, whether the segment's chapter has every segment stored now): done -1 when the
-        book is canceled or gone (the files written are removed again)."""
+        state, the segment's piece of its chapter when that piece has every segment stored
+        now, else None): done -1 when the book is canceled or gone (the files written are
+        removed again)."""
         key = segment_key(book_id, chapter, index)
         words_key = segment_words_key(book_id, chapter, index)
         if words is not None:  # before the audio: a counted segment always has both
             self.store.put(words_key, json.dumps(words, ensure_ascii=False).encode())
         self.store.put(key, pcm)
-        done, _total, state, chapter_done = self._store_segment(
+        done, _total, state, piece_stored, piece = self._store_segment(
             keys=[*self._keys(book_id), self.keys.books_progress],
-            args=[seq, chapter, len(pcm) // 2, repr(time.time()), book_id])
+            args=[seq, chapter, len(pcm) // 2, repr(time.time()), book_id, index,
+                  PIECE_SEGMENTS])
         if done < 0:
             self.store.delete(key)
             if words is not None:
                 self.store.delete(words_key)
         return (int(done), state.decode() if isinstance(state, bytes) else str(state),
-                bool(chapter_done))
+                int(piece) if piece_stored else None)
 
-    def chapter_packaged(self, book_id: str, n: int, encodings: Iterable[str],
-                         seconds: float) -> str:
-        """Chapter n's `encodings` are stored, made in `seconds`; returns the book's state
-        (a book no longer rendering or assembling records nothing)."""
+    def packaged(self, book_id: str, n: int, piece: int | None, encodings: Iterable[str],
+                 seconds: float | None = None) -> str:
+        """Piece `piece` of chapter n (None: the chapter, its pieces joined) is stored in
+        `encodings`, a piece made in `seconds`; the book's state (see _PACKAGED)."""
+        field = f"c{n}_packed" if piece is None else f"c{n}_p{piece}_packed"
         state = self._packaged(keys=[self.keys.book(book_id), self.keys.books_progress],
-                               args=[n, ",".join(sorted(encodings)), round(seconds, 3),
+                               args=[field, ",".join(sorted(encodings)),
+                                     -1 if seconds is None else round(seconds, 3),
                                      repr(time.time()), book_id])
         return state.decode() if isinstance(state, bytes) else str(state)
 
@@ -425,6 +422,12 @@ class BookStore:
                 p.getbit(self.keys.book_done(book_id), s)
             return [bool(b) for b in p.execute()]
 
+    def piece_stored(self, book_id: str, rec: dict, n: int, k: int) -> bool:
+        """Whether piece k of chapter n has every segment stored (its bits)."""
+        ch, first = rec["chapter_list"][n], rec["chapter_list"][n]["offset"] + k * PIECE_SEGMENTS
+        seqs = range(first, min(first + PIECE_SEGMENTS, ch["offset"] + ch["total"]))
+        return bool(seqs) and all(self.done_bits(book_id, seqs))
+
     def is_done(self, book_id: str, seq: int) -> bool:
         return bool(self.r.getbit(self.keys.book_done(book_id), seq))
 
@@ -464,7 +467,9 @@ class BookStore:
             "index": c, "title": t,
             "done": int(rec.get(f"c{c}_done") or 0), "total": int(rec.get(f"c{c}_total") or 0),
             "offset": int(rec.get(f"c{c}_offset") or 0),
-            "packed": [e for e in (rec.get(f"c{c}_packed") or "").split(",") if e],
+            "packed": packed_list(rec.get(f"c{c}_packed")),
+            "pieces_packed": [packed_list(rec.get(f"c{c}_p{k}_packed")) for k in range(
+                pieces_of(int(rec.get(f"c{c}_total") or 0)))],
         } for c, t in enumerate(titles)]
         out["pack_s"], out["packs"] = float(rec.get("pack_s") or 0), int(rec.get("packs") or 0)
         out["audio_seconds"] = (round(out["audio_samples"] / out["sample_rate"], 3)

@@ -4,26 +4,27 @@ A chapter is encoded as soon as its segments are stored, while later chapters st
 (tasks/books.py sends it); the book's own files are then a remux of those encodings, with no
 audio encoded twice:
 
-    encode_chapter(...)   a chapter's PCM -> its AAC (an MP4 holding the packets the M4B
-                          takes) and its MP3 (the `chapters` download, and the frames the
-                          book's MP3 takes), in one pass, one segment in memory at a time
-    remux_book(...)       the chapters' packets -> one M4B or MP3: timestamps shifted,
-                          chapter marks, tags (title, artist, album, genre) and the cover;
-                          nothing decoded or encoded, so it costs a copy of the bytes
+    encode_piece(...)     a piece of a chapter's PCM (up to PIECE_SEGMENTS segments: a
+                          chapter of any length is packaged in steps of seconds) -> its AAC
+                          (an MP4 holding the packets the M4B takes) and its MP3, in one
+                          pass, one segment in memory at a time
+    remux_book(...)       pieces' packets -> one M4B or MP3 (the book's, or a chapter's own
+                          MP3 from its pieces): timestamps shifted, chapter marks, tags
+                          (title, artist, album, genre) and the cover; nothing decoded or
+                          encoded, so it costs a copy of the bytes
 
-Joins. Each chapter's encoder starts afresh, so an AAC chapter begins with the encoder's
-1024 samples of priming and ends padded to a whole 1024-sample frame: played back to back,
-every join would add up to 2047 samples of silence (85 ms at 24 kHz) and the book would
-drift from its chapters' sum. Both are absorbed where the chapter already ends in silence
-(the chapter's last pause, stored as zeros): the AAC of a chapter that another follows drops
-as many of its trailing zero samples as makes its frames whole and the next chapter's
-priming fit the pause, so a join changes that pause by at most half a frame (21 ms at
-24 kHz) and puts no sound of its own in it (the priming and the flushed frame decode to the
-zeros they were made from). A chapter ending in sound keeps its samples and its join the
-silence. The MP3 frames (576 samples at 24 kHz, LAME's delay of 1105 at the start) are
-joined as they are: the book MP3 measures about 50 to 75 ms more pause at each join (see
-docs/books.md), inside the chapter's closing pause, and its chapter marks sit where each
-chapter's frames begin, so they stay exact.
+Joins. Each piece's encoder starts afresh, so an AAC piece begins with the encoder's 1024
+samples of priming and ends padded to a whole 1024-sample frame: played back to back, every
+join would add up to 2047 samples of silence (85 ms at 24 kHz) and the book would drift from
+its pieces' sum. Both are absorbed where the piece already ends quietly (a sentence's tail,
+below -54 dBFS): the AAC of a piece that another follows drops as many of its quiet trailing
+samples as makes its frames whole and the next piece's priming fit in their place, so a join
+changes that pause by at most half a frame (21 ms at 24 kHz) and puts nothing of its own in
+it (the priming and the flushed frame decode to the silence they were made from). A piece
+ending loud keeps its samples, and its join the silence. MP3 pieces (576-sample frames at
+24 kHz, LAME's delay of 1105 samples at the start) are joined as they are: each join adds
+about 50 to 75 ms of pause (measured: docs/books.md); the marks sit where each chapter's
+frames begin, so they stay exact.
 
 PyAV (FFmpeg) only; no torch, no Redis: the caller passes readers and writers.
 """
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, BinaryIO
 
@@ -43,32 +43,26 @@ from models.books.assemble import COVER_CODECS, BookMeta, _cover_size, _Output, 
 
 AAC_FRAME = 1024  # samples an AAC packet decodes to
 AAC_PRIMING = 1024  # samples of silence FFmpeg's AAC encoder puts before the audio
+# A sample this small (of 32767: -54 dBFS) is silence for the joins: under the voices' own
+# noise floor, and dropping a few hundred of them at a sentence's end is a shorter pause.
+QUIET = 64
 # Samples held back while encoding, so the chapter's trailing silence can still be dropped.
 _HOLD = 2 * AAC_FRAME
 
 
-@dataclass(frozen=True)
-class ChapterSpan:
-    """Where a chapter's encoding sits on its own timeline, in samples: `span` is what its
-    packets decode to (the book's timeline advances by it), `lead` the silence before its
-    first sample of audio (the encoder's priming or delay)."""
-
-    span: int
-    lead: int
-
-
-def join_trim(samples: int, trailing_zeros: int) -> int:
-    """Trailing zero samples to drop from a chapter's AAC so that its frames come out whole
-    and, with the next chapter's priming, its closing pause changes by at most half a frame;
-    0 (keep every sample) when the chapter does not end in that much silence."""
+def join_trim(samples: int, trailing_quiet: int) -> int:
+    """Quiet trailing samples to drop from a piece's AAC so that its frames come out whole
+    and, with the next piece's priming, its closing pause changes by at most half a frame;
+    0 (keep every sample) when the piece does not end that quietly for that long."""
     rest = samples % AAC_FRAME
     trim = rest if rest >= AAC_FRAME // 2 else rest + AAC_FRAME
-    return trim if trim <= trailing_zeros and trim < samples else 0
+    return trim if trim <= trailing_quiet and trim < samples else 0
 
 
-def _trailing_zeros(pcm: np.ndarray) -> int:
-    nonzero = np.flatnonzero(pcm)
-    return int(pcm.size if nonzero.size == 0 else pcm.size - 1 - nonzero[-1])
+def _trailing_quiet(pcm: np.ndarray) -> int:
+    """Samples at the end no louder than QUIET."""
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > QUIET)
+    return int(pcm.size if loud.size == 0 else pcm.size - 1 - loud[-1])
 
 
 class _Counted(_Output):
@@ -93,15 +87,18 @@ class _Counted(_Output):
         self.container.close()
 
 
-def encode_chapter(parts: Iterable[bytes], sample_rate: int, meta: BookMeta, title: str,
+def encode_piece(parts: Iterable[bytes], sample_rate: int, meta: BookMeta, title: str,
                    track: str, *, aac: BinaryIO | None = None, mp3: BinaryIO | None = None,
                    followed: bool = True) -> dict:
-    """Encode one chapter's PCM (16-bit mono, segment by segment) into the outputs given:
-    `aac` the chapter's packets for the M4B (an MP4 without tags), `mp3` the chapter's own
-    MP3 (tagged with its title and `track`). `followed`: another chapter comes after it, so
-    its AAC may give up trailing silence for the join (see the module's docstring).
+    """Encode a piece of a chapter (its PCM: 16-bit mono, segment by segment) into the
+    outputs given: `aac` its packets for the M4B (an MP4 without tags), `mp3` its MP3
+    (tagged with the chapter's title and `track`: a chapter of one piece is its own file).
+    `followed`: another piece comes after it in the book, so its AAC may give up quiet
+    trailing samples for the join (see the module's docstring).
 
-    Returns {"samples", "aac_trim", "aac": ChapterSpan fields, "mp3": ...} as plain values."""
+    Returns {"samples": N, "aac_trim": T, "aac": {"span", "lead"}, "mp3": {...}}: `span` the
+    samples its packets decode to (the timeline advances by it), `lead` the encoder's delay
+    before its audio (the MP3's is read back at the remux, from its LAME tag)."""
     outs: dict[str, _Counted] = {}
     if aac is not None:
         outs["aac"] = _Counted(aac, "mp4", "aac", sample_rate, BookMeta(meta.title), None)
@@ -119,7 +116,7 @@ def encode_chapter(parts: Iterable[bytes], sample_rate: int, meta: BookMeta, tit
             for out in outs.values():
                 out.write(held[:-_HOLD])
             held = held[-_HOLD:]
-    trim = join_trim(samples, _trailing_zeros(held)) if followed and "aac" in outs else 0
+    trim = join_trim(samples, _trailing_quiet(held)) if followed and "aac" in outs else 0
     if held.size:
         for name, out in outs.items():
             tail = held[:held.size - trim] if name == "aac" else held
@@ -133,37 +130,40 @@ def encode_chapter(parts: Iterable[bytes], sample_rate: int, meta: BookMeta, tit
     return info
 
 
-def book_marks(titles: list[str], spans: list[int], sample_rate: int,
+def book_marks(chapters: list[tuple[str, int]], spans: list[int], sample_rate: int,
                trimmed: int = 0) -> list[dict]:
-    """Chapter marks where each chapter's packets begin on the book's timeline as a player
-    shows it: the packets' timeline less the `trimmed` samples a player skips at the start
-    (the book MP3's LAME tag carries its first chapter's encoder delay)."""
-    marks, start = [], 0
-    for i, (title, span) in enumerate(zip(titles, spans, strict=True)):
-        marks.append({"id": i + 1, "start": max(0, start - trimmed),
-                      "end": start + span - trimmed,
-                      "time_base": Fraction(1, sample_rate), "metadata": {"title": title}})
-        start += span
-    return marks
+    """Chapter marks where each chapter's first piece begins on the book's timeline as a
+    player shows it. `chapters`: (title, index of its first piece) in order; `spans`: every
+    piece's; `trimmed`: the samples a player skips at the start (the book MP3's LAME tag
+    carries its first piece's encoder delay)."""
+    at = [0]
+    for span in spans:
+        at.append(at[-1] + span)
+    firsts = [first for _, first in chapters] + [len(spans)]
+    return [{"id": i + 1, "start": max(0, at[first] - trimmed), "end": at[end] - trimmed,
+             "time_base": Fraction(1, sample_rate), "metadata": {"title": title}}
+            for i, ((title, first), end) in enumerate(zip(chapters, firsts[1:], strict=True))]
 
 
-def remux_book(chapters: list[Callable[[], AbstractContextManager[BinaryIO]]],
-               titles: list[str], spans: list[int], meta: BookMeta, sample_rate: int,
-               out: BinaryIO, kind: str) -> tuple[list[dict], list[int]]:
-    """The book's M4B (`kind` "m4b") or MP3 ("mp3") from its chapters' encodings: chapter
-    n's file is `chapters[n]()` (a context manager giving a readable file), its packets
-    shifted by the spans before it; `spans` come from `encode_chapter`. Returns the chapter
-    marks written and where each chapter's audio begins on the book's timeline (samples; the
-    captions are placed by it)."""
+def remux_book(pieces: list[Callable[[], AbstractContextManager[BinaryIO]]],
+               spans: list[int], chapters: list[tuple[str, int]], meta: BookMeta,
+               sample_rate: int, out: BinaryIO, kind: str, *, title: str | None = None,
+               track: str | None = None) -> tuple[list[dict], list[int]]:
+    """An M4B (`kind` "m4b") or MP3 ("mp3") from pieces' encodings, in order: piece n's file
+    is `pieces[n]()` (a context manager giving a readable file), its packets shifted by the
+    spans before it (`spans` from `encode_piece`). `chapters` (title, first piece) become
+    its chapter marks; `title` and `track` tag a chapter's own file. Returns the marks written
+    and where each piece's audio begins on the file's timeline (samples; captions are placed
+    by it)."""
     fmt, options = ("mp4", {"brand": "M4B "}) if kind == "m4b" else ("mp3", {})
     trimmed = 0
-    if kind == "mp3":  # the book's LAME tag takes the first chapter's delay: players skip it
-        with chapters[0]() as f, av.open(f, "r") as head:
+    if kind == "mp3":  # the file's LAME tag takes the first piece's delay: players skip it
+        with pieces[0]() as f, av.open(f, "r") as head:
             trimmed = _lead(head.streams.audio[0], sample_rate)
-    marks = book_marks(titles, spans, sample_rate, trimmed)
+    marks = book_marks(chapters, spans, sample_rate, trimmed)
     starts: list[int] = []
     with av.open(out, "w", format=fmt, options=options) as book:
-        _tags(book, meta)
+        _tags(book, meta, title, track)
         stream = None
         cover = None
         if meta.cover and meta.cover_mime in COVER_CODECS:
@@ -172,9 +172,10 @@ def remux_book(chapters: list[Callable[[], AbstractContextManager[BinaryIO]]],
                 cover = book.add_mux_stream(COVER_CODECS[meta.cover_mime or ""],
                                             width=size[0], height=size[1])
                 cover.disposition = av.stream.Disposition.attached_pic
-        book.set_chapters(marks)  # type: ignore[arg-type]
+        if marks:
+            book.set_chapters(marks)  # type: ignore[arg-type]
         offset = 0
-        for n, opener in enumerate(chapters):
+        for n, opener in enumerate(pieces):
             with opener() as f, av.open(f, "r") as part:
                 src: Any = part.streams.audio[0]
                 if stream is None:

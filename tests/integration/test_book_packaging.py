@@ -40,7 +40,7 @@ def titled(book: dict) -> dict:
 
 
 def part_file(farm, book_id: str, n: int):
-    return farm.store.root / "books" / book_id / "parts" / f"{n:03d}.m4a"
+    return farm.store.root / "books" / book_id / "parts" / f"{n:03d}-000.m4a"
 
 
 def cue_times(vtt: str) -> list[float]:
@@ -143,3 +143,28 @@ def test_a_format_added_later_packages_only_what_it_lacks(pack_farm, pclient):
     # The chapters' AAC was made once: the new format encoded MP3 only.
     assert [part_file(farm, book_id, n).stat().st_mtime_ns for n in range(3)] == m4a
     assert pclient.get(done["links"]["m4b"]).status_code == 200
+
+
+def test_a_long_chapter_is_packaged_in_pieces_and_joined_whole(pack_farm, pclient):
+    """A chapter of more than PIECE_SEGMENTS segments is encoded piece by piece as they are
+    stored; its download and the book are its pieces joined, every sample there."""
+    from app.stores.book_files import PIECE_SEGMENTS
+
+    farm = pack_farm.farm
+    resp = pclient.post("/v1/books", json={**json_book("One Long Night", 1, 24),
+                                           "formats": ["m4b", "chapters"]})
+    assert resp.status_code == 202, resp.get_json()
+    book_id = resp.get_json()["id"]
+    done = wait_book(pclient, book_id, timeout_s=240)
+    total = done["chapters"][0]["segments"]["total"]
+    assert total > PIECE_SEGMENTS, total  # the book this test needs
+    assert part_file(farm, book_id, 0).exists()
+    assert (part_file(farm, book_id, 0).parent / "000-001.m4a").exists()
+    manifest = pclient.get(done["links"]["manifest"]).get_json()
+    chapter = pclient.get(f"/v1/books/{book_id}/chapters/0/audio").data
+    # One MP3 join inside the chapter: its pause, under 80 ms, and nothing missing.
+    assert 0 <= duration(chapter) - manifest["duration_s"] < 0.08 * (-(-total // 40))
+    m4b = pclient.get(done["links"]["m4b"]).data
+    assert 0 <= duration(m4b) - manifest["duration_s"] < 0.2
+    cues = cue_times(pclient.get(f"/v1/books/{book_id}/chapters/0/captions?format=vtt").text)
+    assert cues == sorted(cues) and cues[-1] < duration(chapter)

@@ -12,7 +12,7 @@ import pytest
 
 from app.stores.book_files import chapter_download_name, file_stem
 from models.books.assemble import BookMeta
-from models.books.package import AAC_PRIMING, encode_chapter, join_trim, remux_book
+from models.books.package import AAC_PRIMING, encode_piece, join_trim, remux_book
 
 SR = 24_000
 TONES = (330.0, 440.0, 550.0)
@@ -33,24 +33,27 @@ def package(lengths: list[tuple[float, float]]):
     parts, infos = [], []
     for n, (seconds, pause) in enumerate(lengths):
         aac, mp3 = io.BytesIO(), io.BytesIO()
-        infos.append(encode_chapter(chapter(n, seconds, pause), SR, meta, f"Tone {n + 1}",
+        infos.append(encode_piece(chapter(n, seconds, pause), SR, meta, f"Tone {n + 1}",
                                     f"{n + 1}/{len(lengths)}", aac=aac, mp3=mp3,
                                     followed=n + 1 < len(lengths)))
         parts.append((aac.getvalue(), mp3.getvalue()))
     return meta, parts, infos
 
 
-def remux(meta, parts, infos, kind: str) -> tuple[bytes, list[int]]:
-    """The book's file and where each chapter's audio begins in it (samples)."""
+def remux(meta, parts, infos, kind: str, chapters=None, **tags) -> tuple[bytes, list[int]]:
+    """The file and where each piece's audio begins in it (samples); by default each piece
+    is a chapter of its own."""
     @contextmanager
     def opener(data: bytes):
         yield io.BytesIO(data)
 
     i, enc = (0, "aac") if kind == "m4b" else (1, "mp3")
     out = io.BytesIO()
+    if chapters is None:
+        chapters = [(f"Tone {n + 1}", n) for n in range(len(parts))]
     _, starts = remux_book([lambda d=p[i]: opener(d) for p in parts],
-                       [f"Tone {n + 1}" for n in range(len(parts))],
-                       [info[enc]["span"] for info in infos], meta, SR, out, kind)
+                           [info[enc]["span"] for info in infos], chapters, meta, SR, out,
+                           kind, **tags)
     return out.getvalue(), starts
 
 
@@ -66,12 +69,12 @@ def loud(x: np.ndarray) -> np.ndarray:
     return np.sqrt((frames ** 2).mean(axis=1)) > 0.03
 
 
-def test_join_trim_fits_the_next_chapters_priming_into_the_closing_pause():
+def test_join_trim_fits_the_next_pieces_priming_into_the_closing_pause():
     for samples in (47_104, 50_000, 50_600, 91_200):
-        trim = join_trim(samples, trailing_zeros=5_000)
+        trim = join_trim(samples, trailing_quiet=5_000)
         assert (samples - trim + AAC_PRIMING) % 1024 == 0  # whole frames, no padding
         assert abs(AAC_PRIMING - trim) <= 512  # the pause changes by half a frame at most
-    assert join_trim(50_000, trailing_zeros=10) == 0  # ends in sound: keeps every sample
+    assert join_trim(50_000, trailing_quiet=10) == 0  # ends in sound: keeps every sample
 
 
 @pytest.mark.parametrize("kind", ["m4b", "mp3"])
@@ -100,6 +103,21 @@ def test_the_remuxed_book_has_its_chapters_marks_tags_and_no_gap_at_the_joins(ki
         seg = audio[at + SR // 10: at + SR // 10 + SR // 2]  # the right tone: its pitch
         peak = np.argmax(np.abs(np.fft.rfft(seg))) * SR / seg.size
         assert peak == pytest.approx(TONES[n], abs=4)
+
+
+def test_a_chapter_of_several_pieces_is_one_mp3_with_every_piece_and_its_tags():
+    meta, parts, infos = package([(2.0, 0.3), (1.5, 0.3), (1.8, 0.3)])
+    data, starts = remux(meta, parts, infos, "mp3", chapters=[], title="Tone", track="4/9")
+    with av.open(io.BytesIO(data)) as c:
+        assert c.metadata["title"] == "Tone" and c.metadata["track"] == "4/9"
+        assert c.metadata["album"] == "The Tone Book" and not c.chapters()
+    audio = decoded(data)
+    # Every piece's samples, and the MP3 joins' pauses: under 80 ms each at 24 kHz.
+    assert 0 <= audio.size - sum(i["samples"] for i in infos) < 2 * 0.08 * SR
+    sounding = loud(audio)
+    for (seconds, _), at in zip([(2.0, 0), (1.5, 0), (1.8, 0)], starts, strict=True):
+        first = int(at / SR * 100)
+        assert sounding[first + 2: first + int(seconds * 100) - 2].all()
 
 
 def test_a_chapter_mp3_is_whole_and_tagged_as_its_track():
