@@ -123,6 +123,11 @@ def book_progress_note(bk: dict) -> str:
     eta = (format_eta(bk.get("eta_s"))
            if bk["state"] in ("queued", "preparing", "rendering") else "")
     done = f"chapters done {finished}/{len(chapters)}" if chapters else ""
+    pack = bk.get("packaging")
+    if bk["state"] == "assembling" and pack:  # what is left after the last segment
+        left = f", about {round(pack['eta_s'])} s left" if pack.get("eta_s") else ""
+        return (f"packaging: chapter {pack['chapters_done']}/{pack['chapters_total']} "
+                f"encoded{left}")
     return ", ".join(x for x in (bk["state"], done, eta) if x)
 
 
