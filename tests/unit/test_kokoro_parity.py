@@ -56,6 +56,10 @@ FEATURES = "/encoder/MatMul_1_output_0"  # the text encoder's output, aligned
 F0 = "/encoder/F0_proj/Conv_output_0"
 ENERGY = "/encoder/N_proj/Conv_output_0"
 SOURCE = "/decoder/decoder/generator/Concat_3_output_0"  # the harmonic source's spectrum
+# onnxruntime's int8 kernels are the CPU's: on one with AVX-512 VNNI an id's duration was at
+# most one frame off ours; on an EPYC without AVX2 (other integer kernels) up to 3 of its
+# 25 ms frames, on a few ids of a sentence.
+MAX_FRAMES_OFF = 3
 MOVED_DURATIONS_MAX = 0.06  # share of all ids a frame off (measured 20 of 672: 0.030)
 FEATURE_MEAN_TOL = 1e-3  # the text encoder's 512 channels, mean |diff| (worst 4e-4)
 F0_MEAN_TOL_HZ = 2.0  # worst 1.37 Hz
@@ -103,12 +107,12 @@ def _feeds(ids, style, speed: float = 1.0):
     return {"tokens": ids, "style": style, "speed": np.asarray([speed], np.float32)}
 
 
-@pytest.mark.parametrize("speed", [1.0, 1.3])
-def test_durations_within_one_frame_of_the_graphs(model_path, weights, cases, speed):
+def test_durations_within_frames_of_the_graphs(model_path, weights, cases):
     """The encoder half of the graph only (extracted up to the durations): seconds, not a
-    minute, for 16 sentence-voice pairs. At 1.3x the graph's 1.0 durations stretched as one
-    piece (models/durations.py): the graph's own 1.3x divides each sum of sigmoids before
-    rounding it, and that error piled up over a sentence."""
+    minute, for 16 sentence-voice pairs. At another speed ours are our 1.0 durations
+    stretched as one piece (models/durations.py), exactly: the graph's own 1.3x divides each
+    sum of sigmoids before rounding it, an error that piled up over a sentence, so it is no
+    reference there."""
     encoder = onnx.utils.Extractor(onnx.load(str(model_path))).extract_model(
         ["tokens", "style", "speed"], [DURATIONS])
     session = _session(encoder)
@@ -116,13 +120,15 @@ def test_durations_within_one_frame_of_the_graphs(model_path, weights, cases, sp
     moved = total = 0
     for ids, style in cases:
         (graph,) = session.run(None, _feeds(ids, style))
-        reference = np.asarray(scale_durations(graph.ravel().tolist(), speed))
         with torch.inference_mode():
             features = acoustic.predictor.duration_features(
                 acoustic.albert(torch.from_numpy(ids)), torch.from_numpy(style)[:, 128:])
-            ours = acoustic.predictor.durations(features, speed)[0].numpy()
-        diff = ours - reference.ravel().astype(np.int64)
-        assert np.abs(diff).max() <= 1, diff
+            ours = acoustic.predictor.durations(features, 1.0)[0].numpy()
+            faster = acoustic.predictor.durations(features, 1.3)[0].tolist()
+        diff = ours - graph.ravel().astype(np.int64)
+        assert np.abs(diff).max() <= MAX_FRAMES_OFF, diff
+        assert faster == scale_durations(ours.tolist(), 1.3)
+        assert abs(sum(faster) - sum(ours) / 1.3) <= 1
         moved += int((diff != 0).sum())
         total += diff.size
     assert moved / total <= MOVED_DURATIONS_MAX, (moved, total)

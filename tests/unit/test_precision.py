@@ -105,6 +105,12 @@ def frames():
         "The meeting has been moved to Thursday afternoon, after lunch."))])[0].frames
 
 
+def _cpu_capabilities() -> list[str]:
+    import openvino  # the worker extra's; imported where the compiled decoder is tested
+
+    return openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_hibari_decoder_windows_joined_equal_its_whole_decode(frames, precision, tmp_path):
     """Static scales (int8) and bf16 kernels compute each frame from its own inputs alone, so
@@ -127,9 +133,11 @@ def test_hibari_decoder_windows_joined_equal_its_whole_decode(frames, precision,
         assert whole.abs().max() > 0.05  # speech, not silence
         assert (joined - whole).abs().max() <= STEP
         # Really at that precision: not f32's numbers, and int8's graph holds its quantisers.
+        # (A CPU without bf16 kernels runs a bf16 hint at f32: OpenVINO lists what it has.)
         vocoder.voice.decoder.stages = None
         eager = vocoder.voice.decode(frames, 3)
-        assert (whole - eager).abs().max() > 1e-4
+        if precision.upper() in _cpu_capabilities():
+            assert (whole - eager).abs().max() > 1e-4
         if precision == "int8":
             graphs = list(Path(tmp_path, "ir").glob("*-int8-*/parts.xml"))
             assert graphs and "FakeQuantize" in graphs[0].read_text()
