@@ -13,6 +13,7 @@ import pytest
 from app.stores.book_files import chapter_download_name, file_stem
 from models.books.assemble import BookMeta
 from models.books.package import AAC_PRIMING, encode_piece, join_trim, remux_book
+from tests.bookfiles import tiny_png
 
 SR = 24_000
 TONES = (330.0, 440.0, 550.0)
@@ -28,8 +29,8 @@ def chapter(n: int, seconds: float, pause_s: float) -> list[bytes]:
             np.zeros(int(pause_s * SR), "<i2").tobytes()]
 
 
-def package(lengths: list[tuple[float, float]]):
-    meta = BookMeta("The Tone Book", "A. Writer")
+def package(lengths: list[tuple[float, float]], meta: BookMeta | None = None):
+    meta = meta or BookMeta("The Tone Book", "A. Writer")
     parts, infos = [], []
     for n, (seconds, pause) in enumerate(lengths):
         aac, mp3 = io.BytesIO(), io.BytesIO()
@@ -103,6 +104,19 @@ def test_the_remuxed_book_has_its_chapters_marks_tags_and_no_gap_at_the_joins(ki
         seg = audio[at + SR // 10: at + SR // 10 + SR // 2]  # the right tone: its pitch
         peak = np.argmax(np.abs(np.fft.rfft(seg))) * SR / seg.size
         assert peak == pytest.approx(TONES[n], abs=4)
+
+
+@pytest.mark.parametrize("kind", ["m4b", "mp3"])
+def test_the_book_carries_its_cover_as_one_attached_picture(kind):
+    meta = BookMeta("Sea Stories", "Ann Writer", tiny_png(), "image/png")
+    data, _ = remux(*package([(1.0, 0.3), (1.2, 0.3)], meta), kind)
+    if kind == "m4b":
+        assert data[4:12] == b"ftypM4B "
+    with av.open(io.BytesIO(data)) as c:
+        pics = [s for s in c.streams if s.disposition & av.stream.Disposition.attached_pic]
+        assert len(pics) == 1, "the cover is attached"
+        assert c.metadata["artist"] == "Ann Writer"
+    assert decoded(data).size / SR == pytest.approx(2.8, abs=0.15)  # tones and pauses
 
 
 def test_a_chapter_of_several_pieces_is_one_mp3_with_every_piece_and_its_tags():
