@@ -24,11 +24,12 @@ def _remember_api_key(ctx: click.Context, _param: click.Parameter, value: str | 
 
 
 # On every command that calls the farm's API; the value reaches `http()`, not the command.
+# Its variable, VOXFARM_API_KEY, is the settings' `api_key` (read there, as every VOXFARM_*
+# is), which `http()` falls back to.
 api_key_option = click.option(
-    "--api-key", metavar="KEY", envvar="VOXFARM_API_KEY", show_envvar=True,
-    expose_value=False, callback=_remember_api_key,
+    "--api-key", metavar="KEY", expose_value=False, callback=_remember_api_key,
     help="The API key to call the farm with, once it has keys on (`voxfarm keys create "
-         "NAME` prints one).")
+         "NAME` prints one).  [env var: VOXFARM_API_KEY]")
 
 
 def http():
