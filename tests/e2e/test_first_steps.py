@@ -122,10 +122,11 @@ def test_say_refusals_speak_of_its_command_line(server, tmp_path):
     valid = lines[1].removeprefix("valid: ").split(", ")
     assert valid[:2] == ["alloy", "ash"] and "en_us-joe-medium" in valid and "cmn" in valid
     # A file extension the farm does not write: said as the extension, with those it does.
-    proc = voxfarm("say", "Hi.", "-o", "a.m4a", "--server", server, cwd=tmp_path)
+    proc = voxfarm("say", "Hi.", "-o", "a.wma", "--server", server, cwd=tmp_path)
     assert proc.returncode == 1
-    assert proc.stderr.strip() == ("Error: cannot write 'a.m4a': the extension of -o picks the "
-                                   "format, and the farm writes .wav, .flac, .mp3, .ogg")
+    assert proc.stderr.strip() == ("Error: cannot write 'a.wma': the extension of -o picks the "
+                                   "format, and the farm writes .wav, .flac, .mp3, .ogg, .opus, "
+                                   ".aac, .m4a, .pcm")
     assert "'format'" not in proc.stderr
     # Too long for one job: the limit, and the way a long text goes in. (40,000 accented
     # letters are a body of 240 KB, each one escaped in the JSON: over the body's limit.)
@@ -135,7 +136,7 @@ def test_say_refusals_speak_of_its_command_line(server, tmp_path):
         assert proc.returncode == 1
         assert f"Error: 413 {code}: " in proc.stderr and "limit" in proc.stderr
         assert "`voxfarm book render FILE.txt -o DIR`" in proc.stderr
-    assert not list(tmp_path.glob("*.wav")) and not (tmp_path / "a.m4a").exists()
+    assert not list(tmp_path.glob("*.wav")) and not (tmp_path / "a.wma").exists()
 
 
 def test_a_body_over_the_limit_is_a_413_that_names_it(server):

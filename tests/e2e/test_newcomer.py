@@ -223,7 +223,7 @@ def test_book_files_have_one_name_and_new_formats_reuse_the_audio(server, farm14
     # Other formats: the same book (its id names the audio, not the packaging), packaged
     # again from the stored segments; nothing is rendered twice.
     second = render(server, book, tmp_path / "out2", "mp3,chapters")
-    assert f"book {book_id}:" in second and "rendered before" in second
+    assert f"book {book_id}:" in second and "its audio is rendered" in second
     assert "resuming" not in second
     files = sorted(os.listdir(tmp_path / "out2"))
     assert files == ["001 The Beginning.mp3", "001 The Beginning.srt", "001 The Beginning.vtt",
