@@ -3,7 +3,7 @@ artifact store and real acoustic, vocoder and book workers, all with VOXFARM_AT_
 set. No run of the audio a client hears is stored in plaintext; a job sealed under key A is
 still served once the ring is `B,A`; with A gone its job and book answer 503 naming A and
 keep their state, and serve again once A is back; a tampered cached mel is a miss and
-recomputed; a tampered chunk, segment file or M4B is never played; a job made before the
+recomputed; a tampered chunk, encoded piece or M4B is never played; a job made before the
 farm had keys is still served."""
 
 from __future__ import annotations
@@ -217,17 +217,18 @@ def test_a_tampered_book_file_is_never_played(sealed_farm, client):
     resp = client.get(book["links"]["m4b"])
     assert resp.status_code == 410, resp.status_code
 
-    # A tampered segment: the next assembly (a format added) fails the book, naming it.
-    segment = sorted((root / "segments").rglob("*.pcm"))[0]
-    data = bytearray(segment.read_bytes())
+    # A tampered encoded piece (the chapter's MP3 frames, which the book's MP3 is remuxed
+    # from): the remux a format added asks for fails the book, naming the file.
+    piece = sorted(p for p in root.rglob("*.mp3") if p.parent.name != "out")[0]
+    data = bytearray(piece.read_bytes())
     data[-3] ^= 0x01
-    segment.write_bytes(bytes(data))
+    piece.write_bytes(bytes(data))
     again = client.post("/v1/books", json={**BOOK, "title": "Tampered Tales",
                                            "formats": ["m4b", "mp3"]})
     assert again.status_code in (200, 202), again.get_json()
     failed = wait_book(client, book["id"], states=("failed",), timeout_s=120)
     assert "failed to open at rest" in failed["error"]["message"], failed["error"]
-    assert segment.name in failed["error"]["message"]
+    assert piece.name in failed["error"]["message"]
 
 
 @pytest.mark.slow  # about 18 s; the unit tier tests rotation on the keyring
