@@ -427,6 +427,15 @@ def running_farm(redis_url: str, db: int, log_dir: Path, workers: bool = True,
 
 
 @contextmanager
+def served_web_only(redis_url: str, db: int, log_dir: Path):
+    """A farm with no workers behind a real gunicorn web: (the farm, the web's base URL), for
+    what the web and the CLI answer alone."""
+    with running_farm(redis_url, db, log_dir, workers=False) as tf, \
+            gunicorn_server(tf.env, log_dir / "web.log") as base:
+        yield tf, base
+
+
+@contextmanager
 def gunicorn_server(env: dict, log: Path, workers: int = 1, procs: list | None = None):
     """The web app as gunicorn serves it (ops/gunicorn.conf.py); yields its base URL.
     `procs`, if given, receives the server's process (a test that kills it: its process

@@ -22,7 +22,7 @@ import requests
 from app.local import farmstate
 from tests.bookfiles import chapters_text
 from tests.brokers import use_amqp
-from tests.helpers import ROOT, gunicorn_server, running_farm, wait_until
+from tests.helpers import ROOT, gunicorn_server, served_web_only, wait_until
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(use_amqp(), reason="no broker work: the books stay queued")]
@@ -30,9 +30,7 @@ pytestmark = [pytest.mark.e2e,
 
 @pytest.fixture(scope="module")
 def served(redis_url, tmp_path_factory):
-    log_dir = tmp_path_factory.mktemp("cli-messages")
-    with running_farm(redis_url, 9, log_dir, workers=False) as tf, \
-            gunicorn_server(tf.env, log_dir / "web.log") as base:
+    with served_web_only(redis_url, 9, tmp_path_factory.mktemp("cli-messages")) as (tf, base):
         yield tf, base
 
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 from app.cli import main
 from app.cli.client import KEY_REFUSED, NEEDS_KEY
 from tests.brokers import use_amqp
-from tests.helpers import gunicorn_server, running_farm, wait_until
+from tests.helpers import served_web_only, wait_until
 from web import auth, create_app
 
 pytestmark = [pytest.mark.integration,
@@ -24,9 +24,7 @@ pytestmark = [pytest.mark.integration,
 
 @pytest.fixture(scope="module")
 def served(redis_url, tmp_path_factory):
-    log_dir = tmp_path_factory.mktemp("keys-closed")
-    with running_farm(redis_url, 9, log_dir, workers=False) as tf, \
-            gunicorn_server(tf.env, log_dir / "web.log") as base:
+    with served_web_only(redis_url, 9, tmp_path_factory.mktemp("keys-closed")) as (tf, base):
         yield tf, base
 
 
