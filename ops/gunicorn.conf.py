@@ -7,6 +7,7 @@ holds thousands of waiting clients.
 import json
 import os
 import shutil
+import ssl
 
 from gunicorn import util
 
@@ -43,6 +44,12 @@ if bool(_settings.tls_cert) != bool(_settings.tls_key):
     raise SystemExit("set both VOXFARM_TLS_CERT and VOXFARM_TLS_KEY, or neither")
 if _settings.tls_cert:
     certfile, keyfile = _settings.tls_cert, _settings.tls_key
+    # Peers that prove themselves with a client certificate (mutual TLS between the farms of
+    # a set, app/zones/mtls.py): the listener asks for one but does not require it, so API
+    # clients without certificates still connect; a certificate presented must be one the
+    # peers' CA signed, or the handshake fails before any request is read.
+    if _settings.peer_ca:
+        ca_certs, cert_reqs = _settings.peer_ca, ssl.CERT_OPTIONAL
 
 # JSON lines (app/obs/logging_setup.py) for gunicorn's error and access logs and the app's own;
 # the access line carries the request id the app echoed in X-Request-ID.
