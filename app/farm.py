@@ -46,6 +46,7 @@ from app.stores.states import BOOK_ACTIVE, JOB_FINAL
 from app.stores.voice_records import VoiceRecords
 from app.stores.waits import WaitPlaces
 from app.submission import submit_job
+from app.zones.peers import PeerSet
 
 
 class Farm:
@@ -71,7 +72,7 @@ class Farm:
                              waiting=blocking_client(settings.redis_url,
                                                      settings.redis_timeout_s,
                                                      settings.redis_max_readers),
-                             sealer=self.sealer)
+                             sealer=self.sealer, farm_name=settings.farm_name)
         # The long-polls and streams each key (or address) has open, across the web processes.
         self.waits = WaitPlaces(self.redis, self.keys, settings.key_max_waits)
         # The stream jobs this process listens for (the web's streams hold them), and how
@@ -106,6 +107,9 @@ class Farm:
                              self.store_contact, self.backlog)
         self.admission = Admission(settings, self.redis, self.keys, self.broker,
                                    self.store_contact, self.liveness, self.backlog, self.sweeps)
+        # The peer farms this one falls back to (app/zones/), when it has any: built here,
+        # probed only where the web starts it (web/zones.py), so a worker never probes.
+        self.peers: PeerSet | None = PeerSet(settings) if settings.peers else None
 
     # -- submission (validating, admitting, recording, publishing: app/submission.py) --------
 

@@ -368,3 +368,32 @@ class CanarySettings(_Group):
     canary_max_latency_ratio: Annotated[float, Field(gt=0.0)] = 1.2
     canary_latency_slack_s: Seconds = 0.05
     canary_max_failure_ratio: Share = 0.01
+
+
+class ZoneSettings(_Group):
+    # Zones (app/zones/, docs/operations.md "Zones"): farms that know their peers and send
+    # them the work they cannot take. This farm's name prefixes the ids of its jobs and books
+    # (`b-3f2a...`), so any farm of the set knows which one owns an id; empty: ids as before,
+    # a lone farm. Required when `peers` is set.
+    farm_name: str = ""
+    # The other farms of the set, "name=url,name=url" ("b=http://127.0.0.1:8100"): parsed
+    # and checked when the settings are built (app/zones/ids.py, `parse_peers`).
+    peers: str = ""
+    # The secret the farms of a set share: sent to peers, accepted from them. With peers set,
+    # this or a client certificate (peer_cert, mutual TLS) is required.
+    peer_key: SecretStr = SecretStr("")
+    # The CA that verifies peers' HTTPS (and, on this web's TLS listener, peers' client
+    # certificates); empty: the system's CAs. This farm's client certificate and its key for
+    # calling peers (mutual TLS); the key may be in the certificate's file.
+    peer_ca: str = ""
+    peer_cert: str = ""
+    peer_cert_key: str = ""
+    # Each peer's /readyz is probed this often; a peer that did not answer within
+    # peer_timeout_s (probe and connect alike) is unreachable and skipped until a probe
+    # finds it ready. Two seconds: a farm that fails over is found within about two probes,
+    # and a probe costs the peer one Redis ping and a few heartbeat reads.
+    peer_check_s: PositiveSeconds = 2.0
+    peer_timeout_s: PositiveSeconds = 2.0
+    # How long an Idempotency-Key's answer is remembered: a day outlasts any client's
+    # retries of one request.
+    idempotency_ttl_s: Positive = 86400

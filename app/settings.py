@@ -1,8 +1,8 @@
 """Settings from the environment (12-factor), declared once with pydantic-settings.
 
 Every knob is one field, declared in the group it belongs to (Redis, voices, admission,
-reliability, places and processes, security, the canary; `app/setting_groups.py`) and read from
-a `VOXFARM_<FIELD>` variable (`VOXFARM_MEL_CACHE_TTL` for `mel_cache_ttl`). A field whose
+reliability, places and processes, security, the canary, zones; `app/setting_groups.py`) and
+read from a `VOXFARM_<FIELD>` variable (`VOXFARM_MEL_CACHE_TTL` for `mel_cache_ttl`). A field whose
 variable is named otherwise says so with `Env(...)` (`store_dir` is `VOXFARM_STORE`);
 `redis_url` also takes the conventional `REDIS_URL`. The groups are mixins of one flat
 `Settings`, so code reads `settings.job_ttl` wherever the field sits.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import SecretStr, ValidationError, field_validator
+from pydantic import SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -42,8 +42,10 @@ from app.setting_groups import (
     ReliabilitySettings,
     SecuritySettings,
     VoiceSettings,
+    ZoneSettings,
     _names,
 )
+from app.zones.ids import FARM_NAME_RULE, PeerConfig, is_farm_name, parse_peers
 
 __all__ = ["PREFIX", "Env", "Settings"]
 
@@ -70,9 +72,10 @@ class _Environment(PydanticBaseSettingsSource):
 
 
 # The groups in reverse: pydantic lists the fields of the last base first, so the settings
-# print Redis first and the canary last, as they are declared above.
-class Settings(CanarySettings, SecuritySettings, ProcessSettings, ReliabilitySettings,
-               AdmissionSettings, VoiceSettings, RedisSettings, BaseSettings):
+# print Redis first and the zones last, as they are declared above.
+class Settings(ZoneSettings, CanarySettings, SecuritySettings, ProcessSettings,
+               ReliabilitySettings, AdmissionSettings, VoiceSettings, RedisSettings,
+               BaseSettings):
     model_config = SettingsConfigDict(frozen=True, extra="forbid")
 
     @classmethod
@@ -108,6 +111,43 @@ class Settings(CanarySettings, SecuritySettings, ProcessSettings, ReliabilitySet
             except ValueError as exc:
                 raise ValueError(f"VOXFARM_AT_REST_KEYS: {exc}") from None
         return value
+
+    @field_validator("farm_name")
+    @classmethod
+    def _farm_name(cls, value: str) -> str:
+        if value and not is_farm_name(value):
+            raise ValueError(FARM_NAME_RULE)
+        return value
+
+    @field_validator("peers")
+    @classmethod
+    def _peers(cls, value: str) -> str:
+        parse_peers(value)
+        return value
+
+    @model_validator(mode="after")
+    def _zone(self) -> Settings:
+        """Peers need this farm's name (its ids and the hop header carry it) and a credential
+        the peers accept (the shared key, or a client certificate for mutual TLS)."""
+        if self.peer_cert_key and not self.peer_cert:
+            raise ValueError(f"{PREFIX}PEER_CERT_KEY is set without {PREFIX}PEER_CERT")
+        peers = self.peer_list
+        if not peers:
+            return self
+        if not self.farm_name:
+            raise ValueError(f"{PREFIX}PEERS is set: {PREFIX}FARM_NAME (this farm's name, "
+                             f"{FARM_NAME_RULE}) is required")
+        if not (self.peer_key.get_secret_value() or self.peer_cert):
+            raise ValueError(f"{PREFIX}PEERS is set: {PREFIX}PEER_KEY (the set's shared "
+                             f"secret) or {PREFIX}PEER_CERT (mutual TLS) is required")
+        if any(p.name == self.farm_name for p in peers):
+            raise ValueError(f"{PREFIX}PEERS names this farm ({self.farm_name}) as a peer")
+        return self
+
+    @property
+    def peer_list(self) -> tuple[PeerConfig, ...]:
+        """The peers, parsed (validated when the settings were built)."""
+        return parse_peers(self.peers)
 
     @property
     def broker(self) -> str:
@@ -158,11 +198,13 @@ def _named(cls: type[Settings], exc: ValidationError, raw: dict[str, Any]) -> Va
     """The first error of `exc` as one line naming the field's variables and the value."""
     error = exc.errors()[0]
     field = str(error["loc"][0]) if error["loc"] else ""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if not field and message.startswith(PREFIX):
+        return ValueError(message)  # a rule over several fields names its variables itself
     names = "/".join(cls.env_names().get(field, (field,)))
     kind = {"int_parsing": "int", "float_parsing": "float", "bool_parsing": "bool"}.get(
         error["type"], "")
     what = f"is not a valid {kind}" if kind else "is not valid"
-    message = str(error["msg"]).removeprefix("Value error, ")
     value = raw.get(field, error.get("input"))
     secret = field in cls.model_fields and isinstance(cls.model_fields[field].default, SecretStr)
     shown = "'**********'" if secret else repr(value)

@@ -170,16 +170,26 @@ CANARY_DECISIONS = Counter(
     "Canary decisions by voice and action (promote, rollback, start) and who took them "
     "(rule, operator).",
     ["voice", "decision", "by"])
+# Zones (app/zones/): requests and reads this farm sent to a peer, by the peer and why (the
+# closed set of app/zones/forward.py's ForwardReason).
+PEER_FORWARDS = Counter(
+    "voxfarm_peer_forwards_total",
+    "Requests sent on to a peer farm, by peer and reason (store, overloaded, no_pool, read, "
+    "idempotency).", ["peer", "reason"])
 
 
 class FarmCollector:
     """Queue depth and live workers on each of `queues`, read from Redis at scrape time (a
-    worker heartbeats on every queue it reads)."""
+    worker heartbeats on every queue it reads), and the peers' states where the farm has
+    peers."""
 
     def __init__(self, farm, queues) -> None:
         self.farm, self.queues = farm, tuple(queues)
 
     def collect(self):
+        # The peers' states are this process's own, read whether or not Redis answers.
+        if getattr(self.farm, "peers", None) is not None:
+            yield from PeerCollector(self.farm.peers).collect()
         up = GaugeMetricFamily("voxfarm_redis_up", "1 when the scrape could read Redis.")
         depth = GaugeMetricFamily("voxfarm_queue_depth", "Messages waiting on a queue.",
                                   labels=["queue"])
@@ -200,6 +210,22 @@ class FarmCollector:
         yield up
         yield depth
         yield workers
+
+
+class PeerCollector:
+    """voxfarm_peer_up{peer}: 1 when this process's last probe found the peer ready, read
+    from its PeerSet (app/zones/peers.py) at scrape time."""
+
+    def __init__(self, peers) -> None:
+        self.peers = peers
+
+    def collect(self):
+        up = GaugeMetricFamily("voxfarm_peer_up",
+                               "1 when the peer farm's last probe found it ready, else 0.",
+                               labels=["peer"])
+        for state in self.peers.states():
+            up.add_metric([state.name], 1 if state.state == "ready" else 0)
+        yield up
 
 
 def process_registry() -> CollectorRegistry:
