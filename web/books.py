@@ -152,7 +152,8 @@ def create_book() -> Response:
     settings = f.settings
     book_id = book_id_for(submission.book.digest(), voice=submission.voice.name,
                           speed=submission.fields.speed, acoustic_model=settings.acoustic_model,
-                          vocoder=settings.vocoder, owner=owner_id())
+                          vocoder=settings.vocoder, owner=owner_id(),
+                          farm_name=settings.farm_name)
     existing = f.books.get(book_id)
     if existing is None or existing["state"] == BookState.CANCELED:
         created = _create_and_prepare(f, book_id, submission)

@@ -40,13 +40,16 @@ _MAX_STEM = 120
 
 
 def book_id_for(content_digest: str, *, voice: str, speed: float, acoustic_model: str,
-                vocoder: str, owner: str = "") -> str:
+                vocoder: str, owner: str = "", farm_name: str = "") -> str:
     """Same content and audio settings, same id: a re-submit finds the book it already made.
     The formats are not in it: they only package the same audio (see `add_formats`). Each
-    API key has books of its own (`owner`), so one key's submit never finds another's."""
+    API key has books of its own (`owner`), so one key's submit never finds another's. A
+    farm of a set prefixes its name, as its job ids (app/zones/ids.py), so any farm of the
+    set knows which one holds the book."""
     parts = [content_digest, voice, round(speed, 3), acoustic_model, vocoder]
     key = json.dumps(parts + [owner] if owner else parts)
-    return hashlib.sha256(key.encode()).hexdigest()[:24]
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return f"{farm_name}-{digest}" if farm_name else digest
 
 
 def prefix(book_id: str) -> str:

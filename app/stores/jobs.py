@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import uuid
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -50,6 +49,7 @@ from app.stores.keys import Keys
 from app.stores.ledger import ON_STOP, AdmissionLedger
 from app.stores.states import JOB_LIVE, JobState, Transition
 from app.stores.wakeups import Wakeups
+from app.zones.ids import new_id
 
 UNPUBLISHED_ERROR = "the web process stopped before the job's segments were all queued"
 STALLED_ERROR = ("no progress for {s:.0f} s: its segments were lost (a broker failure?) and "
@@ -62,8 +62,12 @@ class JobStore(JobReader):
     (app/stores/redis_conn.py, app/stores/wakeups.py)."""
 
     def __init__(self, r: redis.Redis, keys: Keys, ttl_s: int,
-                 waiting: redis.Redis | None = None, sealer: Sealer | None = None) -> None:
+                 waiting: redis.Redis | None = None, sealer: Sealer | None = None,
+                 farm_name: str = "") -> None:
         self.r = r
+        # Prefixes the ids of the jobs made here, so the farms of a set know who owns one
+        # (app/zones/ids.py); "" for a lone farm's bare ids.
+        self.farm_name = farm_name
         self.sealer = sealer or Sealer([])
         self.waiting = waiting or r
         # Long-polls and streams wait on one reader per job stream, not a connection each.
@@ -86,7 +90,7 @@ class JobStore(JobReader):
                lease_s: float = 0.0) -> JobRecord:
         """A new queued job. `lease_s`: the job is a stream's, listened to; its listener lease
         starts now and lapses after `lease_s` unless renewed (`renew_leases`)."""
-        job_id = uuid.uuid4().hex
+        job_id = new_id(self.farm_name)
         record: dict[str, Any] = {
             "id": job_id, "state": JobState.QUEUED, "total": total, "done": 0,
             "voice": voice, "speed": speed, "format": fmt, "chars": chars,
