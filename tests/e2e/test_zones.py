@@ -63,10 +63,13 @@ def farms(tmp_path_factory):
 
 @pytest.fixture
 def zone(farms):
-    """The pair, serving locally; whatever the test did to them undone after it."""
+    """The pair, serving locally; whatever the test did to them undone after it. Each web
+    has answered a client first, as a farm in service has: a web process that never read
+    its store does not know whether keys are on when the store goes, and stays closed."""
     a, b = farms
-    wait_serving(a, "b")
-    wait_serving(b, "a")
+    for farm, peer in ((a, "b"), (b, "a")):
+        wait_serving(farm, peer)
+        assert requests.get(f"{farm.web}/v1/stats", timeout=30).status_code == 200
     yield farms
     for farm in farms:
         restore(farm)
