@@ -47,6 +47,7 @@ def create_app(settings: Settings, farm: Farm | None = None) -> Flask:
     from web.api import api
     from web.books import books_api
     from web.captioned import captioned
+    from web.idempotency import idempotency_api
     from web.models_admin import models_admin
     from web.openai_compat import openai_compat
     from web.openapi import openapi
@@ -57,6 +58,7 @@ def create_app(settings: Settings, farm: Farm | None = None) -> Flask:
 
     app.register_blueprint(api)
     app.register_blueprint(books_api)
+    app.register_blueprint(idempotency_api)
     app.register_blueprint(models_admin)
     app.register_blueprint(voices_api)
     app.register_blueprint(streams)

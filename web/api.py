@@ -25,6 +25,7 @@ from models.text import captions
 from models.text.frontend import iter_run_segments, prepare
 from models.voices import backend_for
 from web import apidoc as doc
+from web import idempotency
 from web.auth import current_key, job_or_404
 from web.errors import ApiError
 from web.helpers import (
@@ -82,11 +83,12 @@ def _never_done(job: JobRecord, what: str) -> None:
                        state=job.state)
 
 
-@doc.route(api, "/v1/jobs", "post", doc.op(
+@doc.route(api, "/v1/jobs", "post", idempotency.documented(doc.op(
     "jobs", "createJob", "Submit text; the job renders in the background", {
         "202": doc.json(responses.Job, "accepted: the job, with links to follow it",
                         {"Location": doc.header()}), **doc.JSON_BODY},
-    body=JobRequest))
+    body=JobRequest)))
+@idempotency.idempotent("jobs")
 def create_job():
     settings = farm().settings
     req = parse(JobRequest, json_body(request))

@@ -41,6 +41,7 @@ from app.stores.books import (
 from app.stores.states import BookState
 from models.text import captions
 from web import apidoc as doc
+from web import idempotency
 from web.auth import current_key, owner_id
 from web.book_upload import Submission, json_chapters_book, uploaded_book
 from web.errors import ApiError
@@ -127,7 +128,7 @@ def _book_or_404(book_id: str) -> dict:
 # -- submission ------------------------------------------------------------------------------
 
 
-@doc.route(books_api, "/v1/books", "post", doc.op(
+@doc.route(books_api, "/v1/books", "post", idempotency.documented(doc.op(
     "books", "createBook", "Submit a book (multipart `file`, or JSON chapters) to render", {
         "202": doc.json(responses.Book, "accepted: rendering starts"),
         "200": doc.json(responses.Book, "the same book was submitted before"),
@@ -138,7 +139,8 @@ def _book_or_404(book_id: str) -> dict:
         "415": doc.error("not a book file or not a supported body type"),
         "422": doc.error("a field is wrong or the book has nothing to speak"),
         "503": doc.UNAVAILABLE},
-    body={"multipart/form-data": BookUpload, "application/json": BookRequest}))
+    body={"multipart/form-data": BookUpload, "application/json": BookRequest})))
+@idempotency.idempotent("books")
 def create_book() -> Response:
     f = farm()
     if request.mimetype == "multipart/form-data":

@@ -24,12 +24,14 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from app.settings import Settings
+from app.stores.idempotency import ROUTES
 
 # Every blueprint's views, imported for the operations they declare (`doc.route`).
 from web import (  # noqa: F401
     api,
     books,
     captioned,
+    idempotency,
     models_admin,
     observability,
     openai_compat,
@@ -71,6 +73,8 @@ _PATH_PARAMS: dict[str, dict] = {
     "book_id": {"schema": {"type": "string"}},
     "n": {"description": "the chapter's index", "schema": {"type": "integer", "minimum": 0}},
     "model_id": {"schema": {"type": "string"}},
+    "route": {"description": "the create route the key was sent to",
+              "schema": {"type": "string", "enum": list(ROUTES)}},
     "voice": {"description": "a Piper voice's name", "schema": {"type": "string"}},
     "name": {"description": "a voice's name: the farm's, or a custom voice's",
              "schema": {"type": "string"}},
@@ -120,7 +124,9 @@ def build_spec(settings: Settings, served: set[str] | None = None) -> dict:
             if served is not None and path not in served:
                 continue
             for operation in item.values():
-                operation["parameters"] = _path_parameters(path)
+                # The path's parameters, then the operation's own (a header it reads).
+                operation["parameters"] = (_path_parameters(path)
+                                           + operation.get("parameters", []))
                 for status, answer in doc.SERVER_REFUSALS.items():
                     operation["responses"].setdefault(status, answer)
                 if path not in OPEN_PATHS:

@@ -45,6 +45,9 @@ Layout (prefix `vf` by default):
     {p}:book:{id}:sweep   string a book worker's claim on resuming the stalled book (TTL)
     {p}:books:progress    zset   book id -> its last progress (created, planned, a segment
                                  stored), until the stall sweeper finds it finished or stuck
+    {p}:idem:{digest}     string an Idempotency-Key's record: JSON, pending while its first
+                                 request submits, then the job or book it made (TTL;
+                                 app/stores/idempotency.py)
     {p}:voices            set    voices that have versions (app/canary/)
     {p}:voice:{name}      hash   live, candidate (version ids), share, seq
     {p}:voice:{name}:versions  hash  version id -> JSON record (file, inference, state)
@@ -109,6 +112,10 @@ class Keys:
 
     def book_sweep(self, book_id: str) -> str:
         return f"{self.prefix}:book:{book_id}:sweep"
+
+    def idempotency(self, digest: str) -> str:
+        """One Idempotency-Key's record (`digest`: of its scope and the client's key)."""
+        return f"{self.prefix}:idem:{digest}"
 
     def mel(self, digest: str) -> str:
         return f"{self.prefix}:mel:{digest}"
