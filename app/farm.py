@@ -25,6 +25,7 @@ from app.broker.celery_app import (
     make_celery,
 )
 from app.broker.probe import broker_queues
+from app.broker.stages import Stage
 from app.canary.store import Canary
 from app.obs.metrics import JobObserver
 from app.security.apikeys import NO_SLOT, ApiKey, ApiKeys, Slot
@@ -46,7 +47,7 @@ from app.stores.states import BOOK_ACTIVE, JOB_FINAL
 from app.stores.voice_records import VoiceRecords
 from app.stores.waits import WaitPlaces
 from app.submission import submit_job
-from app.zones.peers import PeerSet
+from app.zones.peers import PeerSet, zone_view
 
 
 class Farm:
@@ -141,6 +142,40 @@ class Farm:
                 book = self.books.get(work_id)
                 running.append(book is not None and book["state"] in BOOK_ACTIVE)
         return running
+
+    def zone_readiness(self) -> dict:
+        """What /readyz reports: `readiness()`, this farm's own, also as `local_ready`; its
+        `room` for interactive work (`has_room`); and with a farm name the zone
+        (app/zones/peers.py, `zone_view`): `ready` then says whether the farm serves, itself
+        or through a ready peer, so a balancer keeps a farm whose store is down but whose
+        peer takes its work."""
+        report = self.readiness()
+        local = bool(report["ready"])
+        report["local_ready"] = local
+        report["room"] = local and self.has_room()
+        if self.settings.farm_name:
+            zone = zone_view(self.settings.farm_name, self.peers, local)
+            report["zone"] = zone
+            report["ready"] = zone["serving"] != "none"
+        return report
+
+    def has_room(self) -> bool:
+        """Whether admission would take an interactive job now, asked without admitting one
+        (no ticket taken): no stage short of GPU memory on every worker, the acoustic stage's
+        live segments under `max_queue_depth`, and the expected wait of a new segment
+        (`Backlog.expected_wait_s`, the estimate admission bounds) under `max_queue_wait_s`.
+        Peers read it from /readyz (`room`) to choose where their overflow goes: a figure
+        one probe period old, not a promise; admission still decides at the peer."""
+        settings = self.settings
+        try:
+            if self.liveness.memory_exhausted():
+                return False
+            if self.backlog.live_depth(Stage.ACOUSTIC) >= settings.max_queue_depth:
+                return False
+            wait = self.backlog.expected_wait_s()
+        except Exception:  # a store that does not answer has no room to offer
+            return False
+        return wait is None or wait < settings.max_queue_wait_s
 
     def readiness(self) -> dict:
         """What /readyz reports: Redis reachable and a live worker on each queue."""

@@ -324,6 +324,7 @@ def stats():
         queues={q: {"depth": f.backlog.queue_depth(q),
                     "workers": len(f.liveness.live_workers(q)), "pool": pool}
                 for q, pool in QUEUE_POOLS.items()},
+        **({"peers": [p.as_dict() for p in f.peers.states()]} if f.peers else {}),
     ))
 
 
@@ -340,9 +341,11 @@ def healthz():
     description=(
         "`workers` counts the live workers consuming each queue (acoustic, vocoder, "
         "their batch queues, book). Readiness needs the acoustic and vocoder queues; a "
-        "book or batch queue with no worker (scaled to zero) is a `warnings` entry.")))
+        "book or batch queue with no worker (scaled to zero) is a `warnings` entry. A farm "
+        "of a zone that is not ready itself while a peer is answers 200, `local_ready` "
+        "false and `zone.serving` `peer`: its requests go to that peer.")))
 def readyz():
-    report = farm().readiness()
+    report = farm().zone_readiness()
     resp = jsonify((responses.Ready if report["ready"] else responses.NotReady).answer(**report))
     if not report["ready"]:
         resp.status_code = 503

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from app.settings import Settings
 
 __all__ = ["HOP_HEADER", "IDEMPOTENCY_HEADER", "PEER_HEADER", "PEER_KEY_HEADER",
-           "TENANT_HEADER", "PeerConfig", "PeerSet", "PeerState", "PeerStatus"]
+           "TENANT_HEADER", "PeerConfig", "PeerSet", "PeerState", "PeerStatus", "Serving",
+           "zone_view"]
 
 log = logging.getLogger("voxfarm.zones")
 
@@ -64,6 +65,14 @@ class PeerStatus(StrEnum):
     READY = "ready"
     NOT_READY = "not_ready"
     UNREACHABLE = "unreachable"
+
+
+class Serving(StrEnum):
+    """Who serves this farm's clients now: /readyz's `zone.serving`."""
+
+    LOCAL = "local"  # this farm itself
+    PEER = "peer"  # a ready peer, this farm's own store or pools being down
+    NONE = "none"  # nobody: /readyz answers 503
 
 
 @dataclass(frozen=True)
@@ -238,3 +247,15 @@ class PeerSet:
         the set has no key (mutual TLS alone)."""
         key = self.settings.peer_key.get_secret_value()
         return bool(key) and hmac.compare_digest(presented.encode(), key.encode())
+
+
+def zone_view(farm_name: str, peers: PeerSet | None, local_ready: bool) -> dict[str, Any]:
+    """/readyz's `zone`: this farm's name, who serves its clients now (itself while it is
+    ready, else the first ready peer, the one with room first), and every peer's state."""
+    through = None
+    if not local_ready and peers is not None:
+        ready = peers.ready()
+        through = ready[0].name if ready else None
+    serving = (Serving.LOCAL if local_ready else Serving.PEER if through else Serving.NONE)
+    return {"farm": farm_name, "serving": str(serving), "through": through,
+            "peers": [s.as_dict() for s in peers.states()] if peers is not None else []}

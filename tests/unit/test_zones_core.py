@@ -321,3 +321,40 @@ def test_the_read_timeout_follows_a_long_polls_wait():
     assert read_timeout({"wait": "20"}) == 50.0
     assert read_timeout({}) == read_timeout(None) == 300.0
     assert read_timeout({"wait": "soon"}) == 300.0
+
+
+# -- /readyz and /metrics of a farm whose store is gone -----------------------------------
+
+
+def test_a_farm_without_its_store_is_ready_through_a_ready_peer(peer):
+    # The farm's Redis is a closed port: refused at once, nothing to wait for.
+    from app.farm import Farm  # the web's whole app, for these tests only
+    from web import create_app
+
+    settings = Settings().with_(redis_url=f"redis://127.0.0.1:{free_port()}/0", farm_name="a",
+                                peers=f"b=http://127.0.0.1:{peer.port}", peer_key="set-secret",
+                                peer_check_s=0.05)
+    farm = Farm(settings)
+    client = create_app(settings, farm).test_client()
+    farm.peers.probe("b")
+    resp = client.get("/readyz")
+    body = resp.get_json()
+    assert resp.status_code == 200, body
+    assert body["ready"] and not body["local_ready"] and not body["room"]
+    assert "redis" in body["missing"]
+    zone = body["zone"]
+    assert (zone["farm"], zone["serving"], zone["through"]) == ("a", "peer", "b")
+    assert [(p["name"], p["state"], p["room"]) for p in zone["peers"]] == [("b", "ready", True)]
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'voxfarm_peer_up{peer="b"} 1.0' in metrics
+
+    peer.readyz = (503, {"ready": False, "missing": ["redis"]})
+    farm.peers.probe("b")
+    resp = client.get("/readyz")
+    body = resp.get_json()
+    assert resp.status_code == 503 and resp.headers["Retry-After"]
+    assert not body["ready"] and body["zone"]["serving"] == "none"
+    assert body["zone"]["through"] is None and body["zone"]["peers"][0]["state"] == "not_ready"
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'voxfarm_peer_up{peer="b"} 0.0' in metrics
+    farm.peers.stop()

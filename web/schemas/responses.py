@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.stores.states import BookState, JobState
+from app.zones.peers import PeerStatus, Serving
 from models.voices import ENGINE_NAMES
 from web.schemas.constants import OPENAI_MODELS, RESPONSE_FORMATS, VOICE_KINDS
 from web.schemas.fields import OneOf
@@ -237,6 +238,31 @@ class QueueStats(ResponseModel):
     pool: str
 
 
+class PeerInfo(ResponseModel):
+    """A peer farm as this web process's probes last found it (app/zones/peers.py)."""
+
+    name: str
+    url: str
+    state: PeerStatus = Field(description="`ready`: its /readyz said it serves locally; "
+                              "`not_ready`: it answered otherwise; `unreachable`: no answer "
+                              "in time (or a request sent to it got none); `unknown`: not "
+                              "probed yet. Only ready peers are sent work or reads")
+    since: float = Field(description="Unix time the state began")
+    checked_at: float = Field(description="Unix time of the last probe (0: none yet)")
+    failures: int = Field(description="probes or requests in a row that did not find it ready")
+    room: bool = Field(description="its last /readyz said it has room for interactive work")
+    detail: str = Field(description="why it is not ready")
+
+
+class Zone(ResponseModel):
+    farm: str = Field(description="this farm's name (VOXFARM_FARM_NAME)")
+    serving: Serving = Field(description="who serves this farm's clients now: `local`, a "
+                             "`peer` (this farm's own store or pools being down), or `none`")
+    through: str | None = Field(description="the peer that serves them, when `serving` is "
+                                "`peer`")
+    peers: list[PeerInfo]
+
+
 class Stats(ResponseModel):
     scope: Literal["farm", "key"] = Field(description="`farm`: the whole farm's figures (no "
                                           "keys, or an admin key); `key`: the calling key's "
@@ -244,6 +270,8 @@ class Stats(ResponseModel):
     mel_cache: dict[str, Any]
     queues: dict[str, QueueStats] = Field(None, description="every queue, batch and book "
                                           "included (scope `farm` only)")
+    peers: list[PeerInfo] = Field(None, description="the peer farms and their states "
+                                  "(scope `farm`, a farm with peers only)")
 
 
 class VoiceVersion(ResponseModel):
@@ -279,15 +307,28 @@ class Health(ResponseModel):
     status: Literal["ok"]
 
 
+_LOCAL_READY = ("this farm's own readiness: its store reachable and a live worker on every "
+                "interactive pool (`ready` is true without it when a peer serves)")
+_ROOM = ("ready locally, and admission would take an interactive job now (peers send their "
+         "overflow where there is room)")
+_ZONE = "with a farm name (VOXFARM_FARM_NAME): who serves, and the peers' states"
+
+
 class Ready(ResponseModel):
     ready: bool
     workers: dict[str, Any] = None
     warnings: list[Any] = None
+    local_ready: bool = Field(None, description=_LOCAL_READY)
+    room: bool = Field(None, description=_ROOM)
+    zone: Zone = Field(None, description=_ZONE)
 
 
 class NotReady(ResponseModel):
     ready: Literal[False]
     missing: list[Any] = None
+    local_ready: bool = Field(None, description=_LOCAL_READY)
+    room: bool = Field(None, description=_ROOM)
+    zone: Zone = Field(None, description=_ZONE)
 
 
 class Model(ResponseModel):
