@@ -25,6 +25,7 @@ from prometheus_client.registry import REGISTRY
 
 from app.obs import multiproc
 from app.stores.states import JobState, lua
+from app.zones.peers import PeerStatus
 
 log = logging.getLogger("voxfarm.metrics")
 
@@ -224,7 +225,7 @@ class PeerCollector:
                                "1 when the peer farm's last probe found it ready, else 0.",
                                labels=["peer"])
         for state in self.peers.states():
-            up.add_metric([state.name], 1 if state.state == "ready" else 0)
+            up.add_metric([state.name], 1 if state.state == PeerStatus.READY else 0)
         yield up
 
 

@@ -130,9 +130,9 @@ def forward(peers: PeerSet, peer: PeerConfig | str, req: flask.Request, tenant_i
     headers = {h: req.headers[h] for h in PASSED_HEADERS if h in req.headers}
     body = req.get_data(cache=True)
     path = req.path + (f"?{req.query_string.decode('latin-1')}" if req.query_string else "")
-    PEER_FORWARDS.labels(config.name, str(reason)).inc()
     resp = _send(peers, config, req.method, path, tenant_id, headers=headers,
                  read_s=read_timeout(req.args), data=body or None)
+    PEER_FORWARDS.labels(config.name, str(reason)).inc()  # answered (failures: peer_up)
     return flask.Response(_chunks(resp, config.name), status=resp.status_code,
                           headers=_kept(resp), direct_passthrough=True)
 
@@ -145,9 +145,9 @@ def open_stream(peers: PeerSet, peer: PeerConfig | str, method: str, path: str,
     dropped) and body as it arrives, for code that relays the body itself. `timeout` bounds
     each read. The caller reads the iterator to its end or closes it."""
     config = _peer(peers, peer)
-    PEER_FORWARDS.labels(config.name, str(reason)).inc()
     resp = _send(peers, config, method, path, tenant_id, headers={}, read_s=timeout,
                  json=json)
+    PEER_FORWARDS.labels(config.name, str(reason)).inc()
     return resp.status_code, dict(_kept(resp)), _chunks(resp, config.name)
 
 

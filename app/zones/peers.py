@@ -114,7 +114,9 @@ class PeerSet:
         self.settings = settings
         self.farm_name = settings.farm_name
         self._peers = {p.name: p for p in settings.peer_list}
-        self._states = {p.name: PeerState(p.name, p.url) for p in self._peers.values()}
+        now = time.time()
+        self._states = {p.name: PeerState(p.name, p.url, since=now)
+                        for p in self._peers.values()}
         self._lock = threading.Lock()
         self._local_failed_at = 0.0
         self._stop = threading.Event()
