@@ -1,10 +1,9 @@
 """`peer_from_client_cert` over real TLS connections: a listener set up as
 ops/gunicorn.conf.py sets it up for peers (CERT_OPTIONAL, the peers' CA), and clients with
-and without certificates, generated here with `cryptography`."""
+and without certificates, generated here with `cryptography` (tests/pki.py)."""
 
 from __future__ import annotations
 
-import datetime
 import socket
 import ssl
 import threading
@@ -12,48 +11,13 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from app.zones.mtls import SOCKET_KEY, peer_from_client_cert
+from tests.pki import Pki
+from tests.pki import cn as _name
 
 PEERS = ("a", "b")
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-class Pki:
-    """A throwaway CA and certificates it signs, written as PEM files under `d`."""
-
-    def __init__(self, d: Path, ca_name: str = "voxfarm peers CA") -> None:
-        self.d = d
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        self.cert = self._sign(_name(ca_name), self.key.public_key(), ca=True)
-        self.ca_path = d / f"{ca_name.replace(' ', '_')}.crt"
-        self.ca_path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
-
-    def _sign(self, subject: x509.Name, public_key, ca: bool) -> x509.Certificate:
-        now = datetime.datetime.now(datetime.UTC)
-        return (x509.CertificateBuilder().subject_name(subject)
-                .issuer_name(self.cert.subject if not ca else subject)
-                .public_key(public_key).serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5))
-                .not_valid_after(now + datetime.timedelta(days=1))
-                .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-                .sign(self.key, hashes.SHA256()))
-
-    def issue(self, stem: str, subject: x509.Name) -> tuple[Path, Path]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = self._sign(subject, key.public_key(), ca=False)
-        crt, pem = self.d / f"{stem}.crt", self.d / f"{stem}.key"
-        crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        pem.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-        return crt, pem
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +28,7 @@ def pki(tmp_path_factory) -> Pki:
 def _listener(pki: Pki, verify: bool = True) -> ssl.SSLContext:
     """The web's TLS listener: its own certificate, and (with `verify`) the peers' CA with
     client certificates optional, as ops/gunicorn.conf.py sets gunicorn up."""
-    crt, key = pki.issue("server", _name("localhost"))
+    crt, key = pki.issue("server", _name("localhost"), server=True)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(crt, key)
     if verify:
