@@ -116,12 +116,12 @@ class Farm:
 
     def submit(self, segments: Iterable, *, voice: str, speed: float, fmt: str, chars: int,
                sample_rate: int, request_id: str = "", key: ApiKey | None = None,
-               listened: bool = False) -> JobRecord:
+               owner: str | None = None, listened: bool = False) -> JobRecord:
         """One job of prepared `segments`, validated, admitted, recorded and published:
         `app.submission.submit_job`, which says what it raises."""
         return submit_job(self, segments, voice=voice, speed=speed, fmt=fmt, chars=chars,
                           sample_rate=sample_rate, request_id=request_id, key=key,
-                          listened=listened)
+                          owner=owner, listened=listened)
 
     def work_slot(self, key: ApiKey | None) -> AbstractContextManager[Slot]:
         """A place in `key`'s quota of jobs and books running at once (app/security/apikeys.py,

@@ -46,7 +46,7 @@ class TooManySegments(Exception):
 
 def submit_job(farm: Farm, segments: Iterable, *, voice: str, speed: float, fmt: str,
                chars: int, sample_rate: int, request_id: str = "", key: ApiKey | None = None,
-               listened: bool = False) -> JobRecord:
+               owner: str | None = None, listened: bool = False) -> JobRecord:
     """Validate, admit, record and publish one job of prepared `segments` (`submit` writes
     and publishes them as they come). Raises TooManySegments past `max_job_segments`
     (nothing written when `segments` has a length; a lazy one is found out as it goes, and
@@ -54,6 +54,8 @@ def submit_job(farm: Farm, segments: Iterable, *, voice: str, speed: float, fmt:
     of work, Overloaded (and the farm's other refusals) when admission will not take it
     (nothing written), and Unavailable when the broker could not take a segment.
     `listened`: the job is a stream's; it has a listener lease (app/stores/listeners.py).
+    `owner`: what the job record names as its owner (a peer farm's work is
+    `peer:{farm}:{tenant}`: web/auth.py); default `key`'s id, "" without a key.
 
     A job whose segments are known up front counts all of them against the depth bound;
     a lazy one (text, segmented as it is published) counts its first, and its later ones
@@ -76,7 +78,7 @@ def submit_job(farm: Farm, segments: Iterable, *, voice: str, speed: float, fmt:
                          published=lambda: published.append(time.time()), queued=queued,
                          voice=voice, speed=speed, fmt=fmt, chars=chars,
                          sample_rate=sample_rate, request_id=request_id,
-                         owner=key.id if key else "",
+                         owner=owner if owner is not None else key.id if key else "",
                          version_for=farm.canary.version_for, max_segments=cap,
                          lease_s=farm.settings.stream_lease_s if listened else 0.0)
         finally:

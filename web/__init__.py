@@ -67,4 +67,8 @@ def create_app(settings: Settings, farm: Farm | None = None) -> Flask:
     app.register_blueprint(ws_bp)
     app.register_blueprint(openapi)
     app.register_blueprint(page)
+    # Last: its read hook runs after the door applied the tenant's key (web/zones.py).
+    from web.zones import register_zones
+
+    register_zones(app)
     return app

@@ -32,7 +32,7 @@ from models.errors import BreakTooLong, NoSpeakableText
 from models.text.frontend import iter_run_segments, iter_segments
 from models.text.runs import Segment, TextRun
 from models.voices import Voice
-from web.auth import current_key, job_or_404
+from web.auth import current_key, job_or_404, owner_id
 from web.errors import ApiError, farm_error
 from web.helpers import break_error, no_speakable_text, ssml_or_422, voice_or_422
 
@@ -71,7 +71,7 @@ def submit_segments(farm: Farm, segments, voice: Voice, speed: float, fmt: str, 
     try:
         job = farm.submit(segments, voice=voice.name, speed=speed, fmt=fmt, chars=chars,
                           sample_rate=voice.sample_rate, request_id=request_id,
-                          key=current_key(), listened=listened)
+                          key=current_key(), owner=owner_id(), listened=listened)
     except TooManySegments as exc:
         raise ApiError(413, "too_many_segments",
                        f"the job has more than {exc.limit} segments, the most one job may "
