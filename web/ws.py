@@ -39,6 +39,11 @@ HTTP request does (past it: a `rate_limited` error event, nothing submitted).
 
 One greenlet per socket: while a job streams, client messages are read between short waits
 on the job's event stream, so both directions stay responsive without a thread per socket.
+
+In a zone (app/zones/), a job this farm cannot take (its store away or full, overloaded, no
+live interactive worker) is rendered by a ready peer and relayed (web/ws_relay.py): the
+client sees the same events and frames. While the store is away the socket opens without a
+place among its key's sockets and its key is looked at again once the store answers.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from typing import get_args
 import redis
 from flask import Blueprint, current_app, g, request
 from flask_sock import Sock
+from kombu.exceptions import OperationalError
 from simple_websocket import ConnectionClosed
 
 from app.farm import Farm
@@ -69,6 +75,15 @@ from web.helpers import check_unicode, farm, lexicon_or_422, load_json, parse, v
 from web.schemas import responses
 from web.schemas.requests import SocketMessage
 from web.synthesis import ChunkFollower, submit_text
+from web.ws_relay import (
+    PeerFollower,
+    PeerJob,
+    cancel_at_peer,
+    early_reason,
+    job_body,
+    refusal_reason,
+    submit_to_peer,
+)
 
 log = logging.getLogger("voxfarm.web")
 
@@ -124,12 +139,14 @@ class Session:
         self.voice = farm.settings.default_voice
         self.speed = 1.0
         self.lexicon: dict[str, str] | None = None
-        self.jobs: deque[JobRecord] = deque()  # submitted, not yet sent
-        self.current: ChunkFollower | None = None
-        self.started: list[str] = []  # every job id this socket submitted
+        self.jobs: deque[JobRecord | PeerJob] = deque()  # submitted, not yet sent
+        self.current: ChunkFollower | PeerFollower | None = None
+        self.started: list[str] = []  # every job id this socket submitted here
+        self.at_peers: dict[str, PeerJob] = {}  # its jobs peers render, until they end
         self.flush_marks: deque[int] = deque()  # jobs left to send before each "flushed"
         self.sent_jobs = 0
         self.key = key  # the handshake's; None while the farm is open
+        self.tenant = key.id if key else ""  # whom a peer renders the socket's jobs for
         self.key_checked = time.monotonic()
 
     # -- sending -----------------------------------------------------------------------------
@@ -191,19 +208,40 @@ class Session:
     def submit(self, text: str) -> None:
         if not text.strip():
             return
-        count_request(self.farm.apikeys, self.key)  # each job counts, as a request does
         try:
-            job = submit_text(self.farm, text, self.voice, self.speed, "wav",
-                              entry="websocket", lexicon=self.lexicon, listened=True)
+            job = self.submit_somewhere(text)
         except ApiError as err:
             if err.code == "no_speakable_text":
                 return  # punctuation or a pause tag alone: nothing to say, nothing wrong
             raise
-        self.started.append(job.id)
-        self.farm.listeners.hold(job.id)  # until its audio is sent, or the socket closes
+        if isinstance(job, PeerJob):
+            self.at_peers[job.id] = job
+        else:
+            self.started.append(job.id)
+            self.farm.listeners.hold(job.id)  # until its audio is sent, or the socket closes
         self.jobs.append(job)
         self.send({"type": "job.started", "job_id": job.id, "segments": job.total,
                    "sample_rate": job.sample_rate, "text": text})
+
+    def submit_somewhere(self, text: str) -> JobRecord | PeerJob:
+        """The job, submitted here, or at a peer when this farm cannot take it (the reasons
+        web/ws_relay.py gives); this farm's refusal stands when no peer takes it."""
+        body = job_body(text, self.voice, self.speed, self.lexicon)
+        rate = get_voice(self.voice).sample_rate
+        try:
+            count_request(self.farm.apikeys, self.key)  # each job counts, as a request does
+            early = early_reason(self.farm)
+            job = submit_to_peer(self.farm, early, False, body, self.tenant, rate) if early \
+                else None
+            return job or submit_text(self.farm, text, self.voice, self.speed, "wav",
+                                      entry="websocket", lexicon=self.lexicon, listened=True)
+        except (ApiError, redis.RedisError, OperationalError) as exc:
+            why = refusal_reason(self.farm, exc)
+            job = (submit_to_peer(self.farm, why[0], why[1], body, self.tenant, rate) if why
+                   else None)
+            if job is None:
+                raise
+            return job
 
     # -- audio -------------------------------------------------------------------------------
 
@@ -211,7 +249,8 @@ class Session:
         """Send what the current job has ready; move on when it ends."""
         if self.current is None:
             job = self.jobs.popleft()
-            self.current = ChunkFollower(self.farm, job.id)
+            self.current = (PeerFollower(self.farm, job, self.tenant) if isinstance(job, PeerJob)
+                            else ChunkFollower(self.farm, job.id))
         follower = self.current
         for chunk in follower.poll(READ_EVERY_S):
             samples = len(chunk.pcm) // 2
@@ -225,19 +264,29 @@ class Session:
             self.send({"type": "segment.done", "job_id": follower.job_id, "index": chunk.index})
         if follower.ended:
             self.current = None
-            self.farm.listeners.release(follower.job_id)
+            at_peer = self.at_peers.pop(follower.job_id, None)
+            if at_peer is None:
+                self.farm.listeners.release(follower.job_id)
             self.sent_jobs += 1
             if follower.outcome == "done":
-                record = self.farm.jobs.get(follower.job_id)
                 self.send({"type": "job.done", "job_id": follower.job_id,
-                           "audio_seconds": record.audio_seconds if record else None})
+                           "audio_seconds": self.audio_seconds(follower)})
             else:
                 if follower.outcome == "stalled":
-                    self.farm.jobs.cancel(follower.job_id)
+                    if at_peer is None:
+                        self.farm.jobs.cancel(follower.job_id)
+                    else:
+                        cancel_at_peer(self.farm, at_peer, self.tenant)
                 self.send_error(ApiError(409, f"job_{follower.outcome}",
                                          f"the job ended early: {follower.outcome}"),
                                 job_id=follower.job_id)
             self.maybe_flushed()
+
+    def audio_seconds(self, follower: ChunkFollower | PeerFollower) -> float | None:
+        if isinstance(follower, PeerFollower):
+            return follower.audio_seconds()
+        record = self.farm.jobs.get(follower.job_id)
+        return record.audio_seconds if record else None
 
     def maybe_flushed(self) -> None:
         while self.flush_marks and self.sent_jobs >= self.flush_marks[0]:
@@ -254,13 +303,24 @@ class Session:
             check_still_live(self.farm.apikeys, self.key)
         except ApiError as err:
             raise KeyRevoked(err) from None
+        except redis.RedisError:
+            # The store is away: where peers render the socket's jobs the key is looked at
+            # again once it answers (no farm can tell a revocation meanwhile); alone, the
+            # socket closes as on any store failure.
+            if self.farm.peers is None:
+                raise
+            self.farm.peers.note_local_failure()
         self.key_checked = time.monotonic()
 
     def cleanup(self) -> None:
+        # The peers' jobs first: their cancels need nothing of this farm's store.
+        for job in self.at_peers.values():
+            cancel_at_peer(self.farm, job, self.tenant)
         # Let go first: that needs no Redis, and a lease not renewed lapses into a cancel.
         for job_id in [*(j.id for j in self.jobs), *([self.current.job_id]
                                                         if self.current else [])]:
-            self.farm.listeners.release(job_id)
+            if job_id not in self.at_peers:
+                self.farm.listeners.release(job_id)
         for job_id in self.started:
             if self.farm.jobs.state(job_id) not in JOB_FINAL:
                 self.farm.jobs.cancel(job_id, SOCKET_CLOSED)
@@ -309,7 +369,16 @@ def _take_socket_place() -> None:
     f = farm()
     key = current_key()
     holder = f"ws:key:{key.id}" if key else f"ws:addr:{counted_as(request.remote_addr or '')}"
-    place = socket_places(f).take(holder)
+    try:
+        place = socket_places(f).take(holder)
+    except redis.RedisError:
+        if f.peers is None or not f.peers.ready():
+            raise
+        # The places are counted in the store, which is away: a peer renders this socket's
+        # jobs, so it opens without one rather than not at all.
+        f.peers.note_local_failure()
+        log.warning("socket opens without a place: the store is unreachable")
+        return
     if place is None:
         cap = f.settings.web_max_sockets_per_key
         raise ApiError(429, "too_many_sockets",

@@ -1,0 +1,146 @@
+"""The WebSocket in a zone: farm "a", whose store is unreachable, has its socket's jobs
+rendered by its peer "b" and relays them (web/ws_relay.py): the client gets the events and
+PCM frames a local job gives, and the audio is speech that b's workers made.
+
+Farm b is a real farm (its own Redis server, acoustic and vocoder workers) behind gunicorn;
+farm a is a gunicorn web whose Redis URL points at a port where nothing listens, with b as
+its peer. Both speak HTTP and WebSocket as a client would reach them."""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+
+import numpy as np
+import pytest
+import requests
+
+from app.local.embedded_redis import EmbeddedRedis
+from tests import wsclient
+from tests.e2e.test_streaming import events_until, fresh_text, ws_url
+from tests.helpers import assert_speech, free_port, gunicorn_server, running_farm, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PEER_KEY = "ws-relay-test-peer-key"
+# An eSpeak voice: b renders it in well under a second a sentence, on any box.
+VOICE = "en-us+f3"
+
+
+def _zone_env(env: dict, name: str, peer: str, peer_url: str) -> dict:
+    return dict(env, VOXFARM_FARM_NAME=name, VOXFARM_PEERS=f"{peer}={peer_url}",
+                VOXFARM_PEER_KEY=PEER_KEY, VOXFARM_PEER_CHECK_S="0.5",
+                VOXFARM_PEER_TIMEOUT_S="2")
+
+
+@pytest.fixture(scope="module")
+def zone(tmp_path_factory):
+    """(a's base URL, b's base URL): b serves, a's store is away and b is its ready peer."""
+    tmp = tmp_path_factory.mktemp("ws-relay")
+    with ExitStack() as stack:
+        servers = [EmbeddedRedis(tmp / f"{name}-redis", persist=False).start()
+                   for name in ("a", "b")]
+        for server in servers:
+            stack.callback(server.stop)
+        a_redis, b_redis = servers
+        b_farm = stack.enter_context(running_farm(b_redis.url, 1, tmp))
+        # b names a as its peer (so a's calls pass its peer door); a need not answer b.
+        b = stack.enter_context(gunicorn_server(
+            _zone_env(b_farm.env, "b", "a", f"http://127.0.0.1:{free_port()}"),
+            tmp / "b-web.log"))
+        a = stack.enter_context(gunicorn_server(
+            _zone_env(dict(b_farm.env, VOXFARM_REDIS_URL=a_redis.url), "a", "b", b),
+            tmp / "a-web.log"))
+        # a farm in service: it answered a client while its store was there (so it knows
+        # the farm is open), and then the store went away.
+        assert requests.get(f"{a}/v1/jobs/a-{'0' * 32}", timeout=10).status_code == 404
+        a_redis.stop()
+        wait_until(lambda: _serving(a) == "peer", 60,
+                   lambda: f"farm a does not serve through b: {_readyz(a)}")
+        yield a, b
+
+
+def _readyz(base: str) -> tuple[int, dict]:
+    try:
+        resp = requests.get(f"{base}/readyz", timeout=10)
+        return resp.status_code, resp.json()
+    except (requests.RequestException, ValueError) as exc:
+        return 0, {"error": repr(exc)}
+
+
+def _serving(base: str) -> str | None:
+    status, body = _readyz(base)
+    return (body.get("zone") or {}).get("serving") if status == 200 else None
+
+
+def _segments(msgs: list) -> tuple[list[tuple[str, int]], bytes]:
+    """Each segment event pair as (job id, chunk index), checked to frame its audio exactly
+    (`samples` 16-bit samples between started and done), and the audio joined."""
+    audio: list[bytes] = []
+    order: list[tuple[str, int]] = []
+    current: tuple[str, int, int] | None = None
+    start = 0
+    for m in msgs:
+        if isinstance(m, bytes):
+            assert current is not None, "audio outside a segment"
+            audio.append(m)
+        elif m["type"] == "segment.started":
+            assert current is None, "a segment started inside another"
+            current, start = (m["job_id"], m["index"], m["samples"]), len(b"".join(audio))
+        elif m["type"] == "segment.done":
+            assert current is not None and (m["job_id"], m["index"]) == current[:2]
+            assert len(b"".join(audio)) - start == current[2] * 2
+            order.append((current[0], current[1]))
+            current = None
+    return order, b"".join(audio)
+
+
+def test_the_peer_renders_a_socket_job_the_store_cannot_take(zone):
+    a, b = zone
+    ws = wsclient.connect(ws_url(a))
+    try:
+        assert events_until(ws, "ready", 30)[-1]["type"] == "ready"
+        ws.send(json.dumps({"text": "The river ran quietly past the mill. Snow fell",
+                            "voice": VOICE}))
+        ws.send(json.dumps({"text": " on the roofs of the town.", "flush": True}))
+        msgs = events_until(ws, "flushed", 120)
+    finally:
+        ws.close()
+    events = [m for m in msgs if isinstance(m, dict)]
+    assert not [e for e in events if e["type"] == "error"], events
+    started = [e for e in events if e["type"] == "job.started"]
+    jobs = [e["job_id"] for e in started]
+    # The finished sentence went at once, the rest at the flush; both to b, whose ids say so.
+    assert len(jobs) == 2 and all(j.startswith("b-") for j in jobs), jobs
+    assert [e["job_id"] for e in events if e["type"] == "job.done"] == jobs
+    order, audio = _segments(msgs)
+    for job in jobs:  # each job's chunks 0, 1, 2, ... with none missing or repeated
+        assert [i for j, i in order if j == job] == list(range(sum(j == job for j, _ in order)))
+    assert [j for j, _ in order] == sorted((j for j, _ in order), key=jobs.index)
+    rate = started[0]["sample_rate"]
+    assert_speech(np.frombuffer(audio, dtype="<i2"), 14, rate)
+    # b rendered them: its own records say done, with the audio the socket sent.
+    for job, event in zip(jobs, [e for e in events if e["type"] == "job.done"], strict=True):
+        record = requests.get(f"{b}/v1/jobs/{job}", timeout=10).json()
+        assert record["state"] == "done", record
+        assert record["audio_seconds"] == pytest.approx(event["audio_seconds"])
+    seconds = sum(e["audio_seconds"] for e in events if e["type"] == "job.done")
+    assert len(audio) / 2 / rate == pytest.approx(seconds, abs=0.05)
+
+
+def test_the_socket_closing_cancels_its_job_at_the_peer(zone):
+    a, b = zone
+    ws = wsclient.connect(ws_url(a))
+    events_until(ws, "ready", 30)
+    ws.send(json.dumps({"text": fresh_text(40), "voice": VOICE, "flush": True}))
+    job = events_until(ws, "job.started", 60)[-1]["job_id"]
+    assert job.startswith("b-"), job
+    ws.close()
+
+    def canceled() -> dict:
+        record = requests.get(f"{b}/v1/jobs/{job}", timeout=10).json()
+        return record if record["state"] == "canceled" else {}
+
+    record = wait_until(canceled, 60, lambda: "the socket's job kept rendering at b: "
+                        + requests.get(f"{b}/v1/jobs/{job}", timeout=10).text)
+    assert record["segments"]["done"] < record["segments"]["total"], record
