@@ -14,8 +14,8 @@ Two things, both only where the settings name peers (`Farm.peers` is a PeerSet):
   `unavailable` with Retry-After, never 404 (the id is not unknown, its farm is away).
 
 Runs on the gevent hub with the request (gunicorn) or in the request's thread (tests); what
-it shares across requests is the PeerSet (its own lock) and `_pool_seen`, one tuple swapped
-whole per process.
+it shares across requests is the PeerSet (its own lock) and `_pool_seen`, whose entries are
+tuples replaced whole.
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ SUBMIT_ENDPOINTS = ("api.create_job", "openai_compat.speech", "captioned.caption
 # submission would cost as much as the submission's own checks, and a pool that died is
 # seen within this (its heartbeats lapse far slower: app/services/liveness.py).
 POOL_CHECK_S = 1.0
-# (when it was read, whether every interactive queue has a live worker); per process.
-_pool_seen: tuple[float, bool] = (float("-inf"), True)
+# Per farm (by id: tests serve several in one process): (when it was read, whether every
+# interactive queue has a live worker).
+_pool_seen: dict[int, tuple[float, bool]] = {}
 
 
 def register_zones(app: Flask) -> None:
@@ -123,16 +124,15 @@ def _pool_missing(f: Farm, peers: PeerSet) -> ForwardReason | None:
     """NO_POOL when an interactive queue has no live worker: this farm would accept
     the job (it queues until a worker starts) but a ready peer renders it now. Looked at
     once a second per process; a store that fails the look is a store down."""
-    global _pool_seen
     now = time.monotonic()
-    read_at, complete = _pool_seen
+    read_at, complete = _pool_seen.get(id(f), (float("-inf"), True))
     if now - read_at > POOL_CHECK_S:
         try:
             complete = all(f.liveness.live_workers(q) for q in INTERACTIVE_QUEUES)
         except redis.RedisError:
             peers.note_local_failure()
             return ForwardReason.STORE
-        _pool_seen = (now, complete)
+        _pool_seen[id(f)] = (now, complete)
     return None if complete else ForwardReason.NO_POOL
 
 

@@ -65,6 +65,9 @@ class Zone:
     b: str  # farm b's web: live workers, API keys on
     a_down: str  # another web of farm a, whose Redis went away
     a_alone: str  # another web of farm a, whose peer b is a closed port
+    a_keyed: str  # another web of farm a, with API keys, whose Redis went away
+    a_token: str  # its key (2 requests a minute), verified before the Redis went
+    a_key_id: str
     b_farm: Farm
     b_token: str  # a key of b's own clients
 
@@ -84,7 +87,7 @@ def zone(tmp_path_factory) -> Iterator[Zone]:
     from web import create_app
 
     tmp = tmp_path_factory.mktemp("zones-web")
-    a_port, b_port, down_port, alone_port, closed = (free_port() for _ in range(5))
+    a_port, b_port, down_port, alone_port, keyed_port, closed = (free_port() for _ in range(6))
     with ExitStack() as stack:
         for place in ("a", "b"):
             (tmp / place).mkdir()
@@ -108,9 +111,19 @@ def zone(tmp_path_factory) -> Iterator[Zone]:
         down_redis.stop()
         alone = a.settings.with_(peers=f"b=http://127.0.0.1:{closed}")
         a_alone = stack.enter_context(served(create_app(alone), alone_port))
-        for peers in (a.farm.peers, down_app.extensions["voxfarm"].peers):
-            sees_b(peers)
-        yield Zone(a_web, b_web, a_down, a_alone, b.farm, b_token)
+        keyed_redis = EmbeddedRedis(tmp / "redis-keyed", persist=False).start()
+        stack.callback(keyed_redis.stop)
+        keyed_app = create_app(a.settings.with_(redis_url=keyed_redis.url, redis_timeout_s=1.0))
+        a_key, a_token = keyed_app.extensions["voxfarm"].apikeys.create("a-client",
+                                                                         rate_per_min=2)
+        a_keyed = stack.enter_context(served(keyed_app, keyed_port))
+        assert requests.get(f"{a_keyed}/v1/jobs/{uuid.uuid4().hex}", timeout=10,
+                            headers={"Authorization": f"Bearer {a_token}"}).status_code == 404
+        keyed_redis.stop()
+        for app in (down_app, keyed_app):
+            sees_b(app.extensions["voxfarm"].peers)
+        sees_b(a.farm.peers)
+        yield Zone(a_web, b_web, a_down, a_alone, a_keyed, a_token, a_key.id, b.farm, b_token)
 
 
 def post_job(web: str, headers: dict | None = None) -> requests.Response:
@@ -205,6 +218,27 @@ def test_a_farm_whose_store_is_unreachable_sends_jobs_and_books_to_its_peer(zone
     # b's answer to a read of it through a is b's book.
     read = requests.get(f"{zone.a_down}/v1/books/{book_id}", timeout=10)
     assert read.status_code == 200 and read.json()["id"] == book_id
+
+
+def test_with_its_store_away_a_keyed_farm_still_applies_the_tenants_key_and_rate_once(zone):
+    key = {"Authorization": f"Bearer {zone.a_token}"}
+    # Keys are still on (the web's last answer): no key, 401; a token it never verified
+    # cannot be checked now: 503, not a guess either way.
+    assert post_job(zone.a_keyed).status_code == 401
+    unknown = post_job(zone.a_keyed, {"Authorization": "Bearer vf_nope_nope"})
+    assert unknown.status_code in (401, 503), unknown.text
+    # The key it verified goes through, to b, for its tenant; past its rate, 429 at a (2 a
+    # clock minute: five requests touch at most two minutes, so one at least is refused).
+    answers = [post_job(zone.a_keyed, key) for _ in range(5)]
+    made = [r for r in answers if r.status_code == 202]
+    assert made, [r.text for r in answers]
+    for r in made:
+        assert r.json()["id"].startswith("b-")
+        assert zone.b_farm.jobs.get(r.json()["id"]).owner == f"peer:a:{zone.a_key_id}"
+    refused = [r for r in answers if r.status_code == 429]
+    assert refused and len(made) + len(refused) == 5, [r.text for r in answers]
+    assert refused[0].json()["error"]["code"] == "rate_limited"
+    assert int(refused[0].headers["Retry-After"]) > 0
 
 
 # -- reads follow the id ---------------------------------------------------------------------
