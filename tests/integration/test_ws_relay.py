@@ -9,13 +9,17 @@ its peer. Both speak HTTP and WebSocket as a client would reach them."""
 from __future__ import annotations
 
 import json
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import pytest
 import requests
 
+from app.farm import Farm
 from app.local.embedded_redis import EmbeddedRedis
+from app.settings import Settings
+from app.zones.peers import PEER_HEADER, PEER_KEY_HEADER, TENANT_HEADER
 from tests import wsclient
 from tests.e2e.test_streaming import events_until, fresh_text, ws_url
 from tests.helpers import assert_speech, free_port, gunicorn_server, running_farm, wait_until
@@ -34,30 +38,55 @@ def _zone_env(env: dict, name: str, peer: str, peer_url: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def zone(tmp_path_factory):
-    """(a's base URL, b's base URL): b serves, a's store is away and b is its ready peer."""
+def peer_b(tmp_path_factory):
+    """(b's base URL, its farm's environment, a directory): farm b, with its own Redis and
+    workers, serving; it names a as its peer (so a's calls pass its peer door), and a need
+    not answer it."""
     tmp = tmp_path_factory.mktemp("ws-relay")
     with ExitStack() as stack:
-        servers = [EmbeddedRedis(tmp / f"{name}-redis", persist=False).start()
-                   for name in ("a", "b")]
-        for server in servers:
-            stack.callback(server.stop)
-        a_redis, b_redis = servers
+        b_redis = EmbeddedRedis(tmp / "b-redis", persist=False).start()
+        stack.callback(b_redis.stop)
         b_farm = stack.enter_context(running_farm(b_redis.url, 1, tmp))
-        # b names a as its peer (so a's calls pass its peer door); a need not answer b.
         b = stack.enter_context(gunicorn_server(
             _zone_env(b_farm.env, "b", "a", f"http://127.0.0.1:{free_port()}"),
             tmp / "b-web.log"))
+        yield b, b_farm.env, tmp
+
+
+@contextmanager
+def storeless_a(peer_b, stem: str, keyed: bool) -> Iterator[tuple[str, str, str]]:
+    """(a's base URL, an API key's token and id, or "" twice while a is open): farm a in
+    service, with b as its peer; it answered a client while its store was there (so it knows
+    whether keys are on, and the key's token), and then its store went away."""
+    b, env, tmp = peer_b
+    with ExitStack() as stack:
+        a_redis = EmbeddedRedis(tmp / f"{stem}-redis", persist=False).start()
+        stack.callback(a_redis.stop)
+        token = key_id = ""
+        if keyed:
+            key, token = Farm(Settings.from_env().with_(redis_url=a_redis.url)).apikeys \
+                .create("tenant of a")
+            key_id = key.id
         a = stack.enter_context(gunicorn_server(
-            _zone_env(dict(b_farm.env, VOXFARM_REDIS_URL=a_redis.url), "a", "b", b),
-            tmp / "a-web.log"))
-        # a farm in service: it answered a client while its store was there (so it knows
-        # the farm is open), and then the store went away.
-        assert requests.get(f"{a}/v1/jobs/a-{'0' * 32}", timeout=10).status_code == 404
+            _zone_env(dict(env, VOXFARM_REDIS_URL=a_redis.url), "a", "b", b),
+            tmp / f"{stem}-web.log"))
+        assert requests.get(f"{a}/v1/jobs/a-{'0' * 32}", headers=_bearer(token),
+                            timeout=10).status_code == 404
         a_redis.stop()
         wait_until(lambda: _serving(a) == "peer", 60,
                    lambda: f"farm a does not serve through b: {_readyz(a)}")
-        yield a, b
+        yield a, token, key_id
+
+
+@pytest.fixture(scope="module")
+def zone(peer_b):
+    """(a's base URL, b's base URL): a open, its store away, b its ready peer."""
+    with storeless_a(peer_b, "a-open", keyed=False) as (a, _, _):
+        yield a, peer_b[0]
+
+
+def _bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _readyz(base: str) -> tuple[int, dict]:
@@ -95,9 +124,10 @@ def _segments(msgs: list) -> tuple[list[tuple[str, int]], bytes]:
     return order, b"".join(audio)
 
 
-def test_the_peer_renders_a_socket_job_the_store_cannot_take(zone):
-    a, b = zone
-    ws = wsclient.connect(ws_url(a))
+def _speak_through(a: str, b: str, token: str = "") -> list[str]:
+    """Two sentences over a's socket (a finished one, then the rest at a flush): both jobs
+    rendered by b and relayed in full, as a local job's would be. Returns their ids."""
+    ws = wsclient.Client.connect(ws_url(a), headers=_bearer(token))
     try:
         assert events_until(ws, "ready", 30)[-1]["type"] == "ready"
         ws.send(json.dumps({"text": "The river ran quietly past the mill. Snow fell",
@@ -112,20 +142,44 @@ def test_the_peer_renders_a_socket_job_the_store_cannot_take(zone):
     jobs = [e["job_id"] for e in started]
     # The finished sentence went at once, the rest at the flush; both to b, whose ids say so.
     assert len(jobs) == 2 and all(j.startswith("b-") for j in jobs), jobs
-    assert [e["job_id"] for e in events if e["type"] == "job.done"] == jobs
+    done = [e for e in events if e["type"] == "job.done"]
+    assert [e["job_id"] for e in done] == jobs
     order, audio = _segments(msgs)
     for job in jobs:  # each job's chunks 0, 1, 2, ... with none missing or repeated
         assert [i for j, i in order if j == job] == list(range(sum(j == job for j, _ in order)))
     assert [j for j, _ in order] == sorted((j for j, _ in order), key=jobs.index)
     rate = started[0]["sample_rate"]
     assert_speech(np.frombuffer(audio, dtype="<i2"), 14, rate)
+    assert len(audio) / 2 / rate == pytest.approx(sum(e["audio_seconds"] for e in done),
+                                                  abs=0.05)
     # b rendered them: its own records say done, with the audio the socket sent.
-    for job, event in zip(jobs, [e for e in events if e["type"] == "job.done"], strict=True):
+    for job, event in zip(jobs, done, strict=True):
         record = requests.get(f"{b}/v1/jobs/{job}", timeout=10).json()
         assert record["state"] == "done", record
         assert record["audio_seconds"] == pytest.approx(event["audio_seconds"])
-    seconds = sum(e["audio_seconds"] for e in events if e["type"] == "job.done")
-    assert len(audio) / 2 / rate == pytest.approx(seconds, abs=0.05)
+    return jobs
+
+
+def test_the_peer_renders_a_socket_job_the_store_cannot_take(zone):
+    _speak_through(*zone)
+
+
+def test_a_keyed_sockets_jobs_are_its_tenants_at_the_peer(peer_b):
+    b = peer_b[0]
+    with storeless_a(peer_b, "a-keyed", keyed=True) as (a, token, key_id):
+        # Keys stay on while the store is away: no token, no socket.
+        with pytest.raises(wsclient.simple_websocket.ConnectionError, match="401"):
+            wsclient.connect(ws_url(a))
+        jobs = _speak_through(a, b, token)
+    # At b each job is that tenant's through a: a's reads for it see it, for another not.
+    as_a = {PEER_HEADER: "a", PEER_KEY_HEADER: PEER_KEY}
+    for job in jobs:
+        mine = requests.get(f"{b}/v1/jobs/{job}", headers={**as_a, TENANT_HEADER: key_id},
+                            timeout=10)
+        assert mine.status_code == 200, mine.text
+        other = requests.get(f"{b}/v1/jobs/{job}", headers={**as_a, TENANT_HEADER: "other"},
+                             timeout=10)
+        assert other.status_code == 404, other.text
 
 
 def test_the_socket_closing_cancels_its_job_at_the_peer(zone):
