@@ -54,10 +54,12 @@ def peer_b(tmp_path_factory):
 
 
 @contextmanager
-def storeless_a(peer_b, stem: str, keyed: bool) -> Iterator[tuple[str, str, str]]:
+def storeless_a(peer_b, stem: str, keyed: bool,
+                store_goes: bool = True) -> Iterator[tuple[str, str, str]]:
     """(a's base URL, an API key's token and id, or "" twice while a is open): farm a in
-    service, with b as its peer; it answered a client while its store was there (so it knows
-    whether keys are on, and the key's token), and then its store went away."""
+    service (a web, no workers), with b as its peer; it answered a client while its store was
+    there (so it knows whether keys are on, and the key's token), and then, with
+    `store_goes`, its store went away."""
     b, env, tmp = peer_b
     with ExitStack() as stack:
         a_redis = EmbeddedRedis(tmp / f"{stem}-redis", persist=False).start()
@@ -72,7 +74,8 @@ def storeless_a(peer_b, stem: str, keyed: bool) -> Iterator[tuple[str, str, str]
             tmp / f"{stem}-web.log"))
         assert requests.get(f"{a}/v1/jobs/a-{'0' * 32}", headers=_bearer(token),
                             timeout=10).status_code == 404
-        a_redis.stop()
+        if store_goes:
+            a_redis.stop()
         wait_until(lambda: _serving(a) == "peer", 60,
                    lambda: f"farm a does not serve through b: {_readyz(a)}")
         yield a, token, key_id
@@ -162,6 +165,13 @@ def _speak_through(a: str, b: str, token: str = "") -> list[str]:
 
 def test_the_peer_renders_a_socket_job_the_store_cannot_take(zone):
     _speak_through(*zone)
+
+
+def test_a_farm_without_live_workers_has_the_peer_render_its_socket_jobs(peer_b):
+    # a's store answers, but no worker listens on its interactive queues: a job queued
+    # there would wait; the peer renders it now.
+    with storeless_a(peer_b, "a-idle", keyed=False, store_goes=False) as (a, _, _):
+        _speak_through(a, peer_b[0])
 
 
 def test_a_keyed_sockets_jobs_are_its_tenants_at_the_peer(peer_b):
