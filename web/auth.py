@@ -128,9 +128,10 @@ def current_peer() -> str | None:
 
 def required_owner() -> str | None:
     """The owner a record must have for this request to see it: the key's id, the peer's
-    `peer:{farm}:{tenant}`; None while the farm is open to a client (it sees every record)."""
+    `peer:{farm}:{tenant}`; None while the farm is open to a client (it sees every record),
+    a peer's open client included (tenant "": it could have asked this farm itself)."""
     if current_peer() is not None:
-        return owner_id()
+        return None if g.get("voxfarm_peer_open") else owner_id()
     key = current_key()
     return key.id if key is not None else None
 
@@ -257,6 +258,11 @@ def _peer_door(f: Farm) -> bool:
         return False
     g.voxfarm_peer = peer
     g.voxfarm_tenant = request.headers.get(TENANT_HEADER, "")
+    if not g.voxfarm_tenant:
+        try:
+            g.voxfarm_peer_open = not keys_enabled(f.apikeys)
+        except redis.RedisError:  # not known: the peer's own records only
+            g.voxfarm_peer_open = False
     return True
 
 

@@ -155,6 +155,23 @@ def test_a_peer_with_the_sets_secret_needs_no_tenant_key_and_sees_only_its_tenan
     assert own.status_code == 404
 
 
+def test_an_open_farm_shows_a_peers_open_client_what_it_shows_its_own(zone):
+    # a is open: a job its own client made (no owner) reads the same through peer b with no
+    # tenant, as it would at a itself.
+    made = post_job(zone.a, {HOP_HEADER: "b"})  # the hop mark alone: a takes it itself
+    assert made.status_code == 202, made.text
+    job_id = made.json()["id"]
+    via_b = requests.get(f"{zone.a}/v1/jobs/{job_id}", headers=peer_headers(name="b"),
+                         timeout=10)
+    assert via_b.status_code == 200 and via_b.json()["id"] == job_id
+    # b has keys: its key's job is not an open client's, through a peer or not.
+    own = post_job(zone.b, {"Authorization": f"Bearer {zone.b_token}"})
+    assert own.status_code == 202, own.text
+    via_a = requests.get(f"{zone.b}/v1/jobs/{own.json()['id']}", headers=peer_headers(),
+                         timeout=10)
+    assert via_a.status_code == 404
+
+
 def test_a_claimed_peer_with_a_wrong_secret_or_an_unknown_name_is_refused(zone):
     wrong = post_job(zone.b, peer_headers(key="not-the-secret"))
     assert wrong.status_code == 401, wrong.text
