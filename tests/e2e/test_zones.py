@@ -172,7 +172,6 @@ def test_a_farm_whose_redis_returns_takes_its_own_work_again(zone):
                interval_s=0.2)
 
 
-@pytest.mark.slow
 def test_a_peer_whose_pools_hang_is_not_ready_and_the_farm_keeps_its_jobs(zone):
     """B's interactive pools frozen (their heartbeats lapse): A's /readyz shows b not ready,
     and A's jobs stay on A and render."""
@@ -188,7 +187,6 @@ def test_a_peer_whose_pools_hang_is_not_ready_and_the_farm_keeps_its_jobs(zone):
     assert not body["local_ready"], body
 
 
-@pytest.mark.slow
 def test_a_peer_whose_web_is_gone_changes_nothing_for_the_other_farms_clients(zone):
     """A's web killed (the rest of A runs): B's clients see nothing change: B's jobs render
     and its /readyz is 200, serving locally; it lists peer a as unreachable."""
@@ -202,7 +200,6 @@ def test_a_peer_whose_web_is_gone_changes_nothing_for_the_other_farms_clients(zo
     assert_renders(b, job["id"])
 
 
-@pytest.mark.slow
 def test_an_idempotency_key_gives_the_same_job_across_the_failover(zone):
     """A POST with an Idempotency-Key while A's Redis is down goes to B; retried (A still
     down, then again once A is back) it answers the same job, not a new one."""
@@ -224,7 +221,6 @@ def test_an_idempotency_key_gives_the_same_job_across_the_failover(zone):
     assert other.status_code == 202 and other.json()["id"] != first["id"], other.text
 
 
-@pytest.mark.slow
 def test_a_request_that_already_hopped_is_never_sent_back(zone):
     """B's Redis down: a plain POST to B is forwarded to A (A's job), but one that carries
     the hop header (it came from A) gets B's own 503: no second hop, no loop; A counts no
@@ -261,7 +257,6 @@ def create_key(farm: ZoneFarm, name: str) -> tuple[str, str]:
     return key_id[1], proc.stdout.strip()
 
 
-@pytest.mark.slow
 def test_with_keys_on_a_tenant_of_one_farm_is_served_by_the_peer_through_it(zone):
     """Keys on at both farms; a tenant key made on A only. With A's Redis down, the tenant's
     job goes to B on the peer credential (B does not know the key and needs none from A),
