@@ -54,6 +54,8 @@ PEER_LOST_S = 15.0
 # How long a submission at the peer may take to answer: its frontend runs on the text first
 # (the socket's own farm gives a submission no bound either; this one keeps the socket alive).
 SUBMIT_READ_S = 30.0
+# A peer's answers that refuse this farm itself (its peer credential), not the client.
+DOOR_REFUSALS = (401, 403)
 # After an answer that brought nothing (the peer away, or its store), the next poll waits
 # this long: a refused connection fails at once, and the loop must not spin on it.
 RETRY_PAUSE_S = 0.5
@@ -141,6 +143,13 @@ def submit_to_peer(f: Farm, reason: ForwardReason, need_room: bool, body: dict, 
         except PeerUnavailable as exc:  # its breaker is open now: the next peer
             log.warning("socket job: peer %s did not answer (%s): %s", peer.name, reason, exc)
             continue
+        if status in DOOR_REFUSALS:
+            # The peer refused this farm, not the client (the set's key or certificate does
+            # not match): the client must not read it as its own key refused.
+            peers.note_failure(peer.name, f"refused this farm's peer credential ({status})")
+            log.error("socket job: peer %s refused this farm's credential (%s)", peer.name,
+                      status)
+            continue
         if status != 202 or not isinstance(answer.get("id"), str):
             raise _refusal(status, headers, answer, peer.name)
         log.info("socket job %s goes to peer %s (%s)", answer["id"], peer.name, reason)
@@ -208,6 +217,11 @@ class PeerFollower:
             self._heard = now
         if status == 404:
             self._end("expired")
+            return []
+        if status in DOOR_REFUSALS:
+            self.peers.note_failure(self.job.peer, f"refused this farm's peer credential "
+                                    f"({status})")
+            self._end("unavailable")
             return []
         chunks = [decode_chunk(c) for c in page.get("chunks") or []] if status == 200 else []
         if chunks:

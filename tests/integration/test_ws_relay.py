@@ -31,9 +31,9 @@ PEER_KEY = "ws-relay-test-peer-key"
 VOICE = "en-us+f3"
 
 
-def _zone_env(env: dict, name: str, peer: str, peer_url: str) -> dict:
+def _zone_env(env: dict, name: str, peer: str, peer_url: str, peer_key: str = PEER_KEY) -> dict:
     return dict(env, VOXFARM_FARM_NAME=name, VOXFARM_PEERS=f"{peer}={peer_url}",
-                VOXFARM_PEER_KEY=PEER_KEY, VOXFARM_PEER_CHECK_S="0.5",
+                VOXFARM_PEER_KEY=peer_key, VOXFARM_PEER_CHECK_S="0.5",
                 VOXFARM_PEER_TIMEOUT_S="2")
 
 
@@ -54,8 +54,8 @@ def peer_b(tmp_path_factory):
 
 
 @contextmanager
-def storeless_a(peer_b, stem: str, keyed: bool,
-                store_goes: bool = True) -> Iterator[tuple[str, str, str]]:
+def storeless_a(peer_b, stem: str, keyed: bool, store_goes: bool = True,
+                peer_key: str = PEER_KEY) -> Iterator[tuple[str, str, str]]:
     """(a's base URL, an API key's token and id, or "" twice while a is open): farm a in
     service (a web, no workers), with b as its peer; it answered a client while its store was
     there (so it knows whether keys are on, and the key's token), and then, with
@@ -70,7 +70,7 @@ def storeless_a(peer_b, stem: str, keyed: bool,
                 .create("tenant of a")
             key_id = key.id
         a = stack.enter_context(gunicorn_server(
-            _zone_env(dict(env, VOXFARM_REDIS_URL=a_redis.url), "a", "b", b),
+            _zone_env(dict(env, VOXFARM_REDIS_URL=a_redis.url), "a", "b", b, peer_key),
             tmp / f"{stem}-web.log"))
         assert requests.get(f"{a}/v1/jobs/a-{'0' * 32}", headers=_bearer(token),
                             timeout=10).status_code == 404
@@ -208,3 +208,17 @@ def test_the_socket_closing_cancels_its_job_at_the_peer(zone):
     record = wait_until(canceled, 60, lambda: "the socket's job kept rendering at b: "
                         + requests.get(f"{b}/v1/jobs/{job}", timeout=10).text)
     assert record["segments"]["done"] < record["segments"]["total"], record
+
+
+def test_a_peer_that_refuses_this_farm_is_not_the_clients_refusal(peer_b):
+    # a holds the wrong peer key: b answers its probes (/readyz is open) but refuses its
+    # submissions. The client gets a's own refusal (its store is away), never a 401 that
+    # reads as its own key refused; the socket then closes as on any store failure.
+    with storeless_a(peer_b, "a-wrong-key", keyed=False, peer_key="not-the-sets-key") \
+            as (a, _, _):
+        ws = wsclient.connect(ws_url(a))
+        events_until(ws, "ready", 30)
+        ws.send(json.dumps({"text": "Nobody renders this.", "voice": VOICE, "flush": True}))
+        error = events_until(ws, "error", 60)[-1]
+        ws.close()
+    assert error["error"]["code"] == "redis_unavailable", error
