@@ -222,6 +222,14 @@ class PeerSet:
             state = self._states.get(name)
         return state is not None and state.state == PeerStatus.READY
 
+    def answers(self, name: str) -> bool:
+        """Whether `name` answered its last probe at all, ready or not: enough to read what it
+        owns (its web and store serve a job's chunks while its pools are down), where new
+        work needs `is_ready`. A forward that got no answer makes it false at once."""
+        with self._lock:
+            state = self._states.get(name)
+        return state is not None and state.state in (PeerStatus.READY, PeerStatus.NOT_READY)
+
     def note_failure(self, name: str, detail: str) -> None:
         """A forward to `name` got no answer: open its breaker now, not at the next probe."""
         if name in self._peers:

@@ -201,8 +201,10 @@ def test_the_breaker_follows_the_peers_readiness(peer):
         peer.readyz = (503, {"ready": False, "missing": ["redis"]})
         wait_until(lambda: "redis" in peers.states()[0].detail, 10, "no reason given")
         assert peers.ready() == [] and not peers.is_ready("b")
+        assert peers.answers("b")  # its web still serves reads of what it owns
         peer.close()
         reaches(PeerStatus.UNREACHABLE)
+        assert not peers.answers("b") and not peers.answers("c")
         assert peers.states()[0].failures >= 2
         peer.readyz = (200, {"ready": True})  # a farm of before zones: `ready` alone
         peer.start()
