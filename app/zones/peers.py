@@ -95,8 +95,19 @@ class PeerState:
         return out
 
 
+# Connections to one peer a process keeps open for reuse. A web worker serves up to 1,000
+# requests at once (gunicorn's worker_connections), and each relayed long-poll or stream holds
+# its connection for its whole wait: requests' default of 10 would close and reopen the rest
+# (one TCP handshake, and a warning, per relayed request past ten). It is a bound on idle
+# connections kept, not a number opened ahead.
+PEER_CONNECTIONS = 1000
+
+
 def _session(settings: Settings) -> requests.Session:
     session = requests.Session()
+    adapter = requests.adapters.HTTPAdapter(pool_maxsize=PEER_CONNECTIONS)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
     # verify: the set's own CA where it has one, else the system's.
     session.verify = settings.peer_ca or True
     if settings.peer_cert:
