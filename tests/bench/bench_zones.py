@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,16 +85,24 @@ def one_request(session: requests.Session, web: str) -> Sample:
     try:
         resp = session.post(f"{web}/v1/jobs", json={"text": TEXT}, timeout=30)
         if resp.status_code != 202:
-            return Sample(started, None, error=f"POST {resp.status_code}")
+            return Sample(started, None, error=f"POST {resp.status_code} {code_of(resp)}")
         job_id = resp.json()["id"]
         owner = job_id.split("-", 1)[0] if "-" in job_id else ""
         page = session.get(f"{web}/v1/jobs/{job_id}/chunks?after=-1&wait=30&max=1",
                            timeout=60)
         if page.status_code != 200 or not page.json()["chunks"]:
-            return Sample(started, None, owner, f"chunks {page.status_code}")
+            return Sample(started, None, owner, f"chunks {page.status_code} {code_of(page)}")
         return Sample(started, time.monotonic() - started, owner)
     except (requests.RequestException, ValueError, KeyError) as exc:
         return Sample(started, None, error=exc.__class__.__name__)
+
+
+def code_of(resp: requests.Response) -> str:
+    """The error's code from the one JSON error shape ("" for another body)."""
+    try:
+        return str(resp.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return ""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -112,7 +121,7 @@ def table(samples: list[Sample], killed: float, restarted: float) -> list[str]:
         errors = [s for s in mine if s.error]
         early = [s for s in errors if s.started - start < FAILOVER_S]
         good = [s.first_audio_s for s in mine if s.first_audio_s is not None]
-        kinds = sorted({s.error for s in errors})[:3]
+        kinds = [f"{n} {kind}" for kind, n in Counter(s.error for s in errors).most_common(3)]
         rows.append(f"{phase:<8} {len(mine):>8} {len(errors):>7} "
                     f"{len(early) if phase != BEFORE else 0:>7} "
                     f"{sum(s.owner == 'b' for s in mine):>6} {percentile(good, 50):>7.2f} "
