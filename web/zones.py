@@ -3,8 +3,9 @@
 Two things, both only where the settings name peers (`Farm.peers` is a PeerSet):
 
 - Submissions fall back. A new job, speech, captioned speech or book that this farm cannot
-  take (its store unreachable or full, admission refusing it as overloaded, no live worker
-  on an interactive queue) goes to a ready peer, and the peer's answer is the client's. A
+  take (its store unreachable or full, its broker not taking the job, admission refusing it
+  as overloaded or short of GPU memory, no live worker on an interactive queue) goes to a
+  ready peer, and the peer's answer is the client's. A
   request that came from a peer (it carries HOP_HEADER) is never sent on again: one hop, no
   loops. An overloaded farm sends only to a peer that said it has room; one whose store just
   failed (`PeerSet.local_down`) goes to a peer at once instead of paying the timeout again.
@@ -31,8 +32,10 @@ from flask import Flask, Response, request
 from kombu.exceptions import OperationalError
 
 from app.broker.celery_app import INTERACTIVE_QUEUES
+from app.broker.queueing import Unavailable as BrokerUnavailable
+from app.errors import FarmError
 from app.farm import Farm
-from app.services.admission import Overloaded
+from app.services.admission import GpuMemoryExhausted, Overloaded
 from app.zones.forward import ForwardReason, PeerUnavailable, forward
 from app.zones.ids import owner_of
 from app.zones.peers import HOP_HEADER, PeerSet
@@ -111,13 +114,28 @@ def _falls_back(view: Callable[..., Any]) -> Callable[..., Any]:
             if resp is None:
                 raise
             return resp
-        except Overloaded:
-            resp = to_peer(peers, ForwardReason.OVERLOADED, need_room=True)
+        except (FarmError, ApiError) as exc:
+            refused = _refusal(exc)
+            if refused is None:
+                raise
+            resp = to_peer(peers, refused, need_room=refused == ForwardReason.OVERLOADED)
             if resp is None:
                 raise
             return resp
 
     return submission
+
+
+def _refusal(exc: FarmError | ApiError) -> ForwardReason | None:
+    """Why a refusal of the farm's lets a peer take the request, or None when it does not
+    (the request's own fault, its key's limits). The web turns a FarmError into an ApiError
+    of its code where it submits (web/synthesis.py), so the code is what tells."""
+    code = exc.code
+    if code in (Overloaded.code, GpuMemoryExhausted.code):
+        return ForwardReason.OVERLOADED
+    if code == BrokerUnavailable.code:  # the job's segments could not be queued here
+        return ForwardReason.STORE
+    return None
 
 
 def _pool_missing(f: Farm, peers: PeerSet) -> ForwardReason | None:

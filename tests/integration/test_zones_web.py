@@ -70,6 +70,7 @@ class Zone:
     a_key_id: str
     b_farm: Farm
     b_token: str  # a key of b's own clients
+    redis_url: str  # the module's Redis server (b's and a's databases)
 
 
 def sees_b(peers: PeerSet) -> None:
@@ -123,7 +124,26 @@ def zone(tmp_path_factory) -> Iterator[Zone]:
         for app in (down_app, keyed_app):
             sees_b(app.extensions["voxfarm"].peers)
         sees_b(a.farm.peers)
-        yield Zone(a_web, b_web, a_down, a_alone, a_keyed, a_token, a_key.id, b.farm, b_token)
+        yield Zone(a_web, b_web, a_down, a_alone, a_keyed, a_token, a_key.id, b.farm, b_token,
+                   redis_server.url)
+
+
+@pytest.fixture(scope="module")
+def busy_a(zone, tmp_path_factory) -> Iterator[str]:
+    """A farm a with live workers whose admission takes one segment at most: a job of two is
+    refused as overloaded there. Its web's base URL."""
+    from web import create_app
+
+    tmp = tmp_path_factory.mktemp("zones-busy")
+    port = free_port()
+    b_port = int(zone.b.rsplit(":", 1)[1])
+    with running_farm(zone.redis_url, 3, tmp, store_dir=str(tmp / "store"), max_queue_depth=1,
+                      **zone_settings("a", "b", b_port)) as a, \
+            served(create_app(a.settings, a.farm), port) as web:
+        peers = a.farm.peers
+        wait_until(lambda: peers.ready(need_room=True), scaled(30),
+                   lambda: f"farm a never saw farm b ready with room: {peers.states()}")
+        yield web
 
 
 def post_job(web: str, headers: dict | None = None) -> requests.Response:
@@ -256,6 +276,17 @@ def test_with_its_store_away_a_keyed_farm_still_applies_the_tenants_key_and_rate
     assert refused and len(made) + len(refused) == 5, [r.text for r in answers]
     assert refused[0].json()["error"]["code"] == "rate_limited"
     assert int(refused[0].headers["Retry-After"]) > 0
+
+
+def test_an_overloaded_farm_sends_what_it_refuses_to_a_peer_with_room(busy_a):
+    one = requests.post(f"{busy_a}/v1/jobs", json={"phonemes": ["ə"]}, timeout=30)
+    assert one.status_code == 202, one.text
+    assert one.json()["id"].startswith("a-")  # within its bound: its own
+    two = requests.post(f"{busy_a}/v1/jobs", json={"phonemes": ["ə", "ə"]}, timeout=30)
+    assert two.status_code == 202, two.text
+    assert two.json()["id"].startswith("b-")  # over it: b, which said it has room
+    read = requests.get(f"{busy_a}/v1/jobs/{two.json()['id']}", timeout=10)
+    assert read.status_code == 200 and read.json()["id"] == two.json()["id"]
 
 
 # -- reads follow the id ---------------------------------------------------------------------
