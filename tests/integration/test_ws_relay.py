@@ -22,7 +22,14 @@ from app.settings import Settings
 from app.zones.peers import PEER_HEADER, PEER_KEY_HEADER, TENANT_HEADER
 from tests import wsclient
 from tests.e2e.test_streaming import events_until, fresh_text, ws_url
-from tests.helpers import assert_speech, free_port, gunicorn_server, running_farm, wait_until
+from tests.helpers import (
+    Deadline,
+    assert_speech,
+    free_port,
+    gunicorn_server,
+    running_farm,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -220,5 +227,9 @@ def test_a_peer_that_refuses_this_farm_is_not_the_clients_refusal(peer_b):
         events_until(ws, "ready", 30)
         ws.send(json.dumps({"text": "Nobody renders this.", "voice": VOICE, "flush": True}))
         error = events_until(ws, "error", 60)[-1]
-        ws.close()
+        deadline = Deadline(10)
+        with pytest.raises(wsclient.ConnectionClosed) as closed:
+            while not deadline.passed():
+                ws.receive(timeout=1)
     assert error["error"]["code"] == "redis_unavailable", error
+    assert closed.value.reason == 1011  # Internal Error: the store's failure, not the key's
