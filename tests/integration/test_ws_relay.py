@@ -31,7 +31,7 @@ from tests.helpers import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 PEER_KEY = "ws-relay-test-peer-key"
 # An eSpeak voice: b renders it in well under a second a sentence, on any box.
