@@ -99,7 +99,7 @@ def assert_renders(farm: ZoneFarm, job_id: str, headers: dict | None = None) -> 
     """The job's chunks, long-polled through `farm`: in order, none missing, and speech of
     the text's length at the rate they state."""
     api = farm.api(headers)
-    page, chunks = collect_chunks(api, job_id, max_per_poll=4)
+    _, chunks = collect_chunks(api, job_id, max_per_poll=4)
     segments = get_json_with(api, f"/v1/jobs/{job_id}")["segments"]["total"]
     assert_chunk_order(chunks, segments)
     rates = {c["sample_rate"] for c in chunks}
@@ -132,7 +132,7 @@ def test_a_farm_whose_redis_died_sends_new_jobs_to_its_peer(zone):
     assert status == 200, z
     assert (z["farm"], z["serving"], z["through"]) == ("a", "peer", "b"), z
     assert not a.readyz()[1]["local_ready"]
-    at_b = get_json(b.web, f"/v1/jobs/{job['id']}")
+    at_b = get_json_with(b.api(), f"/v1/jobs/{job['id']}")
     assert (at_b["id"], at_b["state"]) == (job["id"], "done"), at_b
 
 
