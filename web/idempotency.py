@@ -13,10 +13,11 @@ the farm busy) gives its key back, so a corrected retry is submitted afresh.
 
 Farms of a set: a client's first try may have been taken by a peer (its farm forwarded it
 when it could not take it). A key this farm does not know, on a request from a client (not a
-peer), is looked up at each ready peer (`GET /v1/peer/idempotency/<route>?key=`, peer requests
-only: the peer looks in the scope "peer:ASKING_FARM:TENANT"), each ask bounded by
-`peer_timeout_s`; a peer that has it answers, and the resource's view comes from the farm its
-id names. Records live in Redis (app/stores/idempotency.py).
+peer), is looked up at each peer that answers (ready pools or not: a record is read with the
+peer's web and store) with `GET /v1/peer/idempotency/<route>?key=` (peer requests only: the
+peer looks in the scope "peer:ASKING_FARM:TENANT"), each ask bounded by `peer_timeout_s`; a
+peer that has it answers, and the resource's view comes from the farm its id names. Records
+live in Redis (app/stores/idempotency.py).
 
 Concurrency: the views run on the gevent hub (gunicorn) or in the development server's
 threads; nothing here is shared between requests but the farm's Redis client and PeerSet.
@@ -237,15 +238,17 @@ def _peers() -> PeerSet | None:
     that forwarded it asked already) or a farm alone."""
     if g.get("voxfarm_peer"):
         return None
-    return getattr(farm(), "peers", None)
+    return farm().peers
 
 
 def _ask_peers(route: str, key: str) -> tuple[PeerConfig, IdempotencyRecord] | None:
-    """The first ready peer that holds `key` of this client, and its record."""
+    """The first peer that holds `key` of this client, and its record. Every peer that
+    answered its last probe is asked: one whose pools are down still holds its records."""
     peers = _peers()
     if peers is None:
         return None
-    for peer in peers.ready():
+    answering = (peers.get(s.name) for s in peers.states() if peers.answers(s.name))
+    for peer in (p for p in answering if p is not None):
         try:
             status, body = peer_json(peers, peer, "GET", f"/v1/peer/idempotency/{route}"
                                      f"?key={quote(key, safe='')}", owner_id())

@@ -4,7 +4,8 @@ try made (one job in the store, its segments published once), and the key's refu
 The web app is the real one (create_app) on a farm of its own with no workers: what is
 checked is what the web writes and answers (job records, messages on the queue), not the
 rendering. A peer's request is made as a peer farm makes it (its name, the set's secret, the
-tenant it verified), to the lookup a peer asks for a key it lacks.
+tenant it verified), to the lookup a peer asks for a key it lacks; and across two farms, the
+peer served by gunicorn on its own Redis database, a key whose first try the peer took.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import io
 
 import pytest
+import requests
 
 from app.broker.celery_app import INTERACTIVE_QUEUES
 from app.farm import Farm
 from app.stores.idempotency import IdempotencyStore, body_hash
 from app.zones.peers import HOP_HEADER, PEER_HEADER, PEER_KEY_HEADER, TENANT_HEADER
 from tests.brokers import use_amqp
-from tests.helpers import job_ids, running_farm
+from tests.helpers import gunicorn_server, job_ids, running_farm, wait_until
 from web import auth, create_app
 
 pytestmark = [pytest.mark.integration,
@@ -198,3 +200,55 @@ def test_a_peer_asks_for_the_keys_of_its_own_tenant_only(tf):
     finally:
         if farm.peers is not None:
             farm.peers.stop()
+
+
+@pytest.fixture(scope="module")
+def peer_b(redis_url, tmp_path_factory):
+    """Farm b as gunicorn serves it (database 11, no workers: its web and store answer, its
+    /readyz says not ready), in a set with farm a."""
+    log_dir = tmp_path_factory.mktemp("idem-b")
+    with running_farm(redis_url, 11, log_dir, workers=False, farm_name="b",
+                      peers="a=http://127.0.0.1:9", peer_key="s3t") as tf, \
+            gunicorn_server(tf.env, log_dir / "web.log") as base:
+        yield tf, base
+
+
+def test_a_key_whose_first_try_a_peer_took_answers_the_peers_job(tf, peer_b):
+    """Farm a forwarded a client's first try to b (a could not take it then); the client's
+    retry to a, a taking work again, answers b's job and makes none at a."""
+    b, b_url = peer_b
+    settings = tf.settings.with_(farm_name="a", peers=f"b={b_url}", peer_key="s3t")
+    farm = Farm(settings)
+    client = create_app(settings, farm).test_client()
+    peers = farm.peers
+    assert peers is not None
+    try:
+        wait_until(lambda: peers.answers("b"), 30, lambda: f"b unheard: {peers.states()}")
+        body = b'{"text": "Taken by the peer."}'
+        # The first try as a's forward sent it: the body, the key, a's peer headers.
+        first = requests.post(f"{b_url}/v1/jobs", data=body, timeout=30, headers={
+            **peers.headers(""), KEY: "via-peer", "Content-Type": "application/json"})
+        assert first.status_code == 202, first.text
+        job_id = first.json()["id"]
+        assert job_id.startswith("b-")
+
+        jobs = job_ids(tf.farm)
+        again = client.post("/v1/jobs", data=body, content_type="application/json",
+                            headers={KEY: "via-peer"})
+        assert again.status_code == 202, again.get_data(as_text=True)
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert again.get_json()["id"] == job_id
+        assert again.headers["Location"] == f"/v1/jobs/{job_id}"
+        reused = client.post("/v1/jobs", json={"text": "Another text."},
+                             headers={KEY: "via-peer"})
+        assert reused.status_code == 422, reused.get_data(as_text=True)
+        assert reused.get_json()["error"]["code"] == "idempotency_key_reused"
+        assert job_ids(tf.farm) == jobs
+
+        # A key b does not hold: a's own job.
+        own = client.post("/v1/jobs", data=body, content_type="application/json",
+                          headers={KEY: "only-at-a"})
+        assert own.status_code == 202 and own.get_json()["id"].startswith("a-")
+        assert "Idempotent-Replayed" not in own.headers
+    finally:
+        peers.stop()
