@@ -169,7 +169,9 @@ def _follow_the_id() -> Response | None:
     peer = peers.get(owner)
     if peer is None:
         return None  # no farm of the zone: the route answers 404 as for any unknown id
-    if peers.is_ready(owner):
+    # Reads need the owner's web and store, not its pools: a peer whose pools restart still
+    # serves its jobs' chunks (its /readyz 503 says "redis": "ok").
+    if peers.answers(owner):
         try:
             return forward(peers, peer, request, tenant_id(), ForwardReason.READ)
         except PeerUnavailable as exc:  # its breaker is open now: 503 as for one known down

@@ -87,6 +87,9 @@ class PeerState:
     checked_at: float = 0.0
     failures: int = 0
     room: bool = False
+    # Its last /readyz said its store answers ("redis": "ok"): it can serve reads of what it
+    # owns (a job's chunks need its web and store, not its pools).
+    store: bool = False
     detail: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -190,19 +193,23 @@ class PeerSet:
             return self._record(name, PeerStatus.NOT_READY, False,
                                 f"HTTP {resp.status_code}, no JSON body")
         serving = bool(body.get("local_ready", body.get("ready", False)))
+        store = body.get("redis") == "ok"
         if resp.status_code == 200 and serving:
-            return self._record(name, PeerStatus.READY, bool(body.get("room", False)), "")
+            return self._record(name, PeerStatus.READY, bool(body.get("room", False)), "",
+                                store=True)
         missing = body.get("missing") or []
         detail = f"HTTP {resp.status_code}" + (f": {'; '.join(map(str, missing))}"
                                                 if missing else "")
-        return self._record(name, PeerStatus.NOT_READY, False, detail[:200])
+        return self._record(name, PeerStatus.NOT_READY, False, detail[:200], store=store)
 
-    def _record(self, name: str, state: PeerStatus, room: bool, detail: str) -> PeerState:
+    def _record(self, name: str, state: PeerStatus, room: bool, detail: str,
+                store: bool = False) -> PeerState:
         now = time.time()
         with self._lock:
             old = self._states[name]
             changed = old.state != state
-            new = replace(old, state=state, room=room, detail=detail, checked_at=now,
+            new = replace(old, state=state, room=room, store=store, detail=detail,
+                          checked_at=now,
                           since=now if changed else old.since,
                           failures=0 if state == PeerStatus.READY else old.failures + 1)
             self._states[name] = new
@@ -234,12 +241,14 @@ class PeerSet:
         return state is not None and state.state == PeerStatus.READY
 
     def answers(self, name: str) -> bool:
-        """Whether `name` answered its last probe at all, ready or not: enough to read what it
-        owns (its web and store serve a job's chunks while its pools are down), where new
-        work needs `is_ready`. A forward that got no answer makes it false at once."""
+        """Whether `name` answered its last probe with its store reachable, ready or not:
+        enough to read what it owns (its web and store serve a job's chunks while its pools
+        are down), where new work needs `is_ready`. A forward that got no answer makes it
+        false at once."""
         with self._lock:
             state = self._states.get(name)
-        return state is not None and state.state in (PeerStatus.READY, PeerStatus.NOT_READY)
+        return state is not None and state.store and state.state in (PeerStatus.READY,
+                                                                      PeerStatus.NOT_READY)
 
     def note_failure(self, name: str, detail: str) -> None:
         """A forward to `name` got no answer: open its breaker now, not at the next probe."""

@@ -198,10 +198,17 @@ def test_the_breaker_follows_the_peers_readiness(peer):
         # A farm that serves only through another peer is no place to send work.
         peer.readyz = (200, {"ready": True, "local_ready": False, "room": False})
         reaches(PeerStatus.NOT_READY)
-        peer.readyz = (503, {"ready": False, "missing": ["redis"]})
-        wait_until(lambda: "redis" in peers.states()[0].detail, 10, "no reason given")
+        # Its pools down, its store up: no place for work, still the place to read its jobs.
+        peer.readyz = (503, {"ready": False, "redis": "ok",
+                             "missing": ["no live worker on queue 'vocoder'"]})
+        wait_until(lambda: "vocoder" in peers.states()[0].detail, 10, "no reason given")
         assert peers.ready() == [] and not peers.is_ready("b")
         assert peers.answers("b")  # its web still serves reads of what it owns
+        # Its store down: its jobs cannot be read there either (503 unavailable here).
+        peer.readyz = (503, {"ready": False, "redis": "unreachable: ConnectionError",
+                             "missing": ["redis"]})
+        wait_until(lambda: "redis" in peers.states()[0].detail, 10, "no reason given")
+        assert not peers.answers("b")
         peer.close()
         reaches(PeerStatus.UNREACHABLE)
         assert not peers.answers("b") and not peers.answers("c")

@@ -246,11 +246,13 @@ class PeerInfo(ResponseModel):
     state: PeerStatus = Field(description="`ready`: its /readyz said it serves locally; "
                               "`not_ready`: it answered otherwise; `unreachable`: no answer "
                               "in time (or a request sent to it got none); `unknown`: not "
-                              "probed yet. Only ready peers are sent work or reads")
+                              "probed yet. Only ready peers are sent work")
     since: float = Field(description="Unix time the state began")
     checked_at: float = Field(description="Unix time of the last probe (0: none yet)")
     failures: int = Field(description="probes or requests in a row that did not find it ready")
     room: bool = Field(description="its last /readyz said it has room for interactive work")
+    store: bool = Field(description="its last /readyz said its store answers: reads of the "
+                        "jobs and books it owns are sent to it, ready pools or not")
     detail: str = Field(description="why it is not ready")
 
 
