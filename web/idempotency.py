@@ -155,7 +155,14 @@ def _submit(store: IdempotencyStore, claim: Claim, digest: str, view: Callable[.
         raise
     made = resp.get_json(silent=True) if 200 <= resp.status_code < 300 else None
     if isinstance(made, dict) and made.get("id"):
-        store.remember(claim, str(made["id"]), digest, resp.status_code)
+        try:
+            store.remember(claim, str(made["id"]), digest, resp.status_code)
+        except redis.RedisError:
+            # The job or book exists: its answer is the client's. A 503 now would send the
+            # client (or the fallback to a peer) to make another; the key's pending marker
+            # answers retries 409 until it lapses.
+            current_app.logger.warning("could not remember an Idempotency-Key",
+                                       exc_info=True)
     else:
         _release(store, claim)
     return resp
