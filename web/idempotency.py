@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -58,6 +59,7 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 _VIEWS = {"jobs": ("api.get_job", "job_id"), "books": ("books.get_book", "book_id")}
 _WHAT = {"jobs": "job", "books": "book"}
 
+log = logging.getLogger("voxfarm.web")
 idempotency_api = Blueprint("idempotency", __name__)
 V = TypeVar("V", bound=Callable[..., Any])
 
@@ -161,8 +163,7 @@ def _submit(store: IdempotencyStore, claim: Claim, digest: str, view: Callable[.
             # The job or book exists: its answer is the client's. A 503 now would send the
             # client (or the fallback to a peer) to make another; the key's pending marker
             # answers retries 409 until it lapses.
-            current_app.logger.warning("could not remember an Idempotency-Key",
-                                       exc_info=True)
+            log.warning("could not remember an Idempotency-Key", exc_info=True)
     else:
         _release(store, claim)
     return resp
@@ -172,7 +173,7 @@ def _release(store: IdempotencyStore, claim: Claim) -> None:
     try:
         store.release(claim)
     except redis.RedisError:  # its pending marker lapses by itself (PENDING_TTL_S)
-        current_app.logger.warning("could not release an Idempotency-Key", exc_info=True)
+        log.warning("could not release an Idempotency-Key", exc_info=True)
 
 
 def _store() -> IdempotencyStore:
