@@ -79,11 +79,11 @@ from web.ws_relay import (
     PeerFollower,
     PeerJob,
     cancel_at_peer,
-    early_reason,
     job_body,
     refusal_reason,
     submit_to_peer,
 )
+from web.zones import early_reason
 
 log = logging.getLogger("voxfarm.web")
 

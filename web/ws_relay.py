@@ -29,17 +29,14 @@ import wave
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-from kombu.exceptions import OperationalError
-
 from app.farm import Farm
 from app.stores.job_audio import Chunk
 from app.stores.states import JobState
 from app.zones.forward import ForwardReason, PeerUnavailable, open_stream
 from app.zones.peers import PeerSet
-from web.errors import ApiError, store_full
+from web.errors import ApiError
 from web.synthesis import CHUNKS_PER_WAIT, STREAM_IDLE_S
-from web.zones import _pool_missing
+from web.zones import refusal_reason as zone_refusal
 
 log = logging.getLogger("voxfarm.web")
 
@@ -100,31 +97,10 @@ def job_body(text: str, voice: str, speed: float, lexicon: dict[str, str] | None
     return body
 
 
-def early_reason(f: Farm) -> ForwardReason | None:
-    """Why a socket's job goes to a peer without asking this farm first (None: it asks):
-    its store failed a moment ago, or an interactive queue has no live worker."""
-    peers = f.peers
-    if peers is None:
-        return None
-    return ForwardReason.STORE if peers.local_down() else _pool_missing(f, peers)
-
-
 def refusal_reason(f: Farm, exc: Exception) -> tuple[ForwardReason, bool] | None:
-    """Why a job this farm refused with `exc` goes to a peer, and whether that peer must
-    have room; None when the refusal stands (no peers, or one no peer helps with)."""
-    peers = f.peers
-    if peers is None or isinstance(exc, PeerRefused):
-        return None
-    if isinstance(exc, redis.RedisError | OperationalError):
-        if not store_full(exc):  # a full store answers at once: nothing to skip
-            peers.note_local_failure()
-        return ForwardReason.STORE, False
-    if isinstance(exc, ApiError):
-        if exc.code == "broker_unavailable":  # the job was failed before this was raised
-            return ForwardReason.STORE, False
-        if exc.code in ("overloaded", "gpu_memory_exhausted"):
-            return ForwardReason.OVERLOADED, True
-    return None
+    """web/zones.py's `refusal_reason`, except a peer's refusal of this farm itself, which no
+    other try of the same kind helps with."""
+    return None if isinstance(exc, PeerRefused) else zone_refusal(f, exc)
 
 
 def submit_to_peer(f: Farm, reason: ForwardReason, need_room: bool, body: dict, tenant: str,

@@ -99,26 +99,18 @@ def _falls_back(view: Callable[..., Any]) -> Callable[..., Any]:
         # and multipart alike: Werkzeug parses a form from the cached bytes), and a
         # forward sends the same bytes.
         request_body(request)
-        reason = ForwardReason.STORE if peers.local_down() else _pool_missing(f, peers)
+        reason = early_reason(f)
         if reason is not None:
             resp = to_peer(peers, reason)
             if resp is not None:
                 return resp
         try:
             return view(**kwargs)
-        except (redis.RedisError, OperationalError) as exc:
-            full = store_full(exc)
-            if not full:
-                peers.note_local_failure()
-            resp = to_peer(peers, ForwardReason.STORE)
-            if resp is None:
-                raise
-            return resp
-        except (FarmError, ApiError) as exc:
-            refused = _refusal(exc)
+        except (redis.RedisError, OperationalError, FarmError, ApiError) as exc:
+            refused = refusal_reason(f, exc)
             if refused is None:
                 raise
-            resp = to_peer(peers, refused, need_room=refused == ForwardReason.OVERLOADED)
+            resp = to_peer(peers, *refused)
             if resp is None:
                 raise
             return resp
@@ -126,15 +118,33 @@ def _falls_back(view: Callable[..., Any]) -> Callable[..., Any]:
     return submission
 
 
-def _refusal(exc: FarmError | ApiError) -> ForwardReason | None:
-    """Why a refusal of the farm's lets a peer take the request, or None when it does not
-    (the request's own fault, its key's limits). The web turns a FarmError into an ApiError
-    of its code where it submits (web/synthesis.py), so the code is what tells."""
-    code = exc.code
+def early_reason(f: Farm) -> ForwardReason | None:
+    """Why a submission goes to a peer without asking this farm first (None: it asks): its
+    store failed a moment ago, or an interactive queue has no live worker. The HTTP routes
+    and the WebSocket (web/ws_relay.py) ask the same."""
+    peers = f.peers
+    if peers is None:
+        return None
+    return ForwardReason.STORE if peers.local_down() else _pool_missing(f, peers)
+
+
+def refusal_reason(f: Farm, exc: Exception) -> tuple[ForwardReason, bool] | None:
+    """Why a submission this farm refused with `exc` goes to a peer, and whether that peer
+    must have room; None when the refusal stands (no peers; the request's own fault; its
+    key's limits). The web turns a FarmError into an ApiError of its code where it submits
+    (web/synthesis.py), so the code is what tells."""
+    peers = f.peers
+    if peers is None:
+        return None
+    if isinstance(exc, redis.RedisError | OperationalError):
+        if not store_full(exc):  # a full store answers at once: nothing to skip
+            peers.note_local_failure()
+        return ForwardReason.STORE, False
+    code = getattr(exc, "code", None)
     if code in (Overloaded.code, GpuMemoryExhausted.code):
-        return ForwardReason.OVERLOADED
+        return ForwardReason.OVERLOADED, True
     if code == BrokerUnavailable.code:  # the job's segments could not be queued here
-        return ForwardReason.STORE
+        return ForwardReason.STORE, False
     return None
 
 
