@@ -138,7 +138,11 @@ def idempotent(route: str) -> Callable[[V], V]:
             if record is not None:
                 return _replay(route, record, digest)
             assert claim is not None
-            found = _ask_peers(route, key)
+            try:
+                found = _ask_peers(route, key)
+            except BaseException:  # the key is not this request's to hold any more
+                _release(store, claim)
+                raise
             if found is not None:
                 _release(store, claim)
                 return _peer_replay(route, *found, digest)

@@ -39,7 +39,7 @@ from app.services.admission import GpuMemoryExhausted, Overloaded
 from app.zones.forward import ForwardReason, PeerUnavailable, forward
 from app.zones.ids import owner_of
 from app.zones.peers import HOP_HEADER, PeerSet
-from web.auth import current_key
+from web.auth import current_key, keys_enabled
 from web.errors import ApiError, store_full
 from web.helpers import farm, request_body
 
@@ -64,6 +64,14 @@ def register_zones(app: Flask) -> None:
     if peers is None:
         return
     peers.start()
+    # Whether keys are on, read once now: a web whose store dies before its first request
+    # still knows it (web/auth.py keeps the last answer through an outage) and sends its
+    # clients' work to a peer, rather than refusing everyone for want of the answer.
+    try:
+        keys_enabled(app.extensions["voxfarm"].apikeys)
+    except redis.RedisError:
+        log.warning("the store did not answer at start: until it does, this web cannot tell "
+                    "whether API keys are on, and refuses what needs a key (503)")
     for endpoint in SUBMIT_ENDPOINTS:
         app.view_functions[endpoint] = _falls_back(app.view_functions[endpoint])
     app.before_request_funcs.setdefault(None, []).append(_follow_the_id)

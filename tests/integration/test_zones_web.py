@@ -116,9 +116,11 @@ def zone(tmp_path_factory) -> Iterator[Zone]:
         a_alone = stack.enter_context(served(create_app(alone), alone_port))
         keyed_redis = EmbeddedRedis(tmp / "redis-keyed", persist=False).start()
         stack.callback(keyed_redis.stop)
-        keyed_app = create_app(a.settings.with_(redis_url=keyed_redis.url, redis_timeout_s=1.0))
-        a_key, a_token = keyed_app.extensions["voxfarm"].apikeys.create("a-client",
-                                                                         rate_per_min=2)
+        # The key exists before the web starts (the web reads whether keys are on at start).
+        keyed = a.settings.with_(redis_url=keyed_redis.url, redis_timeout_s=1.0)
+        keyed_farm = Farm(keyed)
+        a_key, a_token = keyed_farm.apikeys.create("a-client", rate_per_min=2)
+        keyed_app = create_app(keyed, keyed_farm)
         a_keyed = stack.enter_context(served(keyed_app, keyed_port))
         assert requests.get(f"{a_keyed}/v1/jobs/{uuid.uuid4().hex}", timeout=10,
                             headers={"Authorization": f"Bearer {a_token}"}).status_code == 404
