@@ -42,6 +42,7 @@ from app.zones.peers import HOP_HEADER, PeerSet
 from web.auth import current_key, keys_enabled
 from web.errors import ApiError, store_full
 from web.helpers import farm, request_body
+from web.waits import take_place
 
 log = logging.getLogger("voxfarm.web.zones")
 
@@ -77,6 +78,12 @@ def register_zones(app: Flask) -> None:
     app.before_request_funcs.setdefault(None, []).append(_follow_the_id)
 
 
+# The routes whose answer waits (a long-poll, a stream): a client's wait counts against its
+# cap at the farm it called, also when a peer serves it (the peer counts none for a peer).
+WAITING_ENDPOINTS = frozenset({"api.get_chunks", "streams.stream_job", "openai_compat.speech",
+                               "captioned.captioned_speech"})
+
+
 def tenant_id() -> str:
     """The API key this farm verified for the request ("" while it is open): what a peer
     records the work as owned by, with this farm's name."""
@@ -90,10 +97,31 @@ def to_peer(peers: PeerSet, reason: ForwardReason, need_room: bool = False) -> R
     marked down (`forward` opens its breaker) and the next is tried."""
     for peer in peers.ready(need_room=need_room):
         try:
-            return forward(peers, peer, request, tenant_id(), reason)
+            return counted(functools.partial(forward, peers, peer, request, tenant_id(),
+                                             reason))
         except PeerUnavailable as exc:
             log.warning("peer %s did not answer (%s): %s", peer.name, reason, exc)
     return None
+
+
+def counted(send: Callable[[], Response]) -> Response:
+    """`send()`'s answer, holding the client's place among its waits (429 past its cap) until
+    the answer's body ends, when the route is one that waits. A store that cannot count
+    (it is the reason the request went to a peer) leaves the wait uncounted: connections
+    are still capped per address as they are accepted."""
+    if request.endpoint not in WAITING_ENDPOINTS:
+        return send()
+    try:
+        place = take_place()
+    except (redis.RedisError, OperationalError):
+        return send()
+    try:
+        resp = send()
+    except BaseException:
+        place.release()
+        raise
+    resp.call_on_close(place.release)
+    return resp
 
 
 def _falls_back(view: Callable[..., Any]) -> Callable[..., Any]:
@@ -191,7 +219,8 @@ def _follow_the_id() -> Response | None:
     # serves its jobs' chunks (its /readyz 503 says "redis": "ok").
     if peers.answers(owner):
         try:
-            return forward(peers, peer, request, tenant_id(), ForwardReason.READ)
+            return counted(functools.partial(forward, peers, peer, request, tenant_id(),
+                                             ForwardReason.READ))
         except PeerUnavailable as exc:  # its breaker is open now: 503 as for one known down
             log.warning("peer %s did not answer a read: %s", owner, exc)
     raise unavailable(owner, "job" if "job_id" in args else "book", f.settings.retry_after_s)
