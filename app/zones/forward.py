@@ -128,6 +128,10 @@ def forward(peers: PeerSet, peer: PeerConfig | str, req: flask.Request, tenant_i
     """
     config = _peer(peers, peer)
     headers = {h: req.headers[h] for h in PASSED_HEADERS if h in req.headers}
+    # Who the client is, for the peer's logs and (where this farm is among the peer's
+    # web_trusted_proxies) its per-address counts.
+    if req.remote_addr:
+        headers["X-Forwarded-For"] = req.remote_addr
     body = req.get_data(cache=True)
     path = req.path + (f"?{req.query_string.decode('latin-1')}" if req.query_string else "")
     resp = _send(peers, config, req.method, path, tenant_id, headers=headers,
