@@ -83,9 +83,9 @@ local book_id = ARGV[5]
 local piece = math.floor(tonumber(ARGV[6]) / tonumber(ARGV[7]))
 local piece_field = 'c' .. chapter .. '_p' .. piece .. '_done'
 local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return {-2, 0, ''} end
+if not state then return {-2, 0, '', 0, 0} end
 if state ~= '$RENDERING' and state ~= '$ASSEMBLING' and state ~= '$FAILED' then
-  return {-1, 0, state}
+  return {-1, 0, state, 0, 0}
 end
 if redis.call('SETBIT', KEYS[2], seq, 1) == 0 then
   redis.call('HINCRBY', KEYS[1], 'done', 1)
