@@ -140,7 +140,7 @@ def test_openai_client_streams_every_format(oai, fmt, codec, rate):
             model="tts-1", voice="nova", input=text, response_format=fmt) as resp:
         # nova is hibari shaped (web/openai_voices.json): the header names the spec it renders
         assert resp.headers["X-Voxfarm-Voice"] == (
-            "en_us-hibari-heart[pitch=1,formant=1.03,rate=1.05]")
+            "en_us-hibari-heart[pitch=1,formant=1.03,rate=1.03]")
         data = b"".join(resp.iter_bytes())
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.audio[0]
