@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import wave
 from collections.abc import Callable
@@ -229,6 +230,22 @@ def writes_nothing(farm: Farm):
     added = {k for k in set(r.scan_iter(count=1000)) - keys if not k.startswith(background)}
     assert not added, f"new keys: {sorted(added)[:20]}"  # which: the writer names itself
     assert {k: n for k, n in lists().items() if n > lengths.get(k, 0)} == {}
+
+
+@contextmanager
+def wsgi_served(app, port: int, **server_kw):
+    """`app` served on 127.0.0.1:`port` by Werkzeug, a thread per request (as the web's
+    greenlets: a long answer holds none of the others), until the block ends; its URL."""
+    from werkzeug.serving import make_server  # the zone tests' servers only
+
+    server = make_server("127.0.0.1", port, app, threaded=True, **server_kw)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # -- ports ---------------------------------------------------------------------------------

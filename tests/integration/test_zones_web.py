@@ -13,7 +13,6 @@ for the models.
 from __future__ import annotations
 
 import io
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -21,7 +20,6 @@ from dataclasses import dataclass
 
 import pytest
 import requests
-from werkzeug.serving import make_server
 
 from app.farm import Farm
 from app.local.embedded_redis import EmbeddedRedis
@@ -32,7 +30,7 @@ from app.zones.peers import (
     TENANT_HEADER,
     PeerSet,
 )
-from tests.helpers import free_port, running_farm, scaled, wait_until
+from tests.helpers import free_port, running_farm, scaled, wait_until, wsgi_served
 
 pytestmark = pytest.mark.integration
 
@@ -42,15 +40,11 @@ TEXT = "The boats came home at dusk."
 
 @contextmanager
 def served(app, port: int) -> Iterator[str]:
-    """`app` served on `port` by Werkzeug (a thread per request, as gevent's greenlets)."""
-    server = make_server("127.0.0.1", port, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    """`app` served on `port` (wsgi_served), its peer probes stopped after."""
     try:
-        yield f"http://127.0.0.1:{port}"
+        with wsgi_served(app, port) as url:
+            yield url
     finally:
-        server.shutdown()
-        server.server_close()
         app.extensions["voxfarm"].peers.stop()
 
 

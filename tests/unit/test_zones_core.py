@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import flask
 import pytest
@@ -26,7 +25,7 @@ from app.zones.peers import (
     PeerSet,
     PeerStatus,
 )
-from tests.helpers import free_port, scaled, wait_until
+from tests.helpers import free_port, scaled, wait_until, wsgi_served
 
 # -- settings and ids ------------------------------------------------------------------------
 
@@ -152,16 +151,8 @@ class FakePeer:
             self.server = None
 
 
-@contextmanager
 def serving(app, port: int):
-    server = make_server("127.0.0.1", port, app, threaded=True, request_handler=_Http11)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return wsgi_served(app, port, request_handler=_Http11)
 
 
 @pytest.fixture
