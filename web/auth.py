@@ -246,10 +246,9 @@ def _peer_door(f: Farm) -> bool:
     claims to be a peer's without the set's secret."""
     claimed = request.headers.get(PEER_HEADER)
     peers = f.peers
-    names = {p.name for p in f.settings.peer_list}
-    peer = peer_from_client_cert(request.environ, names) if peers is not None else None
+    peer = peer_from_client_cert(request.environ, peers.names) if peers is not None else None
     if peer is None and claimed is not None:
-        if not (peers is not None and claimed in names
+        if not (peers is not None and claimed in peers.names
                 and peers.key_matches(request.headers.get(PEER_KEY_HEADER, ""))):
             raise _unauthorized("not a peer of this farm: the peer key is wrong or the farm "
                                 f"'{claimed}' is not one of its peers")
@@ -271,8 +270,8 @@ def _check_owner(f) -> None:
     the set owns is that farm's to judge (web/zones.py sends the request on)."""
     args = request.view_args or {}
     owner = required_owner()
-    elsewhere = {owner_of(str(args[k])) for k in ("job_id", "book_id") if k in args}
-    if elsewhere & {p.name for p in f.settings.peer_list}:
+    if f.peers is not None and f.peers.names & {owner_of(str(args[k]))
+                                                for k in ("job_id", "book_id") if k in args}:
         return
     if "job_id" in args:
         g.voxfarm_door_job = (args["job_id"], job_or_404(args["job_id"], f))

@@ -128,6 +128,8 @@ class PeerSet:
         self.settings = settings
         self.farm_name = settings.farm_name
         self._peers = {p.name: p for p in settings.peer_list}
+        # The peers' names, for the door's look at every request (no parse per request).
+        self.names: frozenset[str] = frozenset(self._peers)
         now = time.time()
         self._states = {p.name: PeerState(p.name, p.url, since=now)
                         for p in self._peers.values()}
