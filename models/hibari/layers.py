@@ -9,8 +9,12 @@ tensor, from its min and max) then ``MatMulInteger`` against int8 weights.
   sequence, over its valid positions only, so padding changes nothing) and multiplies the
   integers exactly: on CPU with ``torch._int_mm`` (int8 x int8 -> int32, the activation shifted
   by 128 to fit int8 and the shift added back through the weight's column sums; 4.6x faster
-  than a float32 matmul of the same shape on this AVX-512 CPU), elsewhere as integers held in
-  float32 (exact: the sums stay far below 2**24). Durations are rounded from this half, and only
+  than a float32 matmul of the same shape on an AVX-512 VNNI CPU), elsewhere as integers held
+  in float32 (exact: the sums stay far below 2**24). Both give the same integers, so the CPU
+  path is chosen by speed, once a process (``int_mm_pays``): on a CPU without VNNI (AVX2 only)
+  ``_int_mm`` measured 50-100x slower than the float product of the same shape, and took 93%
+  of the acoustic half's time (0.0735 s of CPU per second of speech, against 0.0024 for the
+  wheel's onnxruntime). Durations are rounded from this half, and only
   this way do they match the graph's: measured on 8 sentences, the float path changed a
   duration in 3 of them, this path in none (and in none of 24).
 - ``exact=False`` (the decoder) multiplies by the dequantised weights in float. A per-tensor
@@ -33,7 +37,9 @@ Shapes: ``(B, C, T)`` between convolutions, ``(B, T, C)`` in the pointwise layer
 
 from __future__ import annotations
 
+import functools
 import math
+import time
 
 import torch
 from torch import nn
@@ -52,6 +58,26 @@ def lengths_mask(lengths: torch.Tensor, total: int) -> torch.Tensor:
     """``(B, 1, total)`` float mask, 1 where the position is inside the sequence."""
     positions = torch.arange(total, device=lengths.device)
     return (positions[None, :] < lengths[:, None]).unsqueeze(1).float()
+
+
+@functools.cache
+def int_mm_pays() -> bool:
+    """Whether this CPU multiplies int8 with ``torch._int_mm`` faster than the same integers
+    held in float32 (module docstring): timed once a process on one layer's shape, best of
+    three each. The two give the same integers, so the choice moves speed only."""
+    left = torch.randint(-128, 128, (64, 512), dtype=torch.int8)
+    right = torch.randint(-128, 128, (512, 512), dtype=torch.int8)
+    left_f, right_f = left.float(), right.float()
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best(lambda: torch._int_mm(left, right)) < best(lambda: left_f @ right_f)
 
 
 class QuantLinear(nn.Module):
@@ -95,7 +121,7 @@ class QuantLinear(nn.Module):
         scale = ((high - low) / 255.0).clamp(min=torch.finfo(torch.float32).tiny)
         zero_point = torch.round(0.0 - low / scale).clamp(0.0, 255.0)
         q = (torch.round(x / scale) + zero_point).clamp(0.0, 255.0)
-        if x.device.type == "cpu" and self.int8_weights:
+        if x.device.type == "cpu" and self.int8_weights and int_mm_pays():
             batch, length, width = x.shape
             shifted = (q - 128.0).to(torch.int8).reshape(batch * length, width)
             product = torch._int_mm(shifted, self.weight_i8).reshape(batch, length, -1).float()
