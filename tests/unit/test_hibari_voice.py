@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("hibari", reason="the hibari-tts wheel (worker extra) is not installed")
 
 from models.errors import InvalidPhonemes, SpeechError  # noqa: E402
-from models.hibari import dsp  # noqa: E402
+from models.hibari import dsp, layers  # noqa: E402
 from models.hibari.g2p import phonemize  # noqa: E402
 from models.hibari.voice import HibariVoice, load_voice  # noqa: E402
 
@@ -41,6 +41,18 @@ def test_interface(voice, features):
     assert audio.abs().max() <= 1.0
     assert audio.abs().max() > 0.05  # speech, not silence
     assert 40 <= frames[130].max() <= 500  # f0 in Hz: a voice, somewhere
+
+
+def test_both_int8_products_give_the_same_features(voice, features, monkeypatch):
+    """The acoustic half's exact int8 layers multiply with ``torch._int_mm`` or as integers
+    held in float32, whichever this CPU runs faster (``layers.int_mm_pays``): the choice may
+    move speed only, never a duration or a frame."""
+    ids = voice.ids(phonemize(TEXT))
+    for pays in (True, False):
+        monkeypatch.setattr(layers, "int_mm_pays", lambda pays=pays: pays)
+        other = voice.features([ids])[0]
+        assert other.durations == features.durations
+        assert torch.equal(other.frames, features.frames)
 
 
 def test_ids_wrap_the_phonemes_in_pads(voice):
