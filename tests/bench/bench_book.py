@@ -5,10 +5,10 @@ wall hour, peak RSS of every process, and interactive latency idle vs while the 
     .venv/bin/python tests/bench/bench_book.py [--words 20000] [--chapters 20] [--shared]
 
 The farm is real: an embedded Redis, one acoustic and one vocoder worker for interactive
-jobs, one acoustic and one vocoder worker for book segments at OS priority 10 below them
-(`voxfarm worker STAGE --work batch --nice 10`, as `voxfarm up` runs them), and one book
-(gevent) worker at priority 10 too, the artifact store in a temporary folder; with --shared,
-one acoustic and one vocoder worker take both kinds of work, interactive first. The web runs
+jobs, one acoustic and one vocoder worker for book segments and one book (gevent) worker, each
+at the OS priority the Procfile gives its pool (`--book-nice`, `--batch-nice` to try others),
+the artifact store in a temporary folder; with --shared, one acoustic and one vocoder worker
+take both kinds of work, interactive first. The web runs
 in this process (Flask test client), so "bench" in the RSS table is the web plus this driver.
 Interactive latency: a one-sentence job (distinct text each time, so no mel-cache hits, all
 of one length) from POST to its last chunk (a long-poll, as a listener waits), measured 20
@@ -43,6 +43,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from app.cli import procfile as cli_procfile  # noqa: E402
 from tests.bench.bench_farm import pct, sentences  # noqa: E402
 from tests.helpers import collect_chunks, running_farm  # noqa: E402
 
@@ -157,14 +158,22 @@ def interactive(client, text: str, farm=None, pids=(), split=None) -> float:
     return took
 
 
+def procfile_nice(pool: str) -> int:
+    """The --nice the Procfile runs `pool` at (0 when it sets none)."""
+    words = cli_procfile.expand(cli_procfile.read_procfile()[pool], {})
+    return int(words[words.index("--nice") + 1]) if "--nice" in words else 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--words", type=int, default=20_000)
     ap.add_argument("--chapters", type=int, default=20)
     ap.add_argument("--shared", action="store_true",
                     help="no batch pools: the interactive workers render the book too")
-    ap.add_argument("--nice", type=int, default=10,
-                    help="the batch and book pools' --nice (the Procfile's: 10)")
+    ap.add_argument("--book-nice", type=int, default=procfile_nice("book"),
+                    help="the book pool's --nice (default: the Procfile's)")
+    ap.add_argument("--batch-nice", type=int, default=procfile_nice("acoustic-batch"),
+                    help="the batch pools' --nice (default: the Procfile's)")
     ap.add_argument("--no-pause", action="store_true",
                     help="every probe during the book with the book running (by default every "
                          "other one pauses the book's pools: the 'book paused' sample)")
@@ -188,10 +197,11 @@ def main() -> None:
                         w.stop()
                         tf.workers.remove(w)
                         if w.queue == "book":  # as the Procfile runs it: it encodes
-                            tf.start_worker("book", "--nice", str(args.nice))
+                            tf.start_worker("book", "--nice", str(args.book_nice))
                         else:
                             tf.start_worker(w.queue, "--work", "interactive")
-                            tf.start_worker(w.queue, "--work", "batch", "--nice", str(args.nice))
+                            tf.start_worker(w.queue, "--work", "batch", "--nice",
+                                            str(args.batch_nice))
                     tf.wait_live("acoustic")
                     tf.wait_live("vocoder")
                 client = create_app(tf.settings, tf.farm).test_client()

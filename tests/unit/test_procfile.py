@@ -26,15 +26,16 @@ def test_the_procfile_runs_every_pool_and_the_web_and_flower():
     assert list(procfile) == ["web", *POOLS, "flower"]
     assert cli_procfile.worker_pools(procfile) == POOLS
     pools = {name: cli_procfile.expand(procfile[name], {}) for name in POOLS}
-    # (queue, --work, --nice): interactive pools, book segments on batch pools at a lower OS
-    # priority, book orchestration (which encodes books) and the canary's judge lower too.
+    # (queue, --work, --nice): interactive pools, book orchestration (which encodes books)
+    # and the canary's judge at a lower OS priority, book segments on batch pools lower still
+    # (packaging what is rendered goes first).
     assert {name: (words[2], option(words, "--work"), option(words, "--nice"))
             for name, words in pools.items()} == {
         "acoustic": ("acoustic", "interactive", None),
         "vocoder": ("vocoder", "interactive", None),
         "book": ("book", None, "10"),
-        "acoustic-batch": ("acoustic", "batch", "10"),
-        "vocoder-batch": ("vocoder", "batch", "10"),
+        "acoustic-batch": ("acoustic", "batch", "15"),
+        "vocoder-batch": ("vocoder", "batch", "15"),
         "quality": ("quality", None, "10"),
     }
 
