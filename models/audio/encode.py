@@ -69,6 +69,12 @@ class AudioFormat:
 # segment leaves the muxer at once. Speech bit rates: 64 kb/s MP3 and AAC and 32 kb/s Opus
 # are transparent enough for a 22-24 kHz voice and keep downloads small.
 _OGG_STREAM = {"page_duration": "100000"}
+# FFmpeg's AAC encoder with its constant-quantiser coder: on 52 s of the default voice at
+# 64 kb/s mono it took 3.2x less CPU than the default two-loop coder, wrote a smaller file
+# (60.6 against 62.7 kb/s) and came out no further from the source (log-mel distance 0.112
+# against 0.123); FFmpeg's documentation calls it worse only below 64 kb/s. A book's M4B
+# encodes every minute the book renders, so this is most of what a book's packaging costs.
+AAC_OPTIONS = {"aac_coder": "fast"}
 FORMATS: dict[str, AudioFormat] = {f.name: f for f in (
     AudioFormat("wav", "pcm_s16le", "wav", "audio/wav", "wav", True),
     AudioFormat("flac", "flac", "flac", "audio/flac", "flac", True),
@@ -79,8 +85,10 @@ FORMATS: dict[str, AudioFormat] = {f.name: f for f in (
     AudioFormat("opus", "libopus", "ogg", "audio/ogg", "opus", True, bit_rate=32_000,
                 rates=(OPUS_SAMPLE_RATE, 24000, 16000, 12000, 8000),
                 stream_options=_OGG_STREAM),
-    AudioFormat("aac", "aac", "adts", "audio/aac", "aac", True, bit_rate=64_000),
+    AudioFormat("aac", "aac", "adts", "audio/aac", "aac", True, bit_rate=64_000,
+                codec_options=AAC_OPTIONS),
     AudioFormat("m4a", "aac", "ipod", "audio/mp4", "m4a", False, bit_rate=64_000,
+                codec_options=AAC_OPTIONS,
                 why_not_streamable="an MP4 file's index is written after its audio; "
                                    "stream 'aac' (ADTS, the same codec) instead"),
     AudioFormat("pcm", "pcm_s16le", "s16le", "audio/L16", "pcm", True),

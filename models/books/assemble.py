@@ -14,6 +14,8 @@ from typing import BinaryIO
 import av
 import numpy as np
 
+from models.audio.encode import AAC_OPTIONS
+
 BIT_RATE = 64_000
 COVER_CODECS = {"image/jpeg": "mjpeg", "image/png": "png"}
 
@@ -57,6 +59,8 @@ class _Output:
         _tags(self.container, meta, title, track)
         self.stream = self.container.add_stream(codec, rate=sample_rate, layout="mono")
         self.stream.bit_rate = BIT_RATE
+        if codec == "aac":
+            self.stream.codec_context.options = dict(AAC_OPTIONS)
         self.sample_rate = sample_rate
         self.cover = None
         size = _cover_size(meta.cover) if meta.cover and meta.cover_mime in COVER_CODECS else None
