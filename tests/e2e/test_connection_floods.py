@@ -25,14 +25,16 @@ import simple_websocket
 
 from tests.e2e.test_streaming import events_until, ws_url
 from tests.floods import raise_fd_limit
-from tests.helpers import ROOT, gunicorn_server, wait_until
+from tests.helpers import ROOT, gunicorn_server, scaled, wait_until
 from tests.wsclient import Client, connect
 
 pytestmark = pytest.mark.e2e
 
 FLOOD = 2_400
-# The fresh client's bounds (the farm's promise): generous beside the 1.5 ms it takes on an
-# idle box, and far below the 15-60 s a flood cost before.
+# The fresh client's bounds (the farm's promise) on an idle box: generous beside the 1.5 ms it
+# takes there, and far below the 15-60 s a flood cost before. Checked stretched by the box's
+# load (tests.helpers.scaled), as every bound of the suite is: with two CPU burners and another
+# suite's farms beside it a fresh /healthz once took 2.1 s, which is still being served.
 HEALTH_BOUND_S = 1.0
 SUBMIT_BOUND_S = 2.0
 FRESH = "127.0.0.2"
@@ -119,12 +121,14 @@ def timed_request(base: str, method: str, path: str, body: dict | None = None,
 def assert_fresh_client_served(base: str, flooder: Flooder) -> None:
     health = [timed_request(base, "GET", "/healthz") for _ in range(3)]
     assert all(status == 200 for _, status, _, _ in health), (health, flooder.status)
-    took = statistics.median(t for t, _, _, _ in health)
-    assert took < HEALTH_BOUND_S, (f"/healthz from {FRESH} took {took:.2f} s (median of 3) "
-                                   f"during the flood {flooder.status}")
+    took, bound = statistics.median(t for t, _, _, _ in health), scaled(HEALTH_BOUND_S)
+    assert took < bound, (f"/healthz from {FRESH} took {took:.2f} s (median of 3; bound "
+                          f"{bound:.2f} s at this load) during the flood {flooder.status}")
     took, status, _, body = timed_request(base, "POST", "/v1/jobs", {"text": "Still served."})
     assert status == 202, (status, body, flooder.status)
-    assert took < SUBMIT_BOUND_S, f"POST /v1/jobs took {took:.2f} s during {flooder.status}"
+    bound = scaled(SUBMIT_BOUND_S)
+    assert took < bound, (f"POST /v1/jobs took {took:.2f} s (bound {bound:.2f} s at this load) "
+                          f"during {flooder.status}")
     assert flooder.proc.poll() is None, "the flood ended before the probe"
 
 
