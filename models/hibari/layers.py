@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import math
-import time
+import timeit
 
 import torch
 from torch import nn
@@ -70,12 +70,7 @@ def int_mm_pays() -> bool:
     left_f, right_f = left.float(), right.float()
 
     def best(fn) -> float:
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
+        return min(timeit.repeat(fn, number=1, repeat=3))
 
     return best(lambda: torch._int_mm(left, right)) < best(lambda: left_f @ right_f)
 
